@@ -1,0 +1,35 @@
+"""Error hierarchy: every error raised on purpose derives from GraphAutoFusionError."""
+
+from __future__ import annotations
+
+
+class GraphAutoFusionError(Exception):
+    """Root of all graph-autofusion errors."""
+
+
+class ModelLoadError(GraphAutoFusionError):
+    """A model file or object could not be read (truncated, not ONNX, missing external data)."""
+
+
+class ModelWriteError(GraphAutoFusionError):
+    """A model could not be written; nothing was left at the destination."""
+
+
+class IRError(GraphAutoFusionError):
+    """The graph IR is inconsistent (verifier failure, bad mutation)."""
+
+
+class CycleError(IRError):
+    """The graph contains a cycle, or a rewrite would create one."""
+
+
+class UnsupportedOperatorError(GraphAutoFusionError):
+    """An operator has no implementation in the backend asked to execute it."""
+
+
+class FrontendError(GraphAutoFusionError):
+    """A model could not be converted into the graph IR."""
+
+
+class TextParseError(GraphAutoFusionError):
+    """The IR text form could not be parsed; the message names the line."""

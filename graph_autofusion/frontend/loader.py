@@ -1,0 +1,54 @@
+"""One entry point for every model source: ONNX file, ``onnx.ModelProto``, ``torch.nn.Module``."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from graph_autofusion.errors import ModelLoadError
+from graph_autofusion.ir.core import Model
+
+
+def load_model(source: Any, example_inputs: Any = None, example_kwargs: Any = None) -> Model:
+    """Load ``source`` into the IR.
+
+    Args:
+        source: Path to an ``.onnx`` file, an ``onnx.ModelProto``, an IR :class:`Model`, or a
+            ``torch.nn.Module`` (then ``example_inputs`` / ``example_kwargs`` are required).
+        example_inputs: Positional example inputs for a torch module (tuple or one tensor).
+        example_kwargs: Keyword example inputs for a torch module.
+
+    Raises:
+        ModelLoadError: the source is of no known kind or cannot be read.
+    """
+    if isinstance(source, Model):
+        return source
+    if isinstance(source, str | os.PathLike):
+        from graph_autofusion.frontend.onnx_frontend import load_onnx
+
+        return load_onnx(source)
+    if type(source).__name__ == "ModelProto":
+        from graph_autofusion.frontend.onnx_frontend import load_onnx
+
+        return load_onnx(source)
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is optional
+        torch = None
+    if torch is not None and isinstance(source, torch.nn.Module):
+        if example_inputs is None and example_kwargs is None:
+            raise ModelLoadError(
+                "a torch.nn.Module needs example inputs (example_inputs=... or example_kwargs=...)"
+            )
+        from graph_autofusion.frontend.torch_frontend import from_torch
+
+        args = (
+            example_inputs
+            if isinstance(example_inputs, tuple)
+            else (() if example_inputs is None else (example_inputs,))
+        )
+        return from_torch(source, args, example_kwargs or {})
+    raise ModelLoadError(
+        f"cannot load a model from {type(source).__name__}: expected a path to an .onnx file, "
+        f"an onnx.ModelProto or a torch.nn.Module"
+    )

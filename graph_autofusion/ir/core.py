@@ -1,0 +1,561 @@
+"""The graph IR: values, nodes, graphs and models.
+
+Design (after onnx-ir): a :class:`Value` knows its producer and its users; a :class:`Node` owns its
+outputs; use-def links change only through the mutation methods of :class:`Graph` and
+:class:`Node` (``set_input``, ``replace_all_uses_with``, ``remove_node`` ...), so they are always
+consistent. Iterating ``graph.nodes`` returns a snapshot, so a graph is safe to edit while you
+iterate over it.
+
+Shapes are tuples whose dims are ``int`` (static), ``str`` (symbolic, e.g. ``"batch"``) or
+``None`` (unknown); a value whose rank is unknown has ``shape = None``.
+
+Canonical operator vocabulary: ONNX operator names (domain ``""``) plus contrib domains such as
+``com.microsoft``. Both frontends produce this vocabulary, so one rule serves both.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from graph_autofusion.errors import CycleError, IRError
+from graph_autofusion.ir.dtypes import DType
+
+Dim = int | str | None
+Shape = tuple[Dim, ...]
+
+
+class Value:
+    """An SSA value: a graph input, an initializer (``const`` set) or a node output.
+
+    Attributes:
+        name: Unique name within its graph.
+        dtype: Element type, or ``None`` if unknown.
+        shape: Tuple of dims, or ``None`` if the rank is unknown.
+        producer: The node that computes it (``None`` for inputs and initializers).
+        index: Output index in the producer.
+        const: The constant data of an initializer, else ``None``.
+    """
+
+    __slots__ = ("name", "dtype", "shape", "producer", "index", "const", "_users", "meta", "doc")
+
+    def __init__(
+        self,
+        name: str,
+        dtype: DType | None = None,
+        shape: Shape | None = None,
+        const: np.ndarray | None = None,
+    ) -> None:
+        self.name = name
+        self.dtype = dtype
+        self.shape = tuple(shape) if shape is not None else None
+        self.producer: Node | None = None
+        self.index = 0
+        self.const = const
+        self._users: dict[tuple[Node, int], None] = {}
+        self.meta: dict[str, Any] = {}
+        self.doc = ""
+        if const is not None:
+            if self.dtype is None:
+                self.dtype = DType.from_numpy(const.dtype)
+            if self.shape is None:
+                self.shape = tuple(int(d) for d in const.shape)
+
+    @property
+    def users(self) -> list[tuple[Node, int]]:
+        """``(node, input_index)`` pairs that read this value, in insertion order."""
+        return list(self._users)
+
+    @property
+    def user_nodes(self) -> list[Node]:
+        """Distinct nodes that read this value."""
+        return list(dict.fromkeys(n for n, _ in self._users))
+
+    @property
+    def is_const(self) -> bool:
+        return self.const is not None
+
+    @property
+    def rank(self) -> int | None:
+        return None if self.shape is None else len(self.shape)
+
+    @property
+    def is_static(self) -> bool:
+        """True when every dim is a known integer."""
+        return self.shape is not None and all(isinstance(d, int) for d in self.shape)
+
+    def numel(self) -> int | None:
+        """Number of elements if the shape is static, else ``None``."""
+        if not self.is_static:
+            return None
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def nbytes(self) -> int | None:
+        n = self.numel()
+        if n is None or self.dtype is None:
+            return None
+        return n * self.dtype.itemsize
+
+    def type_str(self) -> str:
+        dt = self.dtype.short if self.dtype is not None else "?"
+        if self.shape is None:
+            return f"{dt}[...]"
+        return f"{dt}[{','.join('?' if d is None else str(d) for d in self.shape)}]"
+
+    def __repr__(self) -> str:
+        return f"Value(%{self.name}: {self.type_str()})"
+
+
+class RawAttribute:
+    """An attribute kept exactly as the frontend delivered it (e.g. an If/Loop body).
+
+    ``captures`` lists the outer-scope value names the attribute reads (subgraph bodies), so
+    the IR accounts for those reads in use-def analysis.
+    """
+
+    __slots__ = ("proto", "captures")
+
+    def __init__(self, proto: Any, captures: Sequence[str] = ()) -> None:
+        self.proto = proto
+        self.captures = tuple(captures)
+
+    def __repr__(self) -> str:
+        return f"RawAttribute({type(self.proto).__name__}, captures={list(self.captures)})"
+
+
+class Node:
+    """One operator application.
+
+    Attributes:
+        op_type: Operator name in the canonical vocabulary (ONNX names).
+        domain: Operator set domain, ``""`` for the ONNX default domain.
+        name: Node name (unique within a graph when assigned by the graph).
+        attrs: Attribute name -> Python value (int, float, str, lists, ndarray, RawAttribute).
+        meta: Free-form metadata (source location, aten target, rule that created it ...).
+    """
+
+    __slots__ = (
+        "op_type",
+        "domain",
+        "name",
+        "attrs",
+        "attr_types",
+        "_inputs",
+        "_outputs",
+        "_captures",
+        "graph",
+        "meta",
+        "doc",
+        "overload",
+    )
+
+    def __init__(
+        self,
+        op_type: str,
+        inputs: Sequence[Value | None] = (),
+        attrs: dict[str, Any] | None = None,
+        *,
+        domain: str = "",
+        name: str = "",
+        outputs: Sequence[Value] = (),
+    ) -> None:
+        self.op_type = op_type
+        self.domain = domain
+        self.name = name
+        self.attrs: dict[str, Any] = dict(attrs or {})
+        self.attr_types: dict[str, int] = {}
+        self._inputs: list[Value | None] = []
+        self._outputs: list[Value] = []
+        self._captures: list[Value] = []
+        self.graph: Graph | None = None
+        self.meta: dict[str, Any] = {}
+        self.doc = ""
+        self.overload = ""
+        for v in inputs:
+            self._append_input(v)
+        for i, out in enumerate(outputs):
+            if out.producer is not None:
+                raise IRError(f"value %{out.name} already has producer {out.producer.name!r}")
+            out.producer = self
+            out.index = i
+            self._outputs.append(out)
+
+    # ----- read access -------------------------------------------------------------------
+    @property
+    def inputs(self) -> tuple[Value | None, ...]:
+        return tuple(self._inputs)
+
+    @property
+    def outputs(self) -> tuple[Value, ...]:
+        return tuple(self._outputs)
+
+    @property
+    def captures(self) -> tuple[Value, ...]:
+        """Outer-scope values read implicitly by subgraph attributes."""
+        return tuple(self._captures)
+
+    @property
+    def qualified_op(self) -> str:
+        return f"{self.domain}::{self.op_type}" if self.domain else self.op_type
+
+    def all_inputs(self) -> Iterator[Value]:
+        """Explicit inputs (omitted ones skipped) and captures."""
+        for v in self._inputs:
+            if v is not None:
+                yield v
+        yield from self._captures
+
+    def predecessors(self) -> list[Node]:
+        return list(dict.fromkeys(v.producer for v in self.all_inputs() if v.producer))
+
+    def successors(self) -> list[Node]:
+        out: dict[Node, None] = {}
+        for v in self._outputs:
+            for n, _ in v._users:
+                out[n] = None
+        return list(out)
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        return self.attrs.get(name, default)
+
+    # ----- mutation ------------------------------------------------------------------------
+    def _append_input(self, v: Value | None) -> None:
+        idx = len(self._inputs)
+        self._inputs.append(v)
+        if v is not None:
+            v._users[(self, idx)] = None
+
+    def set_input(self, index: int, value: Value | None) -> None:
+        """Replace input ``index`` (use-def kept consistent)."""
+        old = self._inputs[index]
+        if old is not None:
+            old._users.pop((self, index), None)
+        self._inputs[index] = value
+        if value is not None:
+            value._users[(self, index)] = None
+
+    def set_inputs(self, values: Sequence[Value | None]) -> None:
+        for i, old in enumerate(self._inputs):
+            if old is not None:
+                old._users.pop((self, i), None)
+        self._inputs = []
+        for v in values:
+            self._append_input(v)
+
+    def set_captures(self, values: Sequence[Value]) -> None:
+        for old in self._captures:
+            old._users.pop((self, -1 - self._captures.index(old)), None)
+        self._captures = []
+        for i, v in enumerate(values):
+            self._captures.append(v)
+            v._users[(self, -1 - i)] = None
+
+    def _detach(self) -> None:
+        for i, v in enumerate(self._inputs):
+            if v is not None:
+                v._users.pop((self, i), None)
+        for i, v in enumerate(self._captures):
+            v._users.pop((self, -1 - i), None)
+        self._inputs = []
+        self._captures = []
+
+    def __repr__(self) -> str:
+        ins = ", ".join("%" + v.name if v is not None else "_" for v in self._inputs)
+        outs = ", ".join("%" + v.name for v in self._outputs)
+        return f"Node({self.name!r}: {outs} = {self.qualified_op}({ins}))"
+
+
+class Graph:
+    """A computation graph: inputs, initializers, nodes (kept in a topological order), outputs."""
+
+    def __init__(self, name: str = "main") -> None:
+        self.name = name
+        self.inputs: list[Value] = []
+        self.outputs: list[Value] = []
+        self.initializers: dict[str, Value] = {}
+        self._nodes: dict[Node, None] = {}
+        self._names: set[str] = set()
+        self._node_names: set[str] = set()
+        self._counter = itertools.count()
+        self._name_seq: dict[str, int] = {}
+        self.doc = ""
+        self.value_info: dict[str, Value] = {}
+        self.meta: dict[str, Any] = {}
+
+    # ----- read access -------------------------------------------------------------------
+    @property
+    def nodes(self) -> list[Node]:
+        """Snapshot of the nodes in order; safe to mutate the graph while iterating."""
+        return list(self._nodes)
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __contains__(self, node: Node) -> bool:
+        return node in self._nodes
+
+    def values(self) -> Iterator[Value]:
+        """Every value: inputs, initializers, node outputs."""
+        yield from self.inputs
+        yield from self.initializers.values()
+        for n in self._nodes:
+            yield from n._outputs
+
+    def value_map(self) -> dict[str, Value]:
+        return {v.name: v for v in self.values()}
+
+    def op_histogram(self) -> dict[str, int]:
+        hist: dict[str, int] = {}
+        for n in self._nodes:
+            hist[n.qualified_op] = hist.get(n.qualified_op, 0) + 1
+        return dict(sorted(hist.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def is_output(self, value: Value) -> bool:
+        return any(v is value for v in self.outputs)
+
+    # ----- naming --------------------------------------------------------------------------
+    def fresh_name(self, prefix: str = "v") -> str:
+        while True:
+            name = f"{prefix}_{next(self._counter)}"
+            if name not in self._names:
+                return name
+
+    def _claim_value_name(self, value: Value) -> None:
+        if not value.name:
+            value.name = self.fresh_name("v")
+        if value.name in self._names:
+            raise IRError(f"duplicate value name %{value.name} in graph {self.name!r}")
+        self._names.add(value.name)
+
+    def _claim_node_name(self, node: Node) -> None:
+        if not node.name or node.name in self._node_names:
+            base = node.name or node.op_type
+            if node.name or base in self._node_names:
+                k = self._name_seq.get(base, 0)
+                while True:
+                    k += 1
+                    if f"{base}_{k}" not in self._node_names:
+                        break
+                self._name_seq[base] = k
+                node.name = f"{base}_{k}"
+            else:
+                node.name = base
+        self._node_names.add(node.name)
+
+    # ----- building ------------------------------------------------------------------------
+    def add_input(self, value: Value) -> Value:
+        self._claim_value_name(value)
+        self.inputs.append(value)
+        return value
+
+    def add_initializer(self, name: str, array: np.ndarray) -> Value:
+        """Add a constant initializer value holding ``array``."""
+        value = Value(name, const=np.asarray(array))
+        self._claim_value_name(value)
+        self.initializers[value.name] = value
+        return value
+
+    def add_node(self, node: Node, *, before: Node | None = None) -> Node:
+        """Insert ``node`` at the end (or before ``before``); claims its output names."""
+        if node.graph is not None:
+            raise IRError(f"node {node.name!r} already belongs to a graph")
+        for out in node._outputs:
+            self._claim_value_name(out)
+        self._claim_node_name(node)
+        node.graph = self
+        if before is None:
+            self._nodes[node] = None
+        else:
+            items = list(self._nodes)
+            pos = items.index(before)
+            items.insert(pos, node)
+            self._nodes = dict.fromkeys(items)
+        return node
+
+    def make_node(
+        self,
+        op_type: str,
+        inputs: Sequence[Value | None],
+        attrs: dict[str, Any] | None = None,
+        *,
+        domain: str = "",
+        name: str = "",
+        num_outputs: int = 1,
+        output_names: Sequence[str] | None = None,
+        before: Node | None = None,
+    ) -> Node:
+        """Create, insert and return a node with fresh output values."""
+        names = list(output_names) if output_names else [""] * num_outputs
+        outs = [Value(n or self.fresh_name((name or op_type).lower())) for n in names]
+        node = Node(op_type, inputs, attrs, domain=domain, name=name, outputs=outs)
+        return self.add_node(node, before=before)
+
+    def set_outputs(self, values: Sequence[Value]) -> None:
+        self.outputs = list(values)
+
+    # ----- mutation ------------------------------------------------------------------------
+    def replace_all_uses_with(self, old: Value, new: Value) -> None:
+        """Redirect every reader of ``old`` (including graph outputs) to ``new``."""
+        if old is new:
+            return
+        for node, idx in list(old._users):
+            if idx >= 0:
+                node.set_input(idx, new)
+            else:
+                caps = list(node._captures)
+                caps[-1 - idx] = new
+                node.set_captures(caps)
+        self.outputs = [new if v is old else v for v in self.outputs]
+
+    def remove_node(self, node: Node, *, force: bool = False) -> None:
+        """Remove ``node``. Its outputs must be unused unless ``force`` is set."""
+        if node not in self._nodes:
+            raise IRError(f"node {node.name!r} is not in graph {self.name!r}")
+        if not force:
+            for out in node._outputs:
+                readers = [n.name for n, _ in out._users]
+                if readers or self.is_output(out):
+                    raise IRError(
+                        f"cannot remove node {node.name!r}: its output %{out.name} is still "
+                        f"used by {readers or ['graph output']}"
+                    )
+        node._detach()
+        del self._nodes[node]
+        self._node_names.discard(node.name)
+        for out in node._outputs:
+            self._names.discard(out.name)
+        node.graph = None
+
+    def remove_nodes(self, nodes: Iterable[Node]) -> None:
+        """Remove a set of nodes whose outputs are used only inside the set (or not at all)."""
+        nodes = list(nodes)
+        members = set(nodes)
+        for node in nodes:
+            for out in node._outputs:
+                outside = [n.name for n, _ in out._users if n not in members]
+                if outside or self.is_output(out):
+                    raise IRError(
+                        f"cannot remove node {node.name!r}: %{out.name} is read by "
+                        f"{outside or ['graph output']}"
+                    )
+        for node in nodes:
+            node._detach()
+        for node in nodes:
+            self.remove_node(node, force=True)
+
+    def remove_initializer(self, name: str) -> None:
+        value = self.initializers[name]
+        if value._users or self.is_output(value):
+            raise IRError(f"initializer %{name} is still used")
+        del self.initializers[name]
+        self._names.discard(name)
+
+    def remove_unused(self) -> int:
+        """Delete nodes and initializers that no graph output depends on. Returns the count."""
+        live = self._live_nodes()
+        dead = [n for n in self._nodes if n not in live]
+        for n in dead:
+            n._detach()
+        for n in dead:
+            self.remove_node(n, force=True)
+        unused = [k for k, v in self.initializers.items() if not v._users and not self.is_output(v)]
+        for k in unused:
+            self.remove_initializer(k)
+        return len(dead) + len(unused)
+
+    def _live_nodes(self) -> set[Node]:
+        live: set[Node] = set()
+        stack = [v.producer for v in self.outputs if v.producer is not None]
+        while stack:
+            n = stack.pop()
+            if n in live:
+                continue
+            live.add(n)
+            stack.extend(p for p in n.predecessors() if p not in live)
+        return live
+
+    # ----- order and structure -------------------------------------------------------------
+    def topological_sort(self) -> None:
+        """Reorder nodes topologically (stable: keeps the current order where legal).
+
+        Raises:
+            CycleError: if the graph has a cycle; the message names nodes on it.
+        """
+        order = topological_order(list(self._nodes))
+        self._nodes = dict.fromkeys(order)
+
+    def is_convex(self, nodes: Iterable[Node]) -> bool:
+        """True when replacing ``nodes`` by one node would create no cycle.
+
+        A set is convex when no path leaves the set and comes back into it.
+        """
+        return is_convex(nodes)
+
+
+def topological_order(nodes: Sequence[Node]) -> list[Node]:
+    """Kahn's algorithm over ``nodes``, stable with respect to their given order."""
+    index = {n: i for i, n in enumerate(nodes)}
+    indeg = dict.fromkeys(nodes, 0)
+    for n in nodes:
+        indeg[n] = sum(1 for p in n.predecessors() if p in index)
+    import heapq
+
+    ready = [index[n] for n in nodes if indeg[n] == 0]
+    heapq.heapify(ready)
+    order: list[Node] = []
+    while ready:
+        n = nodes[heapq.heappop(ready)]
+        order.append(n)
+        for s in n.successors():
+            if s in indeg:
+                indeg[s] -= 1
+                if indeg[s] == 0:
+                    heapq.heappush(ready, index[s])
+    if len(order) != len(nodes):
+        stuck = [n.name for n in nodes if indeg[n] > 0][:8]
+        raise CycleError(f"graph has a cycle through nodes {stuck}")
+    return order
+
+
+def is_convex(nodes: Iterable[Node]) -> bool:
+    """True when no path leaves ``nodes`` and re-enters it (fusing them creates no cycle)."""
+    members = set(nodes)
+    if len(members) <= 1:
+        return True
+    # Walk forward from every successor outside the set; if we reach a member, not convex.
+    frontier = [s for n in members for s in n.successors() if s not in members]
+    seen: set[Node] = set()
+    while frontier:
+        n = frontier.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        for s in n.successors():
+            if s in members:
+                return False
+            if s not in seen:
+                frontier.append(s)
+    return True
+
+
+class Model:
+    """A graph plus model-level data: opset imports, metadata, local functions."""
+
+    def __init__(self, graph: Graph, opset_imports: dict[str, int] | None = None) -> None:
+        self.graph = graph
+        self.opset_imports: dict[str, int] = dict(opset_imports or {"": 20})
+        self.ir_version: int = 10
+        self.producer_name = "graph-autofusion"
+        self.producer_version = ""
+        self.domain = ""
+        self.model_version = 0
+        self.doc = ""
+        self.metadata_props: dict[str, str] = {}
+        self.functions: list[Any] = []  # local functions, kept as frontend objects (FunctionProto)
+        self.meta: dict[str, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"Model({self.graph.name!r}, {len(self.graph)} nodes, opsets={self.opset_imports})"
