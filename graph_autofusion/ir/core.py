@@ -284,6 +284,13 @@ class Graph:
         self.doc = ""
         self.value_info: dict[str, Value] = {}
         self.meta: dict[str, Any] = {}
+        self._positions: dict[Node, int] | None = None
+
+    def position(self, node: Node) -> int:
+        """Index of ``node`` in the current order (cached until the graph changes)."""
+        if self._positions is None:
+            self._positions = {n: i for i, n in enumerate(self._nodes)}
+        return self._positions[node]
 
     # ----- read access -------------------------------------------------------------------
     @property
@@ -366,6 +373,7 @@ class Graph:
             self._claim_value_name(out)
         self._claim_node_name(node)
         node.graph = self
+        self._positions = None
         if before is None:
             self._nodes[node] = None
         else:
@@ -423,6 +431,7 @@ class Graph:
                         f"used by {readers or ['graph output']}"
                     )
         node._detach()
+        self._positions = None
         del self._nodes[node]
         self._node_names.discard(node.name)
         for out in node._outputs:
@@ -486,6 +495,7 @@ class Graph:
         """
         order = topological_order(list(self._nodes))
         self._nodes = dict.fromkeys(order)
+        self._positions = None
 
     def is_convex(self, nodes: Iterable[Node]) -> bool:
         """True when replacing ``nodes`` by one node would create no cycle.
@@ -521,10 +531,18 @@ def topological_order(nodes: Sequence[Node]) -> list[Node]:
 
 
 def is_convex(nodes: Iterable[Node]) -> bool:
-    """True when no path leaves ``nodes`` and re-enters it (fusing them creates no cycle)."""
+    """True when no path leaves ``nodes`` and re-enters it (fusing them creates no cycle).
+
+    When the nodes belong to a topologically ordered graph, the walk stops at nodes placed
+    after the last member (they cannot lead back), so the cost is local to the set.
+    """
     members = set(nodes)
     if len(members) <= 1:
         return True
+    graph = next(iter(members)).graph
+    limit = None
+    if graph is not None and all(n.graph is graph for n in members):
+        limit = max(graph.position(n) for n in members)
     # Walk forward from every successor outside the set; if we reach a member, not convex.
     frontier = [s for n in members for s in n.successors() if s not in members]
     seen: set[Node] = set()
@@ -533,6 +551,8 @@ def is_convex(nodes: Iterable[Node]) -> bool:
         if n in seen:
             continue
         seen.add(n)
+        if limit is not None and n.graph is graph and graph.position(n) > limit:
+            continue
         for s in n.successors():
             if s in members:
                 return False
