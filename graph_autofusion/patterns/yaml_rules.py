@@ -1,0 +1,186 @@
+"""Declarative rule files (F5/F6): YAML loaded at run time, no reinstall.
+
+Schema (documented with examples in ``docs/rules.md``)::
+
+    rules:
+      - name: attention_scale_by_div          # required, unique
+        fused_op: AttentionScaleMask            # required: the fused operator's name
+        pattern: "Softmax(Add(Div(x, const(scale, scalar=true)), mask), axis=-1)"
+        priority: 10                            # default 0
+        benefit_threshold: 0.1                  # default: the global threshold
+        presets: [transformer, llm]             # default []
+        tolerance: 0.999                        # cosine floor for safe mode, default 0.999
+        exported: []                            # labels of internal nodes also exported
+
+The pattern is an expression in the pattern language: ``Op(inputs..., attr=value)`` is an
+operator (capitalized name; ``ms::Op`` is not allowed, use ``domain: com.microsoft``),
+``(Relu|Gelu)(x)`` accepts several operator types, a lowercase name is a variable,
+``const(name, scalar=true, value=1.0)`` a constant, ``var(name, rank=4)`` a constrained
+variable, ``optional(Cast, x)`` an operator that may be absent, ``label="name"`` names a node.
+The expression is parsed with :mod:`ast`, never evaluated. A malformed file raises
+:class:`RuleFileError` naming the file, the line and the problem; nothing is half-loaded.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from typing import Any
+
+import yaml
+
+from graph_autofusion.errors import GraphAutoFusionError
+from graph_autofusion.patterns.pattern import OpPattern, Pattern, PatternBuilder
+from graph_autofusion.patterns.rules import FusionRule, RuleSet
+
+REQUIRED = ("name", "fused_op", "pattern")
+OPTIONAL = {
+    "priority": int,
+    "benefit_threshold": (int, float),
+    "presets": list,
+    "tolerance": (int, float),
+    "exported": list,
+    "domain": str,
+    "doc": str,
+}
+_VAR_KEYS = {"dtypes", "rank", "static", "const", "scalar", "value", "rtol", "atol"}
+
+
+class RuleFileError(GraphAutoFusionError):
+    """A rule file is malformed; the message names file, line and problem."""
+
+
+class _PatternParser:
+    def __init__(self, where: str, domain: str) -> None:
+        self.where = where
+        self.b = PatternBuilder(domain)
+
+    def fail(self, msg: str) -> RuleFileError:
+        return RuleFileError(f"{self.where}: pattern: {msg}")
+
+    def literal(self, node: ast.AST) -> Any:
+        if isinstance(node, ast.Name) and node.id in ("true", "false"):
+            return node.id == "true"
+        try:
+            return ast.literal_eval(node)
+        except ValueError:
+            raise self.fail(f"expected a literal value, got {ast.unparse(node)!r}") from None
+
+    def op_types(self, func: ast.AST) -> tuple[str, ...]:
+        if isinstance(func, ast.Name):
+            return (func.id,)
+        if isinstance(func, ast.BinOp) and isinstance(func.op, ast.BitOr):
+            return self.op_types(func.left) + self.op_types(func.right)
+        raise self.fail(f"{ast.unparse(func)!r} is not an operator name")
+
+    def pattern(self, node: ast.AST) -> Pattern:
+        if isinstance(node, ast.Name):
+            if node.id[:1].isupper():
+                raise self.fail(f"operator {node.id} needs its inputs: {node.id}(...)")
+            return self.b.var(node.id)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+            return self.pattern(node.left) | self.pattern(node.right)
+        if not isinstance(node, ast.Call):
+            raise self.fail(f"cannot read {ast.unparse(node)!r}")
+        kwargs = {k.arg: self.literal(k.value) for k in node.keywords if k.arg}
+        fname = node.func.id if isinstance(node.func, ast.Name) else ""
+        if fname in ("var", "const"):
+            if not node.args or not isinstance(node.args[0], ast.Name):
+                raise self.fail(f"{fname}() needs a variable name first")
+            bad = set(kwargs) - _VAR_KEYS
+            if bad:
+                raise self.fail(f"{fname}() does not take {sorted(bad)}")
+            if "dtypes" in kwargs:
+                from graph_autofusion.ir.dtypes import DType
+
+                kwargs["dtypes"] = [DType.from_short(d) for d in kwargs["dtypes"]]
+            make = self.b.const if fname == "const" else self.b.var
+            return make(node.args[0].id, **kwargs)
+        if fname == "optional":
+            if len(node.args) != 2:
+                raise self.fail("optional(Op, input) takes an operator and an input")
+            return self.b.optional(self.op_types(node.args[0]), self.pattern(node.args[1]))
+        types = self.op_types(node.func)
+        if any(not t[:1].isupper() for t in types):
+            raise self.fail(f"unknown function {ast.unparse(node.func)!r}")
+        label = kwargs.pop("label", "")
+        inputs = tuple(self.pattern(a) for a in node.args)
+        return self.b.op(*types)(*inputs, _label=label, **kwargs)
+
+    def parse(self, text: str) -> OpPattern:
+        try:
+            tree = ast.parse(text.strip(), mode="eval")
+        except SyntaxError as e:
+            raise self.fail(f"syntax error at column {e.offset}: {e.msg}") from None
+        pat = self.pattern(tree.body)
+        if not isinstance(pat, OpPattern):
+            raise self.fail("the pattern's root must be an operator")
+        return pat
+
+
+def _rule_from_mapping(entry: Any, mark_line: int, path: str) -> FusionRule:
+    where = f"{path}, line {mark_line}"
+    if not isinstance(entry, dict):
+        raise RuleFileError(f"{where}: each rule must be a mapping, got {type(entry).__name__}")
+    missing = [k for k in REQUIRED if k not in entry]
+    if missing:
+        raise RuleFileError(f"{where}: rule is missing required key(s) {missing}")
+    unknown = set(entry) - set(REQUIRED) - set(OPTIONAL)
+    if unknown:
+        raise RuleFileError(
+            f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted((*REQUIRED, *OPTIONAL))}"
+        )
+    for key, typ in OPTIONAL.items():
+        if key in entry and not isinstance(entry[key], typ):
+            raise RuleFileError(f"{where}: rule {entry['name']!r}: {key} has the wrong type")
+    pattern = _PatternParser(f"{where}: rule {entry['name']!r}", entry.get("domain", "")).parse(
+        str(entry["pattern"])
+    )
+    return FusionRule(
+        name=str(entry["name"]),
+        pattern=pattern,
+        fuse_pattern=str(entry["fused_op"]),
+        priority=int(entry.get("priority", 0)),
+        benefit_threshold=entry.get("benefit_threshold"),
+        presets=tuple(entry.get("presets", ())),
+        tolerance=float(entry.get("tolerance", 0.999)),
+        exported=tuple(entry.get("exported", ())),
+        doc=str(entry.get("doc", "")),
+    )
+
+
+def load_rule_text(text: str, path: str = "<string>") -> RuleSet:
+    """Parse rule-file text. Raises :class:`RuleFileError` naming ``path``, line and problem."""
+    try:
+        root = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f", line {mark.line + 1}" if mark else ""
+        raise RuleFileError(f"{path}{line}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    if not isinstance(data, dict) or "rules" not in data or not isinstance(data["rules"], list):
+        raise RuleFileError(f"{path}, line 1: the file must be a mapping with a 'rules' list")
+    rules_node = next(v for k, v in root.value if k.value == "rules")
+    rules = RuleSet()
+    seen: dict[str, int] = {}
+    for entry, node in zip(data["rules"], rules_node.value):
+        line = node.start_mark.line + 1
+        rule = _rule_from_mapping(entry, line, path)
+        if rule.name in seen:
+            raise RuleFileError(
+                f"{path}, line {line}: rule name {rule.name!r} already used on line "
+                f"{seen[rule.name]}"
+            )
+        seen[rule.name] = line
+        rules = rules + rule
+    return rules
+
+
+def load_rule_file(path: str | os.PathLike[str]) -> RuleSet:
+    """Load a YAML rule file (see the module docstring for the schema)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise RuleFileError(f"{path}: cannot read rule file: {e.strerror}") from None
+    return load_rule_text(text, str(path))
