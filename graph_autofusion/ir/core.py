@@ -352,6 +352,19 @@ class Graph:
                 node.name = base
         self._node_names.add(node.name)
 
+    def rename_value(self, value: Value, new_name: str) -> None:
+        """Give ``value`` a new unique name."""
+        if new_name == value.name:
+            return
+        if new_name in self._names:
+            raise IRError(f"cannot rename %{value.name} to %{new_name}: name already used")
+        self._names.discard(value.name)
+        if value.name in self.initializers:
+            del self.initializers[value.name]
+            self.initializers[new_name] = value
+        value.name = new_name
+        self._names.add(new_name)
+
     # ----- building ------------------------------------------------------------------------
     def add_input(self, value: Value) -> Value:
         self._claim_value_name(value)

@@ -1,0 +1,296 @@
+"""PyTorch frontend: ``nn.Module`` / Dynamo ``GraphModule`` -> graph IR in the canonical vocabulary.
+
+Route: ``torch.export.export(module, args, kwargs, strict=False)``, then
+``run_decompositions(table)`` with the default core-ATen table *minus* the operators converted
+at a higher level (:data:`KEEP_OPS`: linear, matmul, layer_norm, gelu, silu, softmax, sdpa, batch norm,
+convolutions, pooling, embedding, LSTM), then one converter per ATen operator
+(:mod:`graph_autofusion.frontend.aten_ops` has the mapping table). Shapes are static (those
+of the example inputs) unless ``dynamic_shapes`` is given; then symbolic dims appear as ``str``.
+
+Lifted parameters, buffers and constants become initializers named after their state-dict
+FQN; user inputs become graph inputs with the dtype/shape of the example values. Each node
+records ``meta["aten"]`` (the ATen target), ``meta["source"]`` (module path), ``meta[
+"module_type"]`` and ``meta["stack_trace"]``. An ATen operator without a converter becomes an
+opaque node (domain ``"aten"``) that :class:`~graph_autofusion.runtime.torch_runtime.TorchRunner`
+executes through ``torch.ops``.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from torch.export.graph_signature import InputKind, OutputKind
+from torch.utils import _pytree as pytree
+
+from graph_autofusion.errors import FrontendError
+from graph_autofusion.frontend.aten_ops import get_converter
+from graph_autofusion.frontend.torch_convert import (
+    ConvertContext,
+    dtype_of_torch,
+    fold_call,
+    is_foldable,
+    shape_of_val,
+)
+from graph_autofusion.ir.core import Graph, Model, Value
+from graph_autofusion.ir.dtypes import DType
+from graph_autofusion.runtime.torch_runtime import infer_shapes
+
+aten = torch.ops.aten
+
+#: ATen operators kept (not decomposed) because a converter maps them onto one canonical op.
+KEEP_OPS = (
+    aten.linear.default,
+    aten.matmul.default,
+    aten.layer_norm.default,
+    aten.native_layer_norm.default,
+    aten.gelu.default,
+    aten.silu.default,
+    aten.softmax.int,
+    aten._softmax.default,
+    aten.log_softmax.int,
+    aten._log_softmax.default,
+    aten.scaled_dot_product_attention.default,
+    aten.batch_norm.default,
+    aten._native_batch_norm_legit_no_training.default,
+    aten.conv1d.default,
+    aten.conv2d.default,
+    aten.conv3d.default,
+    aten.conv1d.padding,
+    aten.conv2d.padding,
+    aten.conv3d.padding,
+    aten.convolution.default,
+    aten.embedding.default,
+    aten.max_pool2d.default,
+    aten.max_pool2d_with_indices.default,
+    aten.avg_pool2d.default,
+    aten.adaptive_avg_pool2d.default,
+    aten._adaptive_avg_pool2d.default,
+    aten.lstm.input,
+    aten.hardswish.default,
+    aten.hardsigmoid.default,
+)
+
+_PY_OPS = {
+    operator.add: "Add",
+    operator.sub: "Sub",
+    operator.mul: "Mul",
+    operator.floordiv: "Div",
+    operator.truediv: "Div",
+    operator.mod: "Mod",
+}
+
+
+def decomposition_table() -> dict[Any, Any]:
+    """The default core-ATen decomposition table minus :data:`KEEP_OPS`."""
+    table = torch.export.default_decompositions()
+    for op in KEEP_OPS:
+        if op in table:
+            del table[op]
+    return table
+
+
+def safe_name(name: str) -> str:
+    """A value name the IR text form accepts (``[\\w.\\-/:]``)."""
+    return re.sub(r"[^\w.\-/:]", "_", name) or "v"
+
+
+def from_torch(
+    module: torch.nn.Module,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+    *,
+    dynamic_shapes: Any = None,
+) -> Model:
+    """Convert a PyTorch module into a :class:`Model` (exported in eval mode).
+
+    Args:
+        module: The module; it is exported in eval mode (its mode is restored afterwards).
+        args: Example positional inputs.
+        kwargs: Example keyword inputs (e.g. ``input_ids=..., attention_mask=...``).
+        dynamic_shapes: Passed to ``torch.export.export``; ``None`` = static shapes.
+
+    Raises:
+        FrontendError: ``torch.export`` failed (the message carries torch's reason).
+    """
+    was_training = module.training
+    module.eval()
+    try:
+        ep = torch.export.export(
+            module, tuple(args), dict(kwargs or {}), dynamic_shapes=dynamic_shapes, strict=False
+        )
+        ep = ep.run_decompositions(decomposition_table())
+    except Exception as e:  # torch raises many types; wrap them in our hierarchy
+        raise FrontendError(f"torch.export failed for {type(module).__name__}: {e}") from e
+    finally:
+        module.train(was_training)
+    return convert_exported_program(ep, name=type(module).__name__)
+
+
+class _FxWrapper(torch.nn.Module):
+    """Holds a Dynamo graph's lifted parameters/buffers so ``torch.export`` sees them as state."""
+
+    def __init__(
+        self, gm: torch.fx.GraphModule, consts: dict[int, tuple[str, torch.Tensor]], n_inputs: int
+    ) -> None:
+        super().__init__()
+        self.gm = gm
+        self._slots: list[str | None] = [None] * n_inputs
+        for i, (_name, t) in consts.items():
+            key = f"c{i}"
+            self.register_buffer(key, t.detach())
+            self._slots[i] = key
+        self.fqns = {f"c{i}": name for i, (name, _) in consts.items()}
+
+    def forward(self, *user: Any) -> Any:
+        it = iter(user)
+        full = [getattr(self, s) if s is not None else next(it) for s in self._slots]
+        return self.gm(*full)
+
+
+def _state_name(placeholder: str) -> str:
+    name = re.sub(r"^L_self_|^L_", "", placeholder).rstrip("_")
+    name = re.sub(r"_modules_|modules_|_parameters_|_buffers_", ".", name)
+    return name.strip(".")
+
+
+def from_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Model:
+    """Convert a Dynamo backend's ``GraphModule`` (torch-level ops) into a :class:`Model`.
+
+    The graph is re-exported with ``torch.export`` (non-strict) and converted like a module.
+    Inputs that are parameters or buffers of the compiled module (Dynamo passes them as
+    graph inputs) become initializers; the remaining tensors become graph inputs.
+    """
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    consts: dict[int, tuple[str, torch.Tensor]] = {}
+    user: list[Any] = []
+    for i, (ph, x) in enumerate(zip(placeholders, example_inputs)):
+        is_state = (
+            isinstance(x, torch.nn.Parameter)
+            or re.search(r"_parameters_|_buffers_", ph.name) is not None
+        )
+        if is_state and isinstance(x, torch.Tensor):
+            consts[i] = (_state_name(ph.name), x)
+        else:
+            user.append(x)
+    wrapper = _FxWrapper(gm, consts, len(placeholders))
+    try:
+        ep = torch.export.export(wrapper, tuple(user), strict=False)
+        ep = ep.run_decompositions(decomposition_table())
+    except Exception as e:
+        raise FrontendError(f"torch.export of the FX graph failed: {e}") from e
+    return convert_exported_program(ep, name="fx_graph", fqn_map=wrapper.fqns)
+
+
+def _output_names(ep: torch.export.ExportedProgram, n: int) -> list[str]:
+    try:
+        spec = ep.call_spec.out_spec
+        tree = pytree.tree_unflatten(list(range(n)), spec)
+        leaves = pytree.tree_flatten_with_path(tree)[0]
+        if len(leaves) != n:
+            raise ValueError
+    except Exception:  # noqa: BLE001 - naming is cosmetic
+        return ["output"] if n == 1 else [f"output_{i}" for i in range(n)]
+    names = []
+    for path, _ in leaves:
+        keys = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", "")))) for k in path]
+        keys = [k for k in keys if k != ""]
+        names.append(safe_name("_".join(keys)) if keys and not keys[0].isdigit() else "")
+    if n == 1 and not names[0]:
+        return ["output"]
+    return [nm or f"output_{i}" for i, nm in enumerate(names)]
+
+
+def convert_exported_program(
+    ep: torch.export.ExportedProgram, name: str = "main", fqn_map: dict[str, str] | None = None
+) -> Model:
+    """Convert an (already decomposed) ``ExportedProgram`` into a :class:`Model`."""
+    graph = Graph(safe_name(name))
+    cx = ConvertContext(graph)
+    fqn_map = fqn_map or {}
+    for spec in ep.graph_signature.input_specs:
+        arg_name = spec.arg.name
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            t = ep.state_dict.get(spec.target)
+            if t is None:
+                t = ep.constants[spec.target]
+            t = t.detach()
+            cx.env[arg_name] = t
+            cx.name_constant(t, safe_name(fqn_map.get(spec.target, spec.target)))
+        elif spec.kind == InputKind.USER_INPUT:
+            if not isinstance(spec.arg, torch.export.graph_signature.TensorArgument):
+                cx.env[arg_name] = getattr(spec.arg, "value", None)
+                continue
+            val = _placeholder_val(ep, arg_name)
+            v = Value(safe_name(arg_name), dtype_of_torch(val.dtype), shape_of_val(val))
+            cx.env[arg_name] = graph.add_input(v)
+        else:
+            raise FrontendError(f"unsupported exported input kind {spec.kind} ({arg_name})")
+
+    for node in ep.graph.nodes:
+        if node.op == "call_function":
+            cx.env[node.name] = _convert_node(cx, node)
+    outputs = [s for s in ep.graph_signature.output_specs if s.kind == OutputKind.USER_OUTPUT]
+    names = _output_names(ep, len(outputs))
+    outs: list[Value] = []
+    for spec, out_name in zip(outputs, names):
+        res = cx.env[spec.arg.name] if hasattr(spec.arg, "name") else spec.arg.value
+        v = cx.v(res)
+        if v.producer is None or any(v is o for o in outs):
+            v = graph.make_node("Identity", [v]).outputs[0]
+        _rename(graph, v, out_name)
+        outs.append(v)
+    graph.set_outputs(outs)
+    graph.remove_unused()
+    model = Model(graph, {"": 20})
+    model.producer_name = "graph-autofusion.torch"
+    infer_shapes(model)
+    return model
+
+
+def _placeholder_val(ep: torch.export.ExportedProgram, name: str) -> Any:
+    for n in ep.graph.nodes:
+        if n.op == "placeholder" and n.name == name:
+            return n.meta["val"]
+    raise FrontendError(f"placeholder {name!r} not found")
+
+
+def _rename(graph: Graph, v: Value, new: str) -> None:
+    if not new or new == v.name or any(x.name == new for x in graph.values()):
+        return
+    graph.rename_value(v, new)
+
+
+def _convert_node(cx: ConvertContext, node: torch.fx.Node) -> Any:
+    cx.node = node
+    args = torch.fx.node.map_arg(node.args, lambda n: cx.env[n.name])
+    kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: cx.env[n.name])
+    target = node.target
+    if target is operator.getitem:
+        return args[0][args[1]]
+    if isinstance(target, torch._ops.OpOverload) and not target._schema.returns:
+        return None  # assertions (_assert_tensor_metadata, _assert_scalar ...)
+    flat = pytree.tree_leaves((args, kwargs))
+    if is_foldable(target, flat):
+        return fold_call(target, args, kwargs)
+    conv = get_converter(target)
+    if conv is not None:
+        res = conv(cx, *args, **kwargs)
+    elif target in _PY_OPS:
+        res = cx.op(_PY_OPS[target], [cx.v(a, DType.INT64) for a in args])
+    elif isinstance(target, torch._ops.OpOverload):
+        res = cx.opaque(target, args, kwargs)
+    else:
+        raise FrontendError(f"cannot convert FX node {node.name!r} with target {target!r}")
+    val = node.meta.get("val")
+    if isinstance(res, Value):
+        cx.annotate_value(res, val)
+    elif isinstance(res, list | tuple) and isinstance(val, list | tuple):
+        for r, fv in zip(res, val):
+            if isinstance(r, Value):
+                cx.annotate_value(r, fv)
+    return res
