@@ -61,13 +61,18 @@ def _layer_norm(
     return y.astype(x.dtype), mean, inv
 
 
-@op("SkipLayerNormalization", FusionKind.NORMALIZATION, domain=MS, flops=per_element(10))
-def skip_layer_norm(ctx: OpContext, x, skip, gamma, beta=None, bias=None):
-    """LayerNorm(x + skip + bias) * gamma + beta; outputs Y, mean, inv_std, sum."""
+def _skip_sum(x: np.ndarray, skip: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """x + skip (+ bias), computed in float32 and returned in x's dtype."""
     s = x.astype(np.float32) + skip.astype(np.float32)
     if bias is not None:
         s = s + bias.astype(np.float32)
-    s = s.astype(x.dtype)
+    return s.astype(x.dtype)
+
+
+@op("SkipLayerNormalization", FusionKind.NORMALIZATION, domain=MS, flops=per_element(10))
+def skip_layer_norm(ctx: OpContext, x, skip, gamma, beta=None, bias=None):
+    """LayerNorm(x + skip + bias) * gamma + beta; outputs Y, mean, inv_std, sum."""
+    s = _skip_sum(x, skip, bias)
     y, mean, inv = _layer_norm(s, gamma, beta, float(ctx.attr("epsilon", 1e-12)), False)
     return y, mean, inv, s
 
@@ -75,10 +80,7 @@ def skip_layer_norm(ctx: OpContext, x, skip, gamma, beta=None, bias=None):
 @op("SkipSimplifiedLayerNormalization", FusionKind.NORMALIZATION, domain=MS, flops=per_element(8))
 def skip_simplified_layer_norm(ctx: OpContext, x, skip, gamma, bias=None):
     """RMSNorm(x + skip + bias) * gamma; outputs Y, mean, inv_std, sum."""
-    s = x.astype(np.float32) + skip.astype(np.float32)
-    if bias is not None:
-        s = s + bias.astype(np.float32)
-    s = s.astype(x.dtype)
+    s = _skip_sum(x, skip, bias)
     y, mean, inv = _layer_norm(s, gamma, None, float(ctx.attr("epsilon", 1e-12)), True)
     return y, mean, inv, s
 
