@@ -187,3 +187,80 @@ def test_remove_unused_drops_dead_nodes_and_initializers():
     assert removed == 3  # mul, add, and the initializer %two
     assert [x.name for x in g.nodes] == ["mm", "relu"]
     assert list(g.initializers) == ["w"]
+
+
+def test_set_captures_twice_same_value_keeps_use_def():
+    g = parse_model(DIAMOND).graph
+    n = nodes_by_name(g)
+    a = n["mm"].outputs[0]
+    n["add"].set_captures([a, a])
+    n["add"].set_captures([])
+    assert all(idx >= 0 for _, idx in a.users)
+    g.topological_sort()
+    verify(g)
+
+
+def test_failed_add_node_leaves_graph_unchanged():
+    g = parse_model(DIAMOND).graph
+    n = nodes_by_name(g)
+    a = n["mm"].outputs[0]
+    users_before = a.users
+    with pytest.raises(IRError, match="duplicate value name %a"):
+        g.make_node("Split", [a], output_names=["s0", "a"])
+    with pytest.raises(IRError, match="not in the graph"):
+        g.make_node("Neg", [a], before=Node("Relu"))
+    assert a.users == users_before and not g.has_value_name("s0")
+    verify(g)
+
+
+def test_remove_nodes_is_atomic():
+    g = parse_model(DIAMOND).graph
+    n = nodes_by_name(g)
+    g.set_outputs([n["mm"].outputs[0]])
+    stray = Node("Relu")
+    with pytest.raises(IRError, match="not in graph"):
+        g.remove_nodes([n["relu"], stray, n["mul"]])
+    verify(g)
+    assert len(g) == 4
+
+
+def test_convexity_is_right_after_edits_that_break_order():
+    text = """
+    graph g(%a: f32[4]) -> (%d) {
+      %b = Relu(%a) @n1
+      %d = Add(%b, %a) @n3
+    }
+    """
+    g = parse_model(text).graph
+    n = nodes_by_name(g)
+    m = g.make_node("Abs", [n["n1"].outputs[0]], name="m")  # appended after n3
+    n["n3"].set_input(1, m.outputs[0])
+    assert not g.is_sorted
+    assert not is_convex([n["n1"], n["n3"]])  # n1 -> m -> n3 leaves the set and comes back
+    g.topological_sort()
+    assert g.is_sorted and not is_convex([n["n1"], n["n3"]])
+
+
+def test_insert_after_with_replace_all_uses():
+    g = parse_model(DIAMOND).graph
+    n = nodes_by_name(g)
+    a = n["mm"].outputs[0]
+    neg = g.make_node("Neg", [a], name="neg", before=n["relu"])
+    g.replace_all_uses_with(a, neg.outputs[0])
+    assert neg.inputs[0] is a  # no self-loop
+    assert n["relu"].inputs[0] is neg.outputs[0] and n["mul"].inputs[0] is neg.outputs[0]
+    verify(g)
+
+
+def test_text_strings_with_quotes_hash_and_elided_tensors():
+    src = (
+        "graph g(%x: f32[2]) -> (%y) {  # header comment\n"
+        '  %y = Foo<s="a \\"q\\" # not a comment, x">(%x) @foo  # trailing comment\n'
+        "}"
+    )
+    node = parse_model(src).graph.nodes[0]
+    assert node.attrs["s"] == 'a "q" # not a comment, x'
+    big = "graph g(%x: f32[2]) -> (%y) {\n  %y = Foo<t=tensor(f32[20]: elided)>(%x)\n}"
+    with pytest.raises(TextParseError, match="line 2: tensor attribute data is elided"):
+        parse_model(big)
+    assert parse_model(big, allow_elided=True).graph.nodes[0].attrs["t"].shape == (20,)

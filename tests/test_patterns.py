@@ -185,3 +185,22 @@ def test_non_convex_match_rejected():
     pat = p.Add(p.Relu(p.var("x"), _label="a"), p.var("other"))
     r = match_at(pat, root(g, "Add"), exported=("a",))
     assert isinstance(r, Rejection) and r.code == Reason.NOT_CONVEX
+
+
+def test_alternative_at_the_root_and_output_index_reason():
+    text = """
+    graph g(%x: f32[4]) -> (%y, %z) {
+      %y = Relu(%x) @relu
+      %a, %b = Split<axis=0>(%x) @split
+      %z = Neg(%b) @neg
+    }
+    """
+    g = graph_of(text)
+    x = p.var("x")
+    matches, _ = find_matches(g, p.Relu(x) | p.Sigmoid(x))
+    assert [m.root.name for m in matches] == ["relu"]
+    r = match_at(p.Neg(p.Split(p.var("x"), _exact=False)), root(g, "Neg"))
+    assert isinstance(r, Rejection) and r.code == Reason.OUTPUT_INDEX
+    assert isinstance(
+        match_at(p.Neg(p.Split(p.var("x"), _exact=False, _output=1)), root(g, "Neg")), Match
+    )

@@ -260,7 +260,9 @@ def _placeholder_val(ep: torch.export.ExportedProgram, name: str) -> Any:
 
 
 def _rename(graph: Graph, v: Value, new: str) -> None:
-    if not new or new == v.name or any(x.name == new for x in graph.values()):
+    if not new or new == v.name or new in {x.name for x in graph.outputs}:
+        return
+    if graph.has_value_name(new):
         return
     graph.rename_value(v, new)
 

@@ -236,6 +236,8 @@ class Node:
         self._inputs[index] = value
         if value is not None:
             value._users[(self, index)] = None
+        if self.graph is not None:
+            self.graph._sorted = False
 
     def set_inputs(self, values: Sequence[Value | None]) -> None:
         for i, old in enumerate(self._inputs):
@@ -246,12 +248,14 @@ class Node:
             self._append_input(v)
 
     def set_captures(self, values: Sequence[Value]) -> None:
-        for old in self._captures:
-            old._users.pop((self, -1 - self._captures.index(old)), None)
+        for i, old in enumerate(self._captures):
+            old._users.pop((self, -1 - i), None)
         self._captures = []
         for i, v in enumerate(values):
             self._captures.append(v)
             v._users[(self, -1 - i)] = None
+        if self.graph is not None:
+            self.graph._sorted = False
 
     def _detach(self) -> None:
         for i, v in enumerate(self._inputs):
@@ -285,6 +289,12 @@ class Graph:
         self.value_info: dict[str, Value] = {}
         self.meta: dict[str, Any] = {}
         self._positions: dict[Node, int] | None = None
+        self._sorted = True  # False once an edit may have broken topological order
+
+    @property
+    def is_sorted(self) -> bool:
+        """True when the node order is known to be topological (edits since may break it)."""
+        return self._sorted
 
     def position(self, node: Node) -> int:
         """Index of ``node`` in the current order (cached until the graph changes)."""
@@ -352,6 +362,10 @@ class Graph:
                 node.name = base
         self._node_names.add(node.name)
 
+    def has_value_name(self, name: str) -> bool:
+        """True when a value of this graph is called ``name``."""
+        return name in self._names
+
     def rename_value(self, value: Value, new_name: str) -> None:
         """Give ``value`` a new unique name."""
         if new_name == value.name:
@@ -382,11 +396,21 @@ class Graph:
         """Insert ``node`` at the end (or before ``before``); claims its output names."""
         if node.graph is not None:
             raise IRError(f"node {node.name!r} already belongs to a graph")
+        if before is not None and before not in self._nodes:
+            node._detach()
+            raise IRError(f"cannot insert before node {before.name!r}: it is not in the graph")
+        names = [out.name for out in node._outputs if out.name]
+        clash = [n for n in names if n in self._names] or ([n for n in names if names.count(n) > 1])
+        if clash:
+            node._detach()
+            raise IRError(f"duplicate value name %{clash[0]} in graph {self.name!r}")
         for out in node._outputs:
             self._claim_value_name(out)
         self._claim_node_name(node)
         node.graph = self
         self._positions = None
+        if before is not None:
+            self._sorted = False
         if before is None:
             self._nodes[node] = None
         else:
@@ -419,10 +443,16 @@ class Graph:
 
     # ----- mutation ------------------------------------------------------------------------
     def replace_all_uses_with(self, old: Value, new: Value) -> None:
-        """Redirect every reader of ``old`` (including graph outputs) to ``new``."""
+        """Redirect every reader of ``old`` (including graph outputs) to ``new``.
+
+        The node that computes ``new`` keeps reading ``old`` (so inserting a node after a
+        value is ``replace_all_uses_with(old, make_node(..., [old]).outputs[0])``).
+        """
         if old is new:
             return
         for node, idx in list(old._users):
+            if node is new.producer:
+                continue  # "insert after old": the new node keeps reading old
             if idx >= 0:
                 node.set_input(idx, new)
             else:
@@ -453,8 +483,11 @@ class Graph:
 
     def remove_nodes(self, nodes: Iterable[Node]) -> None:
         """Remove a set of nodes whose outputs are used only inside the set (or not at all)."""
-        nodes = list(nodes)
+        nodes = list(dict.fromkeys(nodes))
         members = set(nodes)
+        stray = [n.name for n in nodes if n not in self._nodes]
+        if stray:
+            raise IRError(f"cannot remove nodes {stray}: not in graph {self.name!r}")
         for node in nodes:
             for out in node._outputs:
                 outside = [n.name for n, _ in out._users if n not in members]
@@ -509,6 +542,7 @@ class Graph:
         order = topological_order(list(self._nodes))
         self._nodes = dict.fromkeys(order)
         self._positions = None
+        self._sorted = True
 
     def is_convex(self, nodes: Iterable[Node]) -> bool:
         """True when replacing ``nodes`` by one node would create no cycle.
@@ -554,7 +588,7 @@ def is_convex(nodes: Iterable[Node]) -> bool:
         return True
     graph = next(iter(members)).graph
     limit = None
-    if graph is not None and all(n.graph is graph for n in members):
+    if graph is not None and graph.is_sorted and all(n.graph is graph for n in members):
         limit = max(graph.position(n) for n in members)
     # Walk forward from every successor outside the set; if we reach a member, not convex.
     frontier = [s for n in members for s in n.successors() if s not in members]

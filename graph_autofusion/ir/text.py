@@ -141,10 +141,33 @@ def _parse_type(text: str, line_no: int) -> tuple[DType | None, tuple | None]:
     return dt, tuple(dims)
 
 
+def _strip_comment(line: str) -> str:
+    """Drop a ``#`` comment that stands outside double quotes."""
+    quote = escaped = False
+    for i, ch in enumerate(line):
+        if escaped:
+            escaped = False
+        elif ch == "\\" and quote:
+            escaped = True
+        elif ch == '"':
+            quote = not quote
+        elif ch == "#" and not quote:
+            return line[:i]
+    return line
+
+
 def _split_top(text: str, sep: str = ",") -> list[str]:
     """Split on ``sep`` outside brackets and quotes."""
-    parts, depth, cur, quote = [], 0, [], False
+    parts, depth, cur, quote, escaped = [], 0, [], False, False
     for ch in text:
+        if escaped:
+            escaped = False
+            cur.append(ch)
+            continue
+        if ch == "\\" and quote:
+            escaped = True
+            cur.append(ch)
+            continue
         if ch == '"':
             quote = not quote
         if not quote:
@@ -169,7 +192,7 @@ def _parse_number(tok: str) -> int | float:
     return float(tok)
 
 
-def _parse_attr_value(text: str, line_no: int) -> Any:
+def _parse_attr_value(text: str, line_no: int, allow_elided: bool = False) -> Any:
     text = text.strip()
     try:
         if text.startswith('"'):
@@ -180,12 +203,16 @@ def _parse_attr_value(text: str, line_no: int) -> Any:
             dt, shape = _parse_type(type_text, line_no)
             data = data.strip()
             if data == "elided":
+                if not allow_elided:
+                    raise TextParseError(f"line {line_no}: tensor attribute data is elided")
                 return np.zeros(shape, dtype=dt.to_numpy())
             vals = [_parse_number(t) for t in _split_top(data[1:-1])]
             return np.array(vals, dtype=dt.to_numpy()).reshape(shape)
         if text.startswith("["):
-            return [_parse_attr_value(t, line_no) for t in _split_top(text[1:-1])]
+            return [_parse_attr_value(t, line_no, allow_elided) for t in _split_top(text[1:-1])]
         return _parse_number(text)
+    except TextParseError:
+        raise
     except (ValueError, IndexError, TypeError, AttributeError) as e:
         raise TextParseError(f"line {line_no}: bad attribute value {text!r}: {e}") from None
 
@@ -229,7 +256,7 @@ def parse_model(text: str, *, allow_elided: bool = False) -> Model:
     outputs: list[str] = []
     closed = False
     for line_no, raw in enumerate(text.splitlines(), start=1):
-        line = raw.split("#", 1)[0].strip() if '"' not in raw else raw.strip()
+        line = _strip_comment(raw).strip()
         if not line:
             continue
         if closed:
@@ -274,7 +301,7 @@ def parse_model(text: str, *, allow_elided: bool = False) -> Model:
                 key, eq, val = item.partition("=")
                 if not eq:
                     raise TextParseError(f"line {line_no}: attribute {item!r} lacks '='")
-                attrs[key.strip()] = _parse_attr_value(val, line_no)
+                attrs[key.strip()] = _parse_attr_value(val, line_no, allow_elided)
         inputs: list[Value | None] = []
         for tok in _split_top(m.group("ins")):
             if tok == "_":

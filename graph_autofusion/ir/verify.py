@@ -65,9 +65,9 @@ def verify_problems(graph: Graph) -> list[str]:
                 problems.append(f"%{v.name} lists user {user.name!r} that is not in the graph")
                 continue
             if idx >= 0:
-                if idx >= len(user.inputs) or user.inputs[idx] is not v:
+                if idx >= len(user._inputs) or user._inputs[idx] is not v:
                     problems.append(f"%{v.name} lists {user.name!r} input {idx} which is not it")
-            elif -1 - idx >= len(user.captures) or user.captures[-1 - idx] is not v:
+            elif -1 - idx >= len(user._captures) or user._captures[-1 - idx] is not v:
                 problems.append(f"%{v.name} lists a capture of {user.name!r} which is not it")
     for v in graph.outputs:
         if id(v) not in defined:

@@ -35,6 +35,7 @@ class Reason:
 
     OP_MISMATCH = "op-mismatch"
     NO_PRODUCER = "no-producer"
+    OUTPUT_INDEX = "output-index"
     ARITY = "arity"
     ATTR_MISMATCH = "attr-mismatch"
     DTYPE = "dtype"
@@ -262,7 +263,16 @@ def _match_value(pat: Pattern, value: Value, st: _State, tr: _Tracer) -> Iterato
         yield from _match_var(pat, value, st, tr)
     elif isinstance(pat, OpPattern):
         node = value.producer
-        if node is None or value.index != pat.output_index:
+        if node is not None and value.index != pat.output_index:
+            tr.fail(
+                st,
+                Reason.OUTPUT_INDEX,
+                f"%{value.name} is output {value.index} of "
+                f"{node.name!r}, the pattern reads output {pat.output_index}",
+                node,
+            )
+            return
+        if node is None:
             tr.fail(
                 st,
                 Reason.NO_PRODUCER,
@@ -311,7 +321,7 @@ def _closure_ok(st: _State, graph: Graph | None, exported: set[str], tr: _Tracer
 
 
 def match_at(
-    pattern: OpPattern,
+    pattern: OpPattern | AltPattern,
     node: Node,
     *,
     checks: tuple = (),
@@ -331,7 +341,14 @@ def match_at(
     """
     tr = _Tracer()
     graph = node.graph
-    for st in _match_node(pattern, node, _State(), tr):
+    roots = pattern.options if isinstance(pattern, AltPattern) else (pattern,)
+    states = (
+        st
+        for root in roots
+        if isinstance(root, OpPattern)
+        for st in _match_node(root, node, _State(), tr)
+    )
+    for st in states:
         if not _closure_ok(st, graph, set(exported), tr):
             continue
         ctx = MatchContext(st.values, st.labels)
