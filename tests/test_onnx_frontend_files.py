@@ -191,3 +191,27 @@ def test_torch_exported_model_round_trip(tmp_path):
         run(onnx.load(tmp_path / "again.onnx"), {"x": x.numpy()})[0],
         run(onnx.load(path), {"x": x.numpy()})[0],
     )
+
+
+def test_overwriting_external_data_model_never_breaks_the_old_pair(tmp_path):
+    """The old model keeps valid data until the new model file replaces it in one step."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from graph_autofusion.frontend.onnx_frontend import save_onnx
+
+    def model_with(value: float):
+        w = numpy_helper.from_array(np.full((64, 64), value, np.float32), "w")
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])
+        g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x], [y], [w])
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+
+    path = tmp_path / "m.onnx"
+    save_onnx(model_with(1.0), path, external_data=True)
+    save_onnx(model_with(2.0), path, external_data=True)
+    files = sorted(os.listdir(tmp_path))
+    assert len(files) == 2 and files[0] == "m.onnx" and files[1].endswith(".data")
+    out = ort.InferenceSession(str(path)).run(None, {"x": np.ones((1, 64), np.float32)})[0]
+    assert float(out[0, 0]) == 128.0

@@ -71,9 +71,18 @@ def save_onnx(
             if external_data is not None
             else estimate_size(proto) > EXTERNAL_DATA_THRESHOLD_BYTES
         )
+        stale_data = None
         if use_external:
-            if not overwrite and os.path.exists(data_path):
-                raise FileExistsError(f"external data file {data_path!r} exists")
+            if os.path.exists(data_path) and not os.path.isfile(data_path):
+                raise IsADirectoryError(f"external data path {data_path!r} is not a file")
+            if os.path.exists(data_path):
+                if not overwrite:
+                    raise FileExistsError(f"external data file {data_path!r} exists")
+                # Never overwrite the data an existing model points to: write the new data
+                # under a fresh name, switch the model file last, then drop the old data.
+                stale_data = data_path
+                data_name = f"{base}.{uuid.uuid4().hex[:8]}.data"
+                data_path = os.path.join(folder, data_name)
             if not owned:
                 copy = ModelProto()
                 copy.CopyFrom(proto)
@@ -95,6 +104,11 @@ def save_onnx(
             temps.pop(0)
         os.replace(tmp_model, path)
         temps.clear()
+        if stale_data is not None:
+            try:
+                os.remove(stale_data)
+            except OSError:
+                pass
     except Exception as exc:
         for tmp in temps:
             try:
