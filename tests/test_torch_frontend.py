@@ -302,3 +302,14 @@ def test_torch_runtime_runs_onnx_imported_graphs_like_onnxruntime(kind):
     assert len(outs) == len(ref)
     for o, r in zip(outs, ref):
         assert abs(o - torch.from_numpy(r)).max().item() <= TOL
+
+
+def test_constant_cache_never_aliases_freed_temporaries():
+    """Constants are cached by id(); a freed temporary's id must not return another's value."""
+    from graph_autofusion.frontend.torch_convert import ConvertContext
+    from graph_autofusion.ir import Graph
+
+    cx = ConvertContext(Graph())
+    values = [cx.v(torch.full((3,), float(i))) for i in range(64)]
+    assert len({id(v) for v in values}) == 64
+    assert [float(v.const[0]) for v in values] == [float(i) for i in range(64)]

@@ -152,6 +152,10 @@ class ConvertContext:
         key = id(t)
         if key in self._materialized:
             return self._materialized[key]
+        # The cache is keyed by id(): keep the keyed object itself alive for the whole
+        # conversion, or a temporary's id could be reused by another tensor and hit the cache.
+        self._keepalive = getattr(self, "_keepalive", [])
+        self._keepalive.append(t)
         t = t.detach()
         dt = dtype_of_torch(t.dtype)
         arr = t.float().numpy() if t.dtype == torch.bfloat16 else t.contiguous().numpy()
