@@ -173,10 +173,8 @@ def _ids(vocab=256):
     return ids, mask
 
 
-@pytest.mark.parametrize("kv_heads,attn", [(4, "sdpa"), (2, "sdpa"), (2, "eager")])
-def test_hf_llama(kv_heads, attn):
-    torch.manual_seed(0)
-    cfg = tr.LlamaConfig(
+def _small_llama_config(kv_heads: int, **extra) -> tr.LlamaConfig:
+    return tr.LlamaConfig(
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -184,8 +182,14 @@ def test_hf_llama(kv_heads, attn):
         num_key_value_heads=kv_heads,
         vocab_size=256,
         use_cache=False,
-        attn_implementation=attn,
+        **extra,
     )
+
+
+@pytest.mark.parametrize("kv_heads,attn", [(4, "sdpa"), (2, "sdpa"), (2, "eager")])
+def test_hf_llama(kv_heads, attn):
+    torch.manual_seed(0)
+    cfg = _small_llama_config(kv_heads, attn_implementation=attn)
     ids, mask = _ids()
     model = _check(tr.LlamaForCausalLM(cfg), (), {"input_ids": ids, "attention_mask": mask})
     assert [v.name for v in model.graph.outputs] == ["logits"]
@@ -261,15 +265,7 @@ def test_numpy_reference_interpreter_matches_eager_on_small_llama():
     from graph_autofusion.runtime.interpreter import run_model
 
     torch.manual_seed(0)
-    cfg = tr.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        use_cache=False,
-    )
+    cfg = _small_llama_config(2)
     m = tr.LlamaForCausalLM(cfg).eval()
     ids, mask = _ids()
     model = from_torch(m, (), {"input_ids": ids, "attention_mask": mask})

@@ -81,6 +81,7 @@ class ConvertContext:
         self._materialized: dict[int, Value] = {}
         self._const_names: dict[int, str] = {}
         self._scalars: dict[tuple[Any, DType], Value] = {}
+        self._keepalive: list[torch.Tensor] = []  # objects whose id() keys the caches
 
     # ----- facts about the node being converted -------------------------------------------
     @property
@@ -154,7 +155,6 @@ class ConvertContext:
             return self._materialized[key]
         # The cache is keyed by id(): keep the keyed object itself alive for the whole
         # conversion, or a temporary's id could be reused by another tensor and hit the cache.
-        self._keepalive = getattr(self, "_keepalive", [])
         self._keepalive.append(t)
         t = t.detach()
         dt = dtype_of_torch(t.dtype)
@@ -169,7 +169,6 @@ class ConvertContext:
             val = self.graph.add_initializer(self.graph.fresh_name(base), arr)
         val.dtype = dt
         self._materialized[key] = val
-        self._keepalive = getattr(self, "_keepalive", [])
         self._keepalive.append(t)
         return val
 

@@ -260,11 +260,8 @@ def _placeholder_val(ep: torch.export.ExportedProgram, name: str) -> Any:
 
 
 def _rename(graph: Graph, v: Value, new: str) -> None:
-    if not new or new == v.name or new in {x.name for x in graph.outputs}:
-        return
-    if graph.has_value_name(new):
-        return
-    graph.rename_value(v, new)
+    if new and not graph.has_value_name(new):
+        graph.rename_value(v, new)
 
 
 def _convert_node(cx: ConvertContext, node: torch.fx.Node) -> Any:

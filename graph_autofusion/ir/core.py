@@ -409,11 +409,10 @@ class Graph:
         self._claim_node_name(node)
         node.graph = self
         self._positions = None
-        if before is not None:
-            self._sorted = False
         if before is None:
             self._nodes[node] = None
         else:
+            self._sorted = False
             items = list(self._nodes)
             pos = items.index(before)
             items.insert(pos, node)

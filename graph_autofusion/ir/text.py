@@ -141,36 +141,34 @@ def _parse_type(text: str, line_no: int) -> tuple[DType | None, tuple | None]:
     return dt, tuple(dims)
 
 
-def _strip_comment(line: str) -> str:
-    """Drop a ``#`` comment that stands outside double quotes."""
+def _scan(text: str):
+    """Yield ``(index, char, quoted)``; ``quoted`` is True inside a double-quoted string
+    (quotes included, backslash escapes honoured)."""
     quote = escaped = False
-    for i, ch in enumerate(line):
+    for i, ch in enumerate(text):
         if escaped:
             escaped = False
-        elif ch == "\\" and quote:
+            yield i, ch, True
+            continue
+        if quote and ch == "\\":
             escaped = True
         elif ch == '"':
             quote = not quote
-        elif ch == "#" and not quote:
-            return line[:i]
-    return line
+            yield i, ch, True
+            continue
+        yield i, ch, quote
+
+
+def _strip_comment(line: str) -> str:
+    """Drop a ``#`` comment that stands outside double quotes."""
+    return next((line[:i] for i, ch, quoted in _scan(line) if ch == "#" and not quoted), line)
 
 
 def _split_top(text: str, sep: str = ",") -> list[str]:
     """Split on ``sep`` outside brackets and quotes."""
-    parts, depth, cur, quote, escaped = [], 0, [], False, False
-    for ch in text:
-        if escaped:
-            escaped = False
-            cur.append(ch)
-            continue
-        if ch == "\\" and quote:
-            escaped = True
-            cur.append(ch)
-            continue
-        if ch == '"':
-            quote = not quote
-        if not quote:
+    parts, depth, cur = [], 0, []
+    for _, ch, quoted in _scan(text):
+        if not quoted:
             if ch in "[(<":
                 depth += 1
             elif ch in "])>":

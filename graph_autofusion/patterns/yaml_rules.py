@@ -151,17 +151,20 @@ def _rule_from_mapping(entry: Any, mark_line: int, path: str) -> FusionRule:
 
 def load_rule_text(text: str, path: str = "<string>") -> RuleSet:
     """Parse rule-file text. Raises :class:`RuleFileError` naming ``path``, line and problem."""
+    loader = yaml.SafeLoader(text)
     try:
-        root = yaml.compose(text)
-        data = yaml.safe_load(text)
+        root = loader.get_single_node()
+        data = loader.construct_document(root) if root is not None else None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f", line {mark.line + 1}" if mark else ""
         raise RuleFileError(f"{path}{line}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    finally:
+        loader.dispose()
     if not isinstance(data, dict) or "rules" not in data or not isinstance(data["rules"], list):
         raise RuleFileError(f"{path}, line 1: the file must be a mapping with a 'rules' list")
     rules_node = next(v for k, v in root.value if k.value == "rules")
-    rules = RuleSet()
+    rules: list[FusionRule] = []
     seen: dict[str, int] = {}
     for entry, node in zip(data["rules"], rules_node.value):
         line = node.start_mark.line + 1
@@ -172,8 +175,8 @@ def load_rule_text(text: str, path: str = "<string>") -> RuleSet:
                 f"{seen[rule.name]}"
             )
         seen[rule.name] = line
-        rules = rules + rule
-    return rules
+        rules.append(rule)
+    return RuleSet(tuple(rules))
 
 
 def load_rule_file(path: str | os.PathLike[str]) -> RuleSet:
