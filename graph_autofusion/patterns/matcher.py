@@ -47,6 +47,7 @@ class Reason:
     CHECK_FAILED = "check-failed"
     EXTERNAL_USER = "external-user"
     NOT_CONVEX = "not-convex"
+    HORIZONTAL = "too-few-siblings"
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class Match:
     nodes: list[Node]
     values: dict[str, Value]
     labels: dict[str, Node]
+    outputs: list[Value] = field(default_factory=list)
 
     def value(self, name: str) -> Value:
         return self.values[name]
@@ -151,6 +153,10 @@ def _match_var(pat: VarPattern, value: Value, st: _State, tr: _Tracer) -> Iterat
         return
     if pat.rank is not None and value.rank != pat.rank:
         tr.fail(st, Reason.RANK, f"%{value.name} has rank {value.rank}, want {pat.rank}")
+        return
+    if pat.last_dim is not None and (not value.shape or value.shape[-1] != pat.last_dim):
+        last = value.shape[-1] if value.shape else "?"
+        tr.fail(st, Reason.RANK, f"%{value.name} has last dim {last}, want {pat.last_dim}")
         return
     if pat.static and not value.is_static:
         tr.fail(st, Reason.DYNAMIC_SHAPE, f"%{value.name} has no static shape")
@@ -320,8 +326,29 @@ def _closure_ok(st: _State, graph: Graph | None, exported: set[str], tr: _Tracer
     return True
 
 
+def _root_options(pattern: Pattern) -> tuple[OpPattern, ...]:
+    if isinstance(pattern, OpPattern):
+        return (pattern,)
+    if isinstance(pattern, AltPattern):
+        return tuple(r for o in pattern.options for r in _root_options(o))
+    if isinstance(pattern, OptionalPattern):
+        return _root_options(pattern.op) + _root_options(pattern.inner)
+    return ()
+
+
+def match_outputs(nodes: list[Node], root: Node, labels: dict[str, Node], exported) -> list[Value]:
+    """Values a fused operator replacing ``nodes`` must produce: the root's outputs, then the
+    outputs of exported (labelled) internal nodes."""
+    outs = list(root.outputs)
+    for label in exported:
+        node = labels.get(label)
+        if node is not None and node is not root:
+            outs.extend(o for o in node.outputs if o not in outs)
+    return outs
+
+
 def match_at(
-    pattern: OpPattern | AltPattern,
+    pattern: Pattern,
     node: Node,
     *,
     checks: tuple = (),
@@ -341,13 +368,7 @@ def match_at(
     """
     tr = _Tracer()
     graph = node.graph
-    roots = pattern.options if isinstance(pattern, AltPattern) else (pattern,)
-    states = (
-        st
-        for root in roots
-        if isinstance(root, OpPattern)
-        for st in _match_node(root, node, _State(), tr)
-    )
+    states = (st for root in _root_options(pattern) for st in _match_node(root, node, _State(), tr))
     for st in states:
         if not _closure_ok(st, graph, set(exported), tr):
             continue
@@ -356,32 +377,45 @@ def match_at(
         if why:
             tr.fail(st, Reason.CHECK_FAILED, why, node)
             continue
-        return Match(node, topological_order(st.order), st.values, st.labels)
+        outs = match_outputs(st.order, node, st.labels, exported)
+        return Match(node, topological_order(st.order), st.values, st.labels, outs)
     return tr.best or Rejection(Reason.OP_MISMATCH, "no match", 0, node.name)
 
 
 def root_op_types(pattern: Pattern) -> set[str]:
     """Operator types a pattern's root can have."""
-    if isinstance(pattern, OpPattern):
-        return set(pattern.op_types)
-    if isinstance(pattern, AltPattern):
-        return set().union(*(root_op_types(o) for o in pattern.options))
-    return set()
+    return {t for r in _root_options(pattern) for t in r.op_types}
+
+
+def index_by_op(graph: Graph) -> dict[str, list[Node]]:
+    """Nodes of ``graph`` grouped by operator type, in graph order."""
+    index: dict[str, list[Node]] = {}
+    for node in graph.nodes:
+        index.setdefault(node.op_type, []).append(node)
+    return index
 
 
 def find_matches(
-    graph: Graph, pattern: OpPattern, *, checks: tuple = (), exported: tuple[str, ...] = ()
+    graph: Graph,
+    pattern: Pattern,
+    *,
+    checks: tuple = (),
+    exported: tuple[str, ...] = (),
+    index: dict[str, list[Node]] | None = None,
 ) -> tuple[list[Match], list[Rejection]]:
     """Every match of ``pattern`` in ``graph`` (possibly overlapping), and the rejections.
 
-    Only nodes of the root's operator type are tried, so the scan is linear in the graph.
+    Only nodes of the root's operator types are tried (``index`` from :func:`index_by_op`
+    can be shared across patterns), so the scan is linear in the graph.
     """
+    index = index if index is not None else index_by_op(graph)
     roots = root_op_types(pattern)
+    candidates = [n for t in roots for n in index.get(t, ())]
+    if len(roots) > 1:
+        candidates.sort(key=graph.position)
     matches: list[Match] = []
     rejections: list[Rejection] = []
-    for node in graph.nodes:
-        if node.op_type not in roots:
-            continue
+    for node in candidates:
         result = match_at(pattern, node, checks=checks, exported=exported)
         (matches if isinstance(result, Match) else rejections).append(result)
     return matches, rejections

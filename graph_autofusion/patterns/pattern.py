@@ -74,6 +74,7 @@ class VarPattern(Pattern):
     Attributes:
         dtypes: Accepted element types (empty: any).
         rank: Required rank, or ``None``.
+        last_dim: Required static size of the last dimension, or ``None``.
         static: Require a fully static shape.
         const: Require constant data (an initializer or a ``Constant`` node's output).
         scalar: Require a constant with exactly one element.
@@ -84,6 +85,7 @@ class VarPattern(Pattern):
     name: str
     dtypes: tuple[DType, ...] = ()
     rank: int | None = None
+    last_dim: int | None = None
     static: bool = False
     const: bool = False
     scalar: bool = False
@@ -214,7 +216,16 @@ class PatternBuilder:
         """A constant variable (initializer or ``Constant`` output)."""
         return self.var(name, const=True, **constraints)
 
-    def optional(self, op_type: str | Sequence[str], inner: Pattern, **attrs: AttrSpec) -> Pattern:
-        """An operator (e.g. a Cast) that may or may not sit in front of ``inner``."""
+    def optional(
+        self, op_type: str | Sequence[str] | OpPattern, inner: Pattern, **attrs: AttrSpec
+    ) -> Pattern:
+        """An operator that may or may not sit on top of ``inner``.
+
+        ``p.optional("Cast", x)`` is a one-input operator (a Cast, a Reshape);
+        ``p.optional(p.Add(inner, p.var("b")), inner)`` is any operator pattern that reads
+        ``inner`` (a bias that may be absent). When absent, ``inner`` stands in its place.
+        """
+        if isinstance(op_type, OpPattern):
+            return OptionalPattern(op_type, inner)
         types = (op_type,) if isinstance(op_type, str) else tuple(op_type)
         return OptionalPattern(OpPattern(types, (inner,), dict(attrs), self._domain), inner)

@@ -13,9 +13,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from graph_autofusion.errors import GraphAutoFusionError
-from graph_autofusion.ir.core import Graph
-from graph_autofusion.patterns.matcher import Match, Rejection, find_matches
-from graph_autofusion.patterns.pattern import OpPattern, PatternBuilder
+from graph_autofusion.ir.core import Graph, Node, is_convex, topological_order
+from graph_autofusion.patterns.matcher import Match, Reason, Rejection, find_matches
+from graph_autofusion.patterns.pattern import Pattern, PatternBuilder
+
+#: The built-in presets.
+PRESETS = ("transformer", "llm", "cnn", "rnn")
 
 #: Aliases the articles use for ONNX operator names.
 OP_ALIASES = {"LayerNorm": "LayerNormalization", "BatchNorm": "BatchNormalization"}
@@ -41,10 +44,18 @@ class FusionRule:
         exported: Labels of internal nodes the fused operator also outputs.
         op1, op2: The articles' simple form: producer and consumer operator names.
         doc: The math the rule fuses.
+        horizontal: Horizontal fusion: ``pattern`` describes one branch, and branches that
+            bind this variable to the same value (siblings sharing an input, like Q/K/V
+            projections) fuse into one operator with one output per branch.
+        min_branches: Fewest siblings a horizontal match needs.
+        rewrite: Native lowering ``(RewriteContext) -> list[Value]`` returning the values
+            that replace the match's outputs, in order; without it the match becomes one call
+            of a local function holding the matched nodes.
+        fused_domain: Domain of the fused operator a native rewrite creates (report only).
     """
 
     name: str
-    pattern: OpPattern | None = None
+    pattern: Pattern | None = None
     fuse_pattern: str = ""
     priority: int = 0
     benefit_threshold: float | None = None
@@ -55,6 +66,10 @@ class FusionRule:
     op1: str = ""
     op2: str = ""
     doc: str = ""
+    horizontal: str = ""
+    min_branches: int = 2
+    rewrite: Callable | None = None
+    fused_domain: str = ""
 
     def __post_init__(self) -> None:
         if self.pattern is None:
@@ -73,9 +88,71 @@ class FusionRule:
     def __add__(self, other: FusionRule | RuleSet) -> RuleSet:
         return RuleSet((self,)) + other
 
-    def match(self, graph: Graph) -> tuple[list[Match], list[Rejection]]:
+    def match(
+        self, graph: Graph, index: dict[str, list[Node]] | None = None
+    ) -> tuple[list[Match], list[Rejection]]:
+        """Every match of this rule in ``graph`` (possibly overlapping) and the rejections."""
         assert self.pattern is not None
-        return find_matches(graph, self.pattern, checks=self.checks, exported=self.exported)
+        found, rejected = find_matches(
+            graph, self.pattern, checks=self.checks, exported=self.exported, index=index
+        )
+        if not self.horizontal:
+            return found, rejected
+        return self._group_siblings(found, rejected)
+
+    def _group_siblings(
+        self, found: list[Match], rejected: list[Rejection]
+    ) -> tuple[list[Match], list[Rejection]]:
+        groups: dict[int, list[Match]] = {}
+        for m in found:
+            shared = m.values.get(self.horizontal)
+            if shared is None:
+                raise ValueError(
+                    f"rule {self.name!r}: horizontal variable %{self.horizontal} is not bound "
+                    f"by its pattern"
+                )
+            groups.setdefault(id(shared), []).append(m)
+        merged: list[Match] = []
+        for group in groups.values():
+            chosen: list[Match] = []
+            used: set[Node] = set()
+            for m in sorted(group, key=lambda m: -len(m.nodes)):  # a branch with its bias first
+                if not used.intersection(m.nodes):
+                    chosen.append(m)
+                    used.update(m.nodes)
+            shared = chosen[0].values[self.horizontal]
+            if len(chosen) < self.min_branches:
+                rejected.append(
+                    Rejection(
+                        Reason.HORIZONTAL,
+                        f"%{shared.name} feeds {len(chosen)} branch(es) of the pattern, "
+                        f"want at least {self.min_branches}",
+                        len(used),
+                        chosen[0].root.name,
+                    )
+                )
+                continue
+            if not is_convex(used):
+                rejected.append(
+                    Rejection(
+                        Reason.NOT_CONVEX,
+                        f"the siblings reading %{shared.name} depend on one another",
+                        len(used),
+                        chosen[0].root.name,
+                    )
+                )
+                continue
+            chosen.sort(key=lambda m: m.root.graph.position(m.root) if m.root.graph else 0)
+            values = dict(chosen[0].values)
+            labels: dict[str, Node] = {}
+            for i, m in enumerate(chosen):
+                values.update({f"b{i}.{k}": v for k, v in m.values.items()})
+                labels.update({f"b{i}.{k}": v for k, v in m.labels.items()})
+            outputs = [o for m in chosen for o in m.outputs]
+            merged.append(
+                Match(chosen[0].root, topological_order(list(used)), values, labels, outputs)
+            )
+        return merged, rejected
 
 
 @dataclass(frozen=True)
@@ -99,7 +176,19 @@ class RuleSet:
         return len(self.rules)
 
     def preset(self, name: str) -> RuleSet:
+        """Rules of one preset (``all`` = every rule)."""
+        if name == "all":
+            return self
+        known = sorted({p for r in self.rules for p in r.presets})
+        if name not in known:
+            raise ValueError(f"unknown preset {name!r}; known presets: {known + ['all']}")
         return RuleSet(tuple(r for r in self.rules if name in r.presets))
+
+    def get(self, name: str) -> FusionRule:
+        for r in self.rules:
+            if r.name == name:
+                return r
+        raise KeyError(f"no rule named {name!r}; rules: {[r.name for r in self.rules]}")
 
 
 @dataclass

@@ -1,0 +1,229 @@
+"""Rewrite matches into fused operators.
+
+Two forms:
+
+* **Native**: the rule's ``rewrite`` callback builds replacement nodes (a contrib operator, a
+  folded Conv) through a :class:`RewriteContext` and returns the values that replace the
+  match's outputs.
+* **Generic**: the matched nodes move, unchanged, into an ONNX local function in the
+  ``graph_autofusion.fused`` domain, and one node calls it. The function is runnable by the
+  reference interpreter and by onnxruntime, so every rule is executable even before a target
+  lowers it. Identical bodies share one function.
+
+Either way the fused node's outputs take over the names of the values they replace (graph
+output names never change), the matched nodes are removed, and the graph is re-sorted if an
+exported value has a reader placed before the root. A rewrite that fails leaves the graph as it
+was: nothing is mutated until the replacement is fully built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from graph_autofusion.errors import GraphAutoFusionError
+from graph_autofusion.ir.core import Model, Node, Value
+from graph_autofusion.patterns.matcher import Match, const_value
+
+#: Domain of generic fused operators (local functions).
+FUSED_DOMAIN = "graph_autofusion.fused"
+
+
+class RewriteError(GraphAutoFusionError):
+    """A match could not be rewritten (the graph is left unchanged)."""
+
+
+@dataclass
+class RewriteContext:
+    """What a native rewrite callback uses to build its replacement.
+
+    Nodes made through :meth:`make_node` are inserted before the match's root, so they come
+    after every value the match reads.
+    """
+
+    model: Model
+    match: Match
+    rule_name: str
+    created: list[Node] = field(default_factory=list)
+
+    @property
+    def graph(self):
+        return self.model.graph
+
+    def value(self, name: str) -> Value:
+        """The value bound to pattern variable ``name``."""
+        return self.match.values[name]
+
+    def label(self, name: str) -> Node:
+        """The node matched under label ``name``."""
+        return self.match.labels[name]
+
+    def const(self, name: str) -> np.ndarray | None:
+        """Constant data bound to variable ``name`` (``None`` if not constant)."""
+        return const_value(self.match.values[name])
+
+    def make_node(
+        self,
+        op_type: str,
+        inputs: Sequence[Value | None],
+        attrs: dict[str, Any] | None = None,
+        *,
+        domain: str = "",
+        num_outputs: int = 1,
+    ) -> Node:
+        node = self.graph.make_node(
+            op_type,
+            inputs,
+            attrs,
+            domain=domain,
+            name=f"{self.rule_name}/{op_type}",
+            num_outputs=num_outputs,
+            before=self.match.root,
+        )
+        self.created.append(node)
+        if domain and domain not in self.model.opset_imports:
+            self.model.opset_imports[domain] = 1
+        return node
+
+    def add_constant(self, hint: str, array: np.ndarray) -> Value:
+        """A new initializer holding ``array``."""
+        return self.graph.add_initializer(self.graph.fresh_name(hint), np.asarray(array))
+
+
+def _function_body(model: Model, match: Match, name: str) -> tuple[Any, str]:
+    """A FunctionProto holding the matched nodes with canonical value names, and its digest."""
+    import onnx
+    from onnx import helper
+
+    from graph_autofusion.frontend.onnx_export import node_to_proto
+
+    inputs = match.inputs()
+    canon: dict[str, str] = {v.name: f"in{i}" for i, v in enumerate(inputs)}
+    for i, v in enumerate(match.outputs):
+        canon[v.name] = f"out{i}"
+    k = 0
+    for n in match.nodes:
+        for o in n.outputs:
+            if o.name not in canon:
+                canon[o.name] = f"t{k}"
+                k += 1
+    body = []
+    for n in match.nodes:
+        if n.captures:
+            raise RewriteError(f"node {n.name!r} has a subgraph; it cannot move into a function")
+        proto = node_to_proto(n, set(canon))
+        proto.ClearField("name")
+        for field_name in ("input", "output"):
+            names = [canon.get(x, x) if x else "" for x in getattr(proto, field_name)]
+            del getattr(proto, field_name)[:]
+            getattr(proto, field_name).extend(names)
+        body.append(proto)
+    domains = {n.domain for n in match.nodes}
+    opsets = [
+        helper.make_opsetid(d, v)
+        for d, v in sorted(model.opset_imports.items())
+        if d in domains or d == ""
+    ]
+    fn = helper.make_function(
+        FUSED_DOMAIN,
+        name,
+        [f"in{i}" for i in range(len(inputs))],
+        [f"out{i}" for i in range(len(match.outputs))],
+        body,
+        opsets,
+    )
+    digest = hashlib.sha1(
+        b"".join(p.SerializeToString(deterministic=True) for p in body)
+    ).hexdigest()[:10]
+    assert isinstance(fn, onnx.FunctionProto)
+    return fn, digest
+
+
+def _function_call(model: Model, fused_op: str, match: Match) -> Node:
+    fn, digest = _function_body(model, match, fused_op)
+    known = model.meta.setdefault("fused_functions", {})
+    fname = known.get((fused_op, digest))
+    if fname is None:
+        taken = {f.name for f in model.functions if f.domain == FUSED_DOMAIN}
+        fname, k = fused_op, 1
+        while fname in taken:
+            k += 1
+            fname = f"{fused_op}_{k}"
+        fn.name = fname
+        model.functions.append(fn)
+        known[(fused_op, digest)] = fname
+    model.opset_imports.setdefault(FUSED_DOMAIN, 1)
+    return model.graph.make_node(
+        fname,
+        match.inputs(),
+        domain=FUSED_DOMAIN,
+        name=fused_op,
+        num_outputs=len(match.outputs),
+        before=match.root,
+    )
+
+
+def fuse_match(
+    model: Model, match: Match, fused_op: str, *, rewrite: Any = None, rule_name: str = ""
+) -> list[Node]:
+    """Replace ``match`` in ``model.graph`` by its fused form; returns the new nodes.
+
+    Raises:
+        RewriteError: the match is stale (a node already removed) or the rewrite failed; the
+            graph is unchanged.
+    """
+    graph = model.graph
+    stale = [n.name for n in match.nodes if n.graph is not graph]
+    if stale:
+        raise RewriteError(f"{fused_op}: nodes {stale} are no longer in the graph")
+    if rewrite is not None:
+        ctx = RewriteContext(model, match, rule_name or fused_op)
+        try:
+            new_values = list(rewrite(ctx))
+            if len(new_values) != len(match.outputs):
+                raise RewriteError(
+                    f"{fused_op}: rewrite returned {len(new_values)} values for "
+                    f"{len(match.outputs)} outputs"
+                )
+        except Exception:
+            for node in reversed(ctx.created):
+                node._detach()
+                graph.remove_node(node, force=True)
+            raise
+        new_nodes = ctx.created
+    else:
+        node = _function_call(model, fused_op, match)
+        new_values = list(node.outputs)
+        new_nodes = [node]
+    for old, new in zip(match.outputs, new_values):
+        if new.dtype is None:
+            new.dtype = old.dtype
+        if new.shape is None:
+            new.shape = old.shape
+    for old, new in zip(match.outputs, new_values):
+        graph.replace_all_uses_with(old, new)
+    names = [v.name for v in match.outputs]
+    graph.remove_nodes(match.nodes)
+    for new, name in zip(new_values, names):
+        if (
+            new.producer is not None
+            and new.producer in new_nodes
+            and not graph.has_value_name(name)
+        ):
+            graph.rename_value(new, name)
+    if not _still_sorted(graph, new_nodes):
+        graph.topological_sort()
+    return new_nodes
+
+
+def _still_sorted(graph, new_nodes: list[Node]) -> bool:
+    for node in new_nodes:
+        pos = graph.position(node)
+        for out in node.outputs:
+            if any(graph.position(u) < pos for u in out.user_nodes if u.graph is graph):
+                return False
+    return True
