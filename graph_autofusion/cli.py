@@ -24,6 +24,67 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_match(args: argparse.Namespace) -> int:
+    from graph_autofusion.api import GraphAutoFusion
+
+    gaf = GraphAutoFusion(
+        args.model,
+        preset=args.preset,
+        rule_files=args.rules or (),
+        max_cluster_nodes=args.max_cluster_nodes,
+        max_cluster_inputs=args.max_cluster_inputs,
+        clustering=not args.no_clusters,
+    )
+    report = gaf.candidates()
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.to_text())
+    return 0
+
+
+def _cmd_rules_validate(args: argparse.Namespace) -> int:
+    from graph_autofusion.patterns.library import builtin_rules
+    from graph_autofusion.patterns.yaml_rules import load_rule_file
+
+    builtin = {r.name for r in builtin_rules()}
+    for path in args.files:
+        rules = load_rule_file(path)
+        shadow = sorted(builtin & {r.name for r in rules})
+        note = f"; same names as built-in rules: {shadow}" if shadow else ""
+        print(f"{path}: {len(rules)} rule(s) OK: {', '.join(r.name for r in rules)}{note}")
+    return 0
+
+
+def _cmd_rules_list(args: argparse.Namespace) -> int:
+    from graph_autofusion.patterns.library import builtin_rules
+
+    rules = builtin_rules().preset(args.preset)
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "name": r.name,
+                        "fused_op": r.fuse_pattern,
+                        "priority": r.priority,
+                        "presets": list(r.presets),
+                        "native": r.rewrite is not None,
+                        "doc": r.doc,
+                    }
+                    for r in rules
+                ],
+                indent=2,
+            )
+        )
+        return 0
+    for r in sorted(rules, key=lambda r: -r.priority):
+        native = "native" if r.rewrite is not None else "generic"
+        print(
+            f"{r.priority:>4}  {r.name:<26} -> {r.fuse_pattern:<30} {native:<8} "
+            f"[{', '.join(r.presets)}]"
+        )
+    print(f"{len(rules)} rules")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from graph_autofusion.demo import run_demo
 
@@ -42,6 +103,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="path to an .onnx file")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_inspect)
+
+    p = sub.add_parser("match", help="fusion candidates: rule matches, clusters, operator pairs")
+    p.add_argument("model", help="path to an .onnx file")
+    p.add_argument("--preset", default="all", help="transformer, llm, cnn, rnn or all")
+    p.add_argument("--rules", action="append", metavar="FILE", help="extra YAML rule file")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--no-clusters", action="store_true", help="skip automatic clustering")
+    p.add_argument("--max-cluster-nodes", type=int, default=64)
+    p.add_argument("--max-cluster-inputs", type=int, default=8)
+    p.set_defaults(func=_cmd_match)
+
+    p = sub.add_parser("rules", help="the rule library and rule files")
+    rsub = p.add_subparsers(dest="rules_command", required=True)
+    r = rsub.add_parser("validate", help="check YAML rule files (file, line and problem)")
+    r.add_argument("files", nargs="+")
+    r.set_defaults(func=_cmd_rules_validate)
+    r = rsub.add_parser("list", help="the built-in rules")
+    r.add_argument("--preset", default="all")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=_cmd_rules_list)
 
     p = sub.add_parser("demo", help="run the main job on the built-in demo model (MiniLM)")
     p.add_argument("--seq-len", type=int, default=16)

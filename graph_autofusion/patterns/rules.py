@@ -28,6 +28,10 @@ class FusionRuleConflict(GraphAutoFusionError):
     """Two rules of equal priority claim overlapping nodes."""
 
 
+class UnknownPresetError(GraphAutoFusionError, ValueError):
+    """A preset name no rule belongs to."""
+
+
 @dataclass(frozen=True)
 class FusionRule:
     """One fusion rule.
@@ -179,9 +183,9 @@ class RuleSet:
         """Rules of one preset (``all`` = every rule)."""
         if name == "all":
             return self
-        known = sorted({p for r in self.rules for p in r.presets})
+        known = sorted(set(PRESETS) | {p for r in self.rules for p in r.presets})
         if name not in known:
-            raise ValueError(f"unknown preset {name!r}; known presets: {known + ['all']}")
+            raise UnknownPresetError(f"unknown preset {name!r}; known presets: {known + ['all']}")
         return RuleSet(tuple(r for r in self.rules if name in r.presets))
 
     def get(self, name: str) -> FusionRule:

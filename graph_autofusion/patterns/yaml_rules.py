@@ -11,6 +11,9 @@ Schema (documented with examples in ``docs/rules.md``)::
         presets: [transformer, llm]             # default []
         tolerance: 0.999                        # cosine floor for safe mode, default 0.999
         exported: []                            # labels of internal nodes also exported
+        checks: ["broadcastable(x, mask)"]      # constraints between variables
+        horizontal: x                           # sibling branches sharing %x fuse together
+        min_branches: 2                         # with horizontal: fewest siblings
 
 The pattern is an expression in the pattern language: ``Op(inputs..., attr=value)`` is an
 operator (capitalized name; ``ms::Op`` is not allowed, use ``domain: com.microsoft``),
@@ -25,12 +28,15 @@ from __future__ import annotations
 
 import ast
 import os
+from collections.abc import Callable
 from typing import Any
 
 import yaml
 
 from graph_autofusion.errors import GraphAutoFusionError
-from graph_autofusion.patterns.pattern import OpPattern, Pattern, PatternBuilder
+from graph_autofusion.patterns.constraints import CONSTRAINTS
+from graph_autofusion.patterns.matcher import root_op_types
+from graph_autofusion.patterns.pattern import Pattern, PatternBuilder
 from graph_autofusion.patterns.rules import FusionRule, RuleSet
 
 REQUIRED = ("name", "fused_op", "pattern")
@@ -42,8 +48,11 @@ OPTIONAL = {
     "exported": list,
     "domain": str,
     "doc": str,
+    "checks": list,
+    "horizontal": str,
+    "min_branches": int,
 }
-_VAR_KEYS = {"dtypes", "rank", "static", "const", "scalar", "value", "rtol", "atol"}
+_VAR_KEYS = {"dtypes", "rank", "last_dim", "static", "const", "scalar", "value", "rtol", "atol"}
 
 
 class RuleFileError(GraphAutoFusionError):
@@ -107,15 +116,33 @@ class _PatternParser:
         inputs = tuple(self.pattern(a) for a in node.args)
         return self.b.op(*types)(*inputs, _label=label, **kwargs)
 
-    def parse(self, text: str) -> OpPattern:
+    def parse(self, text: str) -> Pattern:
         try:
             tree = ast.parse(text.strip(), mode="eval")
         except SyntaxError as e:
             raise self.fail(f"syntax error at column {e.offset}: {e.msg}") from None
         pat = self.pattern(tree.body)
-        if not isinstance(pat, OpPattern):
+        if not root_op_types(pat):
             raise self.fail("the pattern's root must be an operator")
         return pat
+
+    def check(self, text: str) -> Callable:
+        """A constraint call such as ``broadcastable(x, bias)`` or ``last_dim(x, 64)``."""
+        try:
+            tree = ast.parse(str(text).strip(), mode="eval").body
+        except SyntaxError as e:
+            raise self.fail(f"check {text!r}: syntax error at column {e.offset}") from None
+        name = (
+            tree.func.id if isinstance(tree, ast.Call) and isinstance(tree.func, ast.Name) else ""
+        )
+        if name not in CONSTRAINTS:
+            raise self.fail(f"check {text!r}: unknown constraint; known: {sorted(CONSTRAINTS)}")
+        assert isinstance(tree, ast.Call)
+        args = [a.id if isinstance(a, ast.Name) else self.literal(a) for a in tree.args]
+        try:
+            return CONSTRAINTS[name](*args)
+        except TypeError as e:
+            raise self.fail(f"check {text!r}: {e}") from None
 
 
 def _rule_from_mapping(entry: Any, mark_line: int, path: str) -> FusionRule:
@@ -133,9 +160,9 @@ def _rule_from_mapping(entry: Any, mark_line: int, path: str) -> FusionRule:
     for key, typ in OPTIONAL.items():
         if key in entry and not isinstance(entry[key], typ):
             raise RuleFileError(f"{where}: rule {entry['name']!r}: {key} has the wrong type")
-    pattern = _PatternParser(f"{where}: rule {entry['name']!r}", entry.get("domain", "")).parse(
-        str(entry["pattern"])
-    )
+    parser = _PatternParser(f"{where}: rule {entry['name']!r}", entry.get("domain", ""))
+    pattern = parser.parse(str(entry["pattern"]))
+    checks = tuple(parser.check(c) for c in entry.get("checks", ()))
     return FusionRule(
         name=str(entry["name"]),
         pattern=pattern,
@@ -146,6 +173,9 @@ def _rule_from_mapping(entry: Any, mark_line: int, path: str) -> FusionRule:
         tolerance=float(entry.get("tolerance", 0.999)),
         exported=tuple(entry.get("exported", ())),
         doc=str(entry.get("doc", "")),
+        checks=checks,
+        horizontal=str(entry.get("horizontal", "")),
+        min_branches=int(entry.get("min_branches", 2)),
     )
 
 

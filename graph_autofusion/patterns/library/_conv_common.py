@@ -1,0 +1,162 @@
+"""Shared pieces of the CNN rules: Conv and BatchNormalization patterns, BN folding, FusedConv.
+
+Not a rule module (the leading underscore keeps it out of rule discovery).
+
+Folding an inference BatchNormalization into the Conv that feeds it::
+
+    s  = gamma / sqrt(var + eps)                 (per output channel)
+    W' = W * s[:, None, ...]
+    b' = (b - mean) * s + beta                   (b = 0 when the Conv has no bias)
+
+The folded weights are new initializers; the original ones are left untouched (another node
+may still read them). The arithmetic runs in float64 and is cast back to the weight's dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graph_autofusion.ir.core import Node, Value
+from graph_autofusion.patterns.matcher import const_value
+from graph_autofusion.patterns.pattern import MatchContext, Pattern, PatternBuilder
+from graph_autofusion.patterns.rewrite import RewriteContext, RewriteError
+
+MS = "com.microsoft"
+
+#: Conv attributes FusedConv shares with Conv.
+CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+
+
+def conv(p: PatternBuilder, *, const_weight: bool = False, label: str = "conv") -> Pattern:
+    """``Conv(x, w[, b])``; the optional bias is read from the node in the rewrite."""
+    w = p.const("w") if const_weight else p.var("w")
+    return p.Conv(p.var("x"), w, _label=label, _exact=False)
+
+
+def batch_norm(p: PatternBuilder, inner: Pattern, label: str = "bn") -> Pattern:
+    """Inference ``BatchNormalization(inner, scale, B, mean, var)`` with constant parameters."""
+    return p.BatchNormalization(
+        inner,
+        p.const("bn_scale"),
+        p.const("bn_bias"),
+        p.const("bn_mean"),
+        p.const("bn_var"),
+        training_mode=lambda v: not v,
+        _label=label,
+    )
+
+
+def bn_single_output(ctx: MatchContext) -> str | None:
+    """Check: the BatchNormalization has one output (inference mode)."""
+    bn = ctx.nodes.get("bn")
+    if bn is not None and len(bn.outputs) != 1:
+        return (
+            f"BatchNormalization {bn.name!r} has {len(bn.outputs)} outputs "
+            f"(training statistics); only the inference form folds"
+        )
+    return None
+
+
+def conv_bias(node: Node) -> Value | None:
+    """The Conv's bias input, if present."""
+    return node.inputs[2] if len(node.inputs) > 2 else None
+
+
+def conv_attrs(node: Node) -> dict[str, Any]:
+    """The Conv node's attributes that FusedConv / a new Conv should carry."""
+    return {k: v for k, v in node.attrs.items() if k in CONV_ATTRS}
+
+
+def fold_bn(ctx: RewriteContext) -> tuple[Value, Value]:
+    """New (W', b') initializers folding the matched BN into the matched Conv."""
+    conv_node = ctx.label("conv")
+    bn = ctx.label("bn")
+    w = ctx.const("w")
+    if w is None:
+        raise RewriteError("the Conv weight is not constant")
+    gamma, beta = ctx.const("bn_scale"), ctx.const("bn_bias")
+    mean, var = ctx.const("bn_mean"), ctx.const("bn_var")
+    m = w.shape[0]
+    params = {"scale": gamma, "B": beta, "mean": mean, "var": var}
+    for name, arr in params.items():
+        if arr is None or arr.size != m:
+            raise RewriteError(
+                f"BatchNormalization {name} has {None if arr is None else arr.size} elements, "
+                f"the Conv has {m} output channels"
+            )
+    b_val = conv_bias(conv_node)
+    if b_val is not None:
+        b = const_value(b_val)
+        if b is None:
+            raise RewriteError("the Conv bias is not constant")
+        if b.size != m:
+            raise RewriteError(f"the Conv bias has {b.size} elements, want {m}")
+    else:
+        b = np.zeros(m)
+    eps = float(bn.attrs.get("epsilon", 1e-5))
+    # Same single-precision steps as the reference BatchNormalization, so folding is as
+    # exact as the arithmetic allows; the products run in float64.
+    s = gamma.reshape(-1).astype(np.float64) / np.sqrt(var.reshape(-1).astype(np.float64) + eps)
+    w2 = (w.astype(np.float64) * s.reshape((m,) + (1,) * (w.ndim - 1))).astype(w.dtype)
+    b2 = (b.reshape(-1).astype(np.float64) - mean.reshape(-1).astype(np.float64)) * s + beta.reshape(
+        -1
+    ).astype(np.float64)
+    w_new = ctx.add_constant(f"{conv_node.name}_folded_weight", w2)
+    b_new = ctx.add_constant(f"{conv_node.name}_folded_bias", b2.astype(w.dtype))
+    return w_new, b_new
+
+
+def fused_conv(
+    ctx: RewriteContext,
+    conv_node: Node,
+    w: Value,
+    b: Value | None,
+    z: Value | None,
+    activation: str,
+    params: list[float] | None = None,
+) -> list[Value]:
+    """``com.microsoft::FusedConv(X, W, B, Z)`` with the Conv's attributes and an activation."""
+    attrs = conv_attrs(conv_node)
+    attrs["activation"] = activation
+    if params:
+        attrs["activation_params"] = [float(x) for x in params]
+    inputs: list[Value | None] = [ctx.value("x"), w, b]
+    if z is not None:
+        inputs.append(z)
+    while inputs and inputs[-1] is None:
+        inputs.pop()
+    return ctx.make_node("FusedConv", inputs, attrs, domain=MS).outputs
+
+
+def activation_params(node: Node) -> tuple[str, list[float]]:
+    """FusedConv ``activation`` and ``activation_params`` for an activation node.
+
+    Raises:
+        RewriteError: a Clip bound that is not constant.
+    """
+    op = node.op_type
+    if op == "LeakyRelu":
+        return op, [float(node.attrs.get("alpha", 0.01))]
+    if op == "HardSigmoid":
+        return op, [float(node.attrs.get("alpha", 0.2)), float(node.attrs.get("beta", 0.5))]
+    if op == "Clip":
+        lo, hi = float(np.finfo(np.float32).min), float(np.finfo(np.float32).max)
+        if "min" in node.attrs:  # opset < 11
+            lo = float(node.attrs["min"])
+        if "max" in node.attrs:
+            hi = float(node.attrs["max"])
+        bounds = list(node.inputs[1:3])
+        for i, v in enumerate(bounds):
+            if v is None:
+                continue
+            data = const_value(v)
+            if data is None or data.size != 1:
+                raise RewriteError(f"Clip bound %{v.name} is not a constant scalar")
+            if i == 0:
+                lo = float(data.reshape(-1)[0])
+            else:
+                hi = float(data.reshape(-1)[0])
+        return op, [lo, hi]
+    return op, []

@@ -1,0 +1,49 @@
+"""Conv, residual Add, Relu (the tail of a ResNet block once BatchNormalization is folded):
+
+    y = Relu(Conv(x, W, b) + z)          z: the residual, same shape as the Conv output
+
+Native form: ``com.microsoft::FusedConv(x, W, b, z, activation="Relu")`` (FusedConv adds its
+optional fourth input ``Z`` before the activation).
+"""
+
+from __future__ import annotations
+
+from graph_autofusion.patterns.library._conv_common import MS, conv, conv_bias, fused_conv
+from graph_autofusion.patterns.matcher import const_value
+from graph_autofusion.patterns.pattern import MatchContext, PatternBuilder
+from graph_autofusion.patterns.rewrite import RewriteContext
+from graph_autofusion.patterns.rules import FusionRule
+
+
+def residual_same_shape(ctx: MatchContext) -> str | None:
+    """Check: the residual is a computed tensor of exactly the Conv output's shape."""
+    z = ctx.values["z"]
+    y = ctx.nodes["conv"].outputs[0]
+    if const_value(z) is not None:
+        return f"%{z.name} is a constant (a bias add, not a residual)"
+    if z.shape is None or y.shape is None or tuple(z.shape) != tuple(y.shape):
+        return (
+            f"residual %{z.name} has shape {z.shape}, the Conv output {y.shape}: "
+            f"FusedConv's Z must match it exactly"
+        )
+    return None
+
+
+def _rewrite(ctx: RewriteContext):
+    node = ctx.label("conv")
+    return fused_conv(ctx, node, ctx.value("w"), conv_bias(node), ctx.value("z"), "Relu")
+
+
+_p = PatternBuilder()
+
+RULE = FusionRule(
+    "conv_add_relu",
+    pattern=_p.Relu(_p.Add(conv(_p), _p.var("z"), _label="add")),
+    fuse_pattern="FusedConv",
+    priority=106,
+    presets=("cnn",),
+    checks=(residual_same_shape,),
+    rewrite=_rewrite,
+    fused_domain=MS,
+    doc=__doc__.strip().splitlines()[0],
+)
