@@ -124,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=_cmd_rules_list)
 
+    from graph_autofusion.cost.hardware_cli import add_hardware_commands
+
+    add_hardware_commands(sub)
+
     p = sub.add_parser("demo", help="run the main job on the built-in demo model (MiniLM)")
     p.add_argument("--seq-len", type=int, default=16)
     p.set_defaults(func=_cmd_demo)

@@ -1,0 +1,473 @@
+"""Hardware profiles: the numbers the cost model needs about a machine, kept as YAML data files.
+
+A profile records main-memory bandwidth, peak arithmetic rate per dtype, the fixed cost of one
+kernel launch or operator dispatch, the on-chip working memory a fused kernel can keep its
+intermediates in, and a few cache and core facts. Shipped profiles live in
+``graph_autofusion/cost/profiles/<name>.yaml``; each number has a ``sources`` entry saying where
+it comes from. ``host`` is measured on the running machine by
+:func:`graph_autofusion.cost.calibrate.calibrate_host` and cached under :func:`hardware_dir`.
+
+Schema (one YAML mapping; see ``docs/hardware.md`` for the table)::
+
+    name: a100                      # str
+    description: NVIDIA A100 ...    # str
+    kind: gpu                       # npu | gpu | cpu
+    memory_bandwidth_gbs: 2039      # GB/s (1e9 bytes/s), main memory (HBM/DRAM)
+    peak_gflops: {f32: 19500, f16: 312000}   # GFLOP/s (GOP/s for integer dtypes)
+    launch_overhead_us: 4.0         # microseconds per kernel launch / operator dispatch
+    local_memory_kb: 163            # KiB: Ascend UB / GPU shared memory per block / CPU L2 per core
+    cores: 108                      # AI cores / SMs / CPU cores
+    vector_width_bytes: 128         # bytes one vector instruction processes
+    l1_kb: 192                      # optional, KiB
+    l2_kb: 40960                    # optional, KiB
+    extra: {...}                    # optional, free-form scalars (Ascend L0A/L0B/L0C ...)
+    sources: {memory_bandwidth_gbs: "..."}   # field -> where the number comes from
+
+Loading validates everything: required keys, types, positive numbers, no unknown keys. Errors
+are :class:`HardwareError` naming the file, the line, the key and the problem.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from graph_autofusion.errors import GraphAutoFusionError
+
+__all__ = [
+    "HardwareError",
+    "HardwareProfile",
+    "SHIPPED_PROFILES",
+    "hardware_dir",
+    "host_profile_path",
+    "list_profiles",
+    "load_profile",
+    "parse_profile_text",
+    "save_profile",
+]
+
+#: Names of the profiles shipped as package data, in display order.
+SHIPPED_PROFILES: tuple[str, ...] = (
+    "ascend910a",
+    "ascend910b",
+    "ascend310p",
+    "a100",
+    "h100",
+    "h200",
+    "x86_avx2",
+    "x86_avx512",
+    "arm_neon",
+)
+HOST = "host"
+KINDS = ("npu", "gpu", "cpu")
+SCHEMA_VERSION = 1
+
+_REQUIRED: dict[str, type | tuple[type, ...]] = {
+    "name": str,
+    "description": str,
+    "kind": str,
+    "memory_bandwidth_gbs": (int, float),
+    "peak_gflops": dict,
+    "launch_overhead_us": (int, float),
+    "local_memory_kb": (int, float),
+    "cores": int,
+    "vector_width_bytes": int,
+}
+_OPTIONAL: dict[str, type | tuple[type, ...]] = {
+    "l1_kb": (int, float),
+    "l2_kb": (int, float),
+    "extra": dict,
+    "sources": dict,
+    "schema_version": int,
+}
+_POSITIVE = (
+    "memory_bandwidth_gbs",
+    "launch_overhead_us",
+    "local_memory_kb",
+    "cores",
+    "vector_width_bytes",
+    "l1_kb",
+    "l2_kb",
+)
+_DTYPE_ALIASES = {
+    "float": "f32",
+    "float32": "f32",
+    "fp32": "f32",
+    "float16": "f16",
+    "half": "f16",
+    "fp16": "f16",
+    "bfloat16": "bf16",
+    "int8": "i8",
+    "uint8": "i8",
+    "u8": "i8",
+    "double": "f64",
+    "float64": "f64",
+    "fp64": "f64",
+    "tf32": "tf32",
+}
+
+
+class HardwareError(GraphAutoFusionError):
+    """A hardware profile is unknown, malformed or could not be written."""
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One machine's performance facts (units in the field names; see the module docstring).
+
+    Attributes:
+        name: Profile name (``a100``, ``host`` ...).
+        description: One line naming the exact part the numbers describe.
+        kind: ``"npu"``, ``"gpu"`` or ``"cpu"``.
+        memory_bandwidth_gbs: Main memory (HBM/DRAM) bandwidth in GB/s (1e9 bytes per second).
+        peak_gflops: Peak rate by dtype short name (``f32``, ``f16``, ``bf16``, ``i8`` ...) in
+            GFLOP/s (GOP/s for integers).
+        launch_overhead_us: Fixed cost of one kernel launch or operator dispatch, microseconds.
+        local_memory_kb: On-chip working memory per core in KiB: Ascend Unified Buffer, GPU
+            shared memory per thread block, CPU L2 per core.
+        cores: Ascend AI cores, GPU SMs, CPU cores.
+        vector_width_bytes: Bytes processed by one vector instruction (CPU SIMD register,
+            Ascend vector unit per cycle, GPU warp of 32 x 4-byte lanes).
+        l1_kb: Ascend L1 buffer per core, GPU L1/shared per SM, CPU L1d per core (KiB).
+        l2_kb: Ascend L2 total, GPU L2 total, CPU L2 per core (KiB).
+        extra: Free-form additional facts (Ascend L0A/L0B/L0C sizes, CPU L3, frequencies).
+        sources: Field name (or ``peak_gflops.f16``, ``extra.l0_a_kb``) -> where it comes from.
+    """
+
+    name: str
+    description: str
+    kind: str
+    memory_bandwidth_gbs: float
+    peak_gflops: dict[str, float]
+    launch_overhead_us: float
+    local_memory_kb: float
+    cores: int
+    vector_width_bytes: int
+    l1_kb: float | None = None
+    l2_kb: float | None = None
+    extra: dict = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def bandwidth_bytes_per_s(self) -> float:
+        """Main-memory bandwidth in bytes per second."""
+        return float(self.memory_bandwidth_gbs) * 1e9
+
+    def peak_flops_per_s(self, dtype: str = "f32") -> float:
+        """Peak FLOP/s (OP/s) for ``dtype``; falls back to ``f32`` when the dtype is not listed.
+
+        ``dtype`` may be a short name (``f16``), a long name (``float16``, ``bfloat16``) or an
+        object with a ``short`` attribute (the IR's ``DType``).
+        """
+        key = _dtype_key(dtype)
+        value = self.peak_gflops.get(key)
+        if value is None:
+            value = self.peak_gflops["f32"]
+        return float(value) * 1e9
+
+    def launch_overhead_s(self) -> float:
+        """Per-launch / per-dispatch overhead in seconds."""
+        return float(self.launch_overhead_us) * 1e-6
+
+    def local_memory_bytes(self) -> int:
+        """On-chip working memory per core in bytes (KiB x 1024)."""
+        return int(round(float(self.local_memory_kb) * 1024))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain mapping in file order (what :func:`save_profile` writes)."""
+        out: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
+            "name": self.name,
+            "description": self.description,
+            "kind": self.kind,
+            "memory_bandwidth_gbs": _num(self.memory_bandwidth_gbs),
+            "peak_gflops": {k: _num(v) for k, v in self.peak_gflops.items()},
+            "launch_overhead_us": _num(self.launch_overhead_us),
+            "local_memory_kb": _num(self.local_memory_kb),
+            "cores": int(self.cores),
+            "vector_width_bytes": int(self.vector_width_bytes),
+        }
+        if self.l1_kb is not None:
+            out["l1_kb"] = _num(self.l1_kb)
+        if self.l2_kb is not None:
+            out["l2_kb"] = _num(self.l2_kb)
+        if self.extra:
+            out["extra"] = dict(self.extra)
+        if self.sources:
+            out["sources"] = dict(self.sources)
+        return out
+
+    def to_yaml(self) -> str:
+        """The profile as YAML text (validated first)."""
+        data = self.to_dict()
+        _validate(data, f"profile {self.name!r}", {})
+        return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100)
+
+    def summary_lines(self) -> list[str]:
+        """Human-readable lines for ``hardware show``."""
+        peaks = ", ".join(f"{k} {v:,.0f}" for k, v in self.peak_gflops.items())
+        lines = [
+            f"{self.name}: {self.description}",
+            f"  kind                {self.kind}",
+            f"  memory bandwidth    {self.memory_bandwidth_gbs:,.1f} GB/s",
+            f"  peak GFLOP/s        {peaks}",
+            f"  launch overhead     {self.launch_overhead_us:g} us",
+            f"  local memory        {self.local_memory_kb:g} KiB per core",
+            f"  cores               {self.cores}",
+            f"  vector width        {self.vector_width_bytes} bytes",
+        ]
+        if self.l1_kb is not None:
+            lines.append(f"  l1                  {self.l1_kb:g} KiB")
+        if self.l2_kb is not None:
+            lines.append(f"  l2                  {self.l2_kb:g} KiB")
+        for k, v in self.extra.items():
+            lines.append(f"  extra.{k:<14} {v}")
+        if self.sources:
+            lines.append("  sources:")
+            lines.extend(f"    {k}: {v}" for k, v in self.sources.items())
+        return lines
+
+
+def _num(v: float) -> float | int:
+    f = float(v)
+    return int(f) if f.is_integer() and abs(f) < 1e15 else f
+
+
+def _dtype_key(dtype: Any) -> str:
+    short = getattr(dtype, "short", None)
+    key = str(short if short is not None else dtype).strip().lower()
+    return _DTYPE_ALIASES.get(key, key)
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _type_name(t: type | tuple[type, ...]) -> str:
+    if t == (int, float):
+        return "a number"
+    return {str: "a string", int: "an integer", dict: "a mapping"}.get(t, str(t))  # type: ignore[arg-type]
+
+
+def _validate(data: Any, where: str, lines: dict[str, int]) -> None:
+    """Check a profile mapping; raise HardwareError naming ``where``, line, key and problem."""
+
+    def fail(key: str | None, problem: str) -> None:
+        line = lines.get(key or "", lines.get("", 0))
+        loc = f"{where}, line {line}" if line else where
+        raise HardwareError(f"{loc}: key {key!r}: {problem}" if key else f"{loc}: {problem}")
+
+    if not isinstance(data, dict):
+        fail(None, "a hardware profile must be a YAML mapping of keys to values")
+    for key in data:
+        if not isinstance(key, str) or (key not in _REQUIRED and key not in _OPTIONAL):
+            known = ", ".join([*_REQUIRED, *_OPTIONAL])
+            fail(str(key), f"unknown key (known keys: {known})")
+    for key in _REQUIRED:
+        if key not in data:
+            fail(key, "required key is missing")
+    for key, typ in {**_REQUIRED, **_OPTIONAL}.items():
+        if key not in data or (key in _OPTIONAL and data[key] is None):
+            continue
+        v = data[key]
+        ok = _is_number(v) if typ == (int, float) else isinstance(v, typ)
+        if typ is int and isinstance(v, bool):
+            ok = False
+        if not ok:
+            fail(key, f"must be {_type_name(typ)}, got {type(v).__name__} {v!r}")
+    if data.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
+        fail("schema_version", f"unsupported version {data['schema_version']}")
+    for key in ("name", "description"):
+        if not data[key].strip():
+            fail(key, "must not be empty")
+    if data["kind"] not in KINDS:
+        fail("kind", f"must be one of {', '.join(KINDS)}, got {data['kind']!r}")
+    for key in _POSITIVE:
+        if data.get(key) is not None and not data[key] > 0:
+            fail(key, f"must be positive, got {data[key]!r}")
+    peaks = data["peak_gflops"]
+    if "f32" not in peaks:
+        fail("peak_gflops", "must list 'f32' (the fallback for dtypes not listed)")
+    for dt, v in peaks.items():
+        if not isinstance(dt, str) or not _is_number(v) or not v > 0:
+            fail("peak_gflops", f"entry {dt!r}: must be a positive number, got {v!r}")
+    for k, v in (data.get("extra") or {}).items():
+        if not isinstance(k, str) or not (_is_number(v) or isinstance(v, (str, bool))):
+            fail("extra", f"entry {k!r}: values must be numbers, strings or booleans")
+    sources = data.get("sources") or {}
+    if not isinstance(sources, dict):
+        fail("sources", "must be a mapping")
+    for k, v in sources.items():
+        head = str(k).split(".", 1)[0]
+        if head not in _REQUIRED and head not in _OPTIONAL:
+            fail("sources", f"entry {k!r} names no profile key")
+        if not isinstance(v, str) or not v.strip():
+            fail("sources", f"entry {k!r}: must be a non-empty string")
+
+
+def _from_dict(data: dict[str, Any]) -> HardwareProfile:
+    return HardwareProfile(
+        name=data["name"],
+        description=data["description"],
+        kind=data["kind"],
+        memory_bandwidth_gbs=float(data["memory_bandwidth_gbs"]),
+        peak_gflops={str(k): float(v) for k, v in data["peak_gflops"].items()},
+        launch_overhead_us=float(data["launch_overhead_us"]),
+        local_memory_kb=float(data["local_memory_kb"]),
+        cores=int(data["cores"]),
+        vector_width_bytes=int(data["vector_width_bytes"]),
+        l1_kb=None if data.get("l1_kb") is None else float(data["l1_kb"]),
+        l2_kb=None if data.get("l2_kb") is None else float(data["l2_kb"]),
+        extra=dict(data.get("extra") or {}),
+        sources={str(k): str(v) for k, v in (data.get("sources") or {}).items()},
+    )
+
+
+def parse_profile_text(text: str, path: str = "<string>") -> HardwareProfile:
+    """Parse and validate profile YAML. Errors name ``path``, the line, the key and the problem."""
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        data = loader.construct_document(root) if root is not None else None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f", line {mark.line + 1}" if mark else ""
+        raise HardwareError(f"{path}{line}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    finally:
+        loader.dispose()
+    lines: dict[str, int] = {"": 1}
+    if isinstance(root, yaml.MappingNode):
+        seen: set[str] = set()
+        for key_node, _value in root.value:
+            key = str(key_node.value)
+            if key in seen:
+                raise HardwareError(
+                    f"{path}, line {key_node.start_mark.line + 1}: key {key!r}: duplicate key"
+                )
+            seen.add(key)
+            lines[key] = key_node.start_mark.line + 1
+    _validate(data, path, lines)
+    return _from_dict(data)
+
+
+# ---------------------------------------------------------------- locations and loading
+
+
+def hardware_dir() -> Path:
+    """Directory of the calibrated ``host.yaml`` and of user profiles found by name.
+
+    ``$GRAPH_AUTOFUSION_HARDWARE_DIR`` if set, else ``~/.cache/graph-autofusion/hardware``.
+    """
+    env = os.environ.get("GRAPH_AUTOFUSION_HARDWARE_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "graph-autofusion" / "hardware"
+
+
+def host_profile_path() -> Path:
+    """Where the calibrated host profile is cached."""
+    return hardware_dir() / f"{HOST}.yaml"
+
+
+def _user_profiles() -> dict[str, Path]:
+    d = hardware_dir()
+    if not d.is_dir():
+        return {}
+    found = {}
+    for p in sorted(d.glob("*.yaml")):
+        if p.stem != HOST and p.stem not in SHIPPED_PROFILES:
+            found[p.stem] = p
+    return found
+
+
+def list_profiles() -> list[str]:
+    """Shipped profile names, then ``host``, then ``<name>.yaml`` files in :func:`hardware_dir`."""
+    return [*SHIPPED_PROFILES, HOST, *_user_profiles()]
+
+
+def _read(path: Path) -> HardwareProfile:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise HardwareError(f"{path}: cannot read hardware profile: {e.strerror or e}") from None
+    return parse_profile_text(text, str(path))
+
+
+def _looks_like_path(s: str) -> bool:
+    return os.sep in s or "/" in s or s.endswith((".yaml", ".yml"))
+
+
+def load_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
+    """Load a profile by name (see :func:`list_profiles`) or from a YAML file path.
+
+    ``host`` loads the calibrated file under :func:`hardware_dir`; if there is none, a quick
+    calibration (a few seconds) runs and its result is cached there.
+
+    Raises:
+        HardwareError: unknown name (the message lists the known ones), unreadable or malformed
+            file (the message names file, line, key and problem).
+    """
+    if isinstance(name_or_path, os.PathLike) or _looks_like_path(str(name_or_path)):
+        return _read(Path(name_or_path))
+    name = str(name_or_path).strip().lower()
+    if name in SHIPPED_PROFILES:
+        ref = resources.files("graph_autofusion.cost").joinpath("profiles", f"{name}.yaml")
+        return parse_profile_text(ref.read_text(encoding="utf-8"), f"<shipped>/{name}.yaml")
+    if name == HOST:
+        path = host_profile_path()
+        if path.is_file():
+            return _read(path)
+        from graph_autofusion.cost.calibrate import calibrate_host
+
+        profile = calibrate_host(quick=True)
+        try:
+            save_profile(profile, path)
+        except HardwareError:
+            pass  # an unwritable cache directory must not stop the caller; it re-measures
+        return profile
+    user = _user_profiles()
+    if name in user:
+        return _read(user[name])
+    if Path(str(name_or_path)).is_file():
+        return _read(Path(name_or_path))
+    raise HardwareError(
+        f"unknown hardware {str(name_or_path)!r}; known: {', '.join(list_profiles())} "
+        f"(or give the path of a profile YAML file)"
+    )
+
+
+def save_profile(profile: HardwareProfile, path: str | os.PathLike[str]) -> None:
+    """Validate ``profile`` and write it as YAML atomically (temp file + ``os.replace``).
+
+    On any failure the destination keeps its previous content and no temp file is left.
+    """
+    dest = Path(path)
+    try:
+        text = profile.to_yaml()
+    except yaml.YAMLError as e:
+        raise HardwareError(f"{dest}: profile cannot be written as YAML: {e}") from None
+    header = f"# graph-autofusion hardware profile '{profile.name}'. Schema: docs/hardware.md\n"
+    tmp: str | None = None
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(header + text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, dest)
+        tmp = None
+    except OSError as e:
+        raise HardwareError(f"{dest}: cannot write hardware profile: {e.strerror or e}") from None
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
