@@ -185,3 +185,37 @@ def test_horizontal_variable_must_be_bound():
     rule = FusionRule("bad_h", pattern=p.Relu(p.var("a")), fuse_pattern="X", horizontal="zz")
     with pytest.raises(ValueError, match="not bound"):
         match_rules(parse_model(TWO_BLOCKS).graph, RuleSet((rule,)))
+
+
+def test_native_rewrite_sees_values_replaced_by_an_earlier_rewrite():
+    # the second block reads %r1, which the first rewrite replaces
+    def native(ctx):
+        s = ctx.make_node("Add", [ctx.value("a"), ctx.value("b")]).outputs[0]
+        return ctx.make_node("Relu", [s]).outputs
+
+    rule = FusionRule(
+        "ar_native",
+        pattern=p.Relu(p.Add(p.var("a"), p.var("b"))),
+        fuse_pattern="AR",
+        rewrite=native,
+    )
+    original = parse_model(TWO_BLOCKS)
+    model, applied = fuse_all(TWO_BLOCKS, [rule])
+    assert [a.error for a in applied] == ["", ""]
+    verify(model)
+    feeds = random_feeds(original.graph)
+    np.testing.assert_array_equal(run_model(model, feeds)["out"], run_model(original, feeds)["out"])
+
+
+def test_declined_native_rewrite_can_fall_back_to_the_generic_form():
+    def decline(ctx):
+        raise RewriteError("no native form")
+
+    rule = FusionRule(
+        "ar_fb", pattern=p.Relu(p.Add(p.var("a"), p.var("b"))), fuse_pattern="AR", rewrite=decline
+    )
+    model = parse_model(TWO_BLOCKS)
+    report = match_rules(model.graph, RuleSet((rule,)))
+    applied = apply_matches(model, report.kept, fallback_generic=True)
+    assert [a.error for a in applied] == ["fallback: no native form"] * 2
+    assert [n.op_type for n in model.graph.nodes] == ["AR", "AR", "Mul"]

@@ -76,13 +76,18 @@ class Applied:
 
 
 def apply_matches(
-    model: Model, matches: Iterable[RuleMatch], *, native: bool = True
+    model: Model,
+    matches: Iterable[RuleMatch],
+    *,
+    native: bool = True,
+    fallback_generic: bool = False,
 ) -> list[Applied]:
     """Rewrite non-overlapping ``matches`` into fused operators, one at a time.
 
     A match whose rewrite fails is left unfused (the graph is untouched by it) and reported.
     ``native=False`` uses the generic local-function form even where a rule has a native
-    rewrite.
+    rewrite; ``fallback_generic=True`` uses it where a native rewrite declines (the declined
+    reason is kept in ``Applied.error`` prefixed with ``fallback:``).
     """
     done: list[Applied] = []
     for rm in matches:
@@ -96,6 +101,14 @@ def apply_matches(
                 rule_name=rule.name,
             )
         except RewriteError as exc:
+            if fallback_generic and native and rule.rewrite is not None:
+                try:
+                    nodes = fuse_match(model, rm.match, rule.fuse_pattern, rule_name=rule.name)
+                except RewriteError as again:
+                    done.append(Applied(rule, rm.match, error=str(again)))
+                    continue
+                done.append(Applied(rule, rm.match, nodes, error=f"fallback: {exc}"))
+                continue
             done.append(Applied(rule, rm.match, error=str(exc)))
             continue
         except Exception as exc:  # a native rewrite's bug must not leave a broken model

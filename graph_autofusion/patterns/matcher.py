@@ -85,14 +85,22 @@ class Match:
 
 
 def const_value(value: Value) -> np.ndarray | None:
-    """Constant data of ``value``: an initializer, or the output of a ``Constant`` node."""
-    if value.const is not None:
-        return value.const
-    p = value.producer
-    if p is not None and p.op_type == "Constant" and p.domain in ("", "ai.onnx"):
-        for key in ("value", "value_float", "value_int", "value_floats", "value_ints"):
-            if key in p.attrs:
-                return np.asarray(p.attrs[key])
+    """Constant data of ``value``: an initializer, the output of a ``Constant`` node, or either
+    seen through ``Identity`` nodes (TorchScript shares equal biases through Identity)."""
+    for _ in range(64):
+        if value.const is not None:
+            return value.const
+        p = value.producer
+        if p is None or p.domain not in ("", "ai.onnx"):
+            return None
+        if p.op_type == "Constant":
+            for key in ("value", "value_float", "value_int", "value_floats", "value_ints"):
+                if key in p.attrs:
+                    return np.asarray(p.attrs[key])
+            return None
+        if p.op_type != "Identity" or not p.inputs or p.inputs[0] is None:
+            return None
+        value = p.inputs[0]
     return None
 
 
@@ -111,9 +119,17 @@ class _Tracer:
     def __init__(self) -> None:
         self.best: Rejection | None = None
 
+    #: Failures found after the structure matched: at equal depth they explain more.
+    LATE = ("external-user", "not-convex", "check-failed")
+
     def fail(self, state: _State, code: str, message: str, node: Node | None = None) -> None:
         depth = len(state.order)
-        if self.best is None or depth > self.best.depth:
+        best = self.best
+        if (
+            best is None
+            or depth > best.depth
+            or (depth == best.depth and code in self.LATE and best.code not in self.LATE)
+        ):
             self.best = Rejection(code, message, depth, node.name if node else "")
 
 

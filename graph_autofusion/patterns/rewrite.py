@@ -48,6 +48,7 @@ class RewriteContext:
     model: Model
     match: Match
     rule_name: str
+    fused_op: str = ""
     created: list[Node] = field(default_factory=list)
 
     @property
@@ -55,8 +56,9 @@ class RewriteContext:
         return self.model.graph
 
     def value(self, name: str) -> Value:
-        """The value bound to pattern variable ``name``."""
-        return self.match.values[name]
+        """The value bound to pattern variable ``name`` (as it is now: if an earlier rewrite
+        replaced the bound value, its replacement)."""
+        return resolve(self.model, self.match.values[name])
 
     def label(self, name: str) -> Node:
         """The node matched under label ``name``."""
@@ -64,7 +66,14 @@ class RewriteContext:
 
     def const(self, name: str) -> np.ndarray | None:
         """Constant data bound to variable ``name`` (``None`` if not constant)."""
-        return const_value(self.match.values[name])
+        return const_value(self.value(name))
+
+    def generic(self) -> list[Value]:
+        """Fall back to the generic form (a local-function call) from inside a native rewrite;
+        return its outputs."""
+        node = _function_call(self.model, self.fused_op or self.rule_name, self.match)
+        self.created.append(node)
+        return list(node.outputs)
 
     def make_node(
         self,
@@ -94,6 +103,18 @@ class RewriteContext:
         return self.graph.add_initializer(self.graph.fresh_name(hint), np.asarray(array))
 
 
+def resolve(model: Model, value: Value) -> Value:
+    """``value``, or what replaced it in an earlier rewrite of this model (followed to the end)."""
+    replaced = model.meta.get("replaced_values")
+    if not replaced:
+        return value
+    seen = 0
+    while value in replaced and seen < 10_000:
+        value = replaced[value]
+        seen += 1
+    return value
+
+
 def _function_body(model: Model, match: Match, name: str) -> tuple[Any, str]:
     """A FunctionProto holding the matched nodes with canonical value names, and its digest."""
     import onnx
@@ -116,7 +137,8 @@ def _function_body(model: Model, match: Match, name: str) -> tuple[Any, str]:
         if n.captures:
             raise RewriteError(f"node {n.name!r} has a subgraph; it cannot move into a function")
         proto = node_to_proto(n, set(canon))
-        proto.ClearField("name")
+        for f in ("name", "doc_string", "metadata_props"):
+            proto.ClearField(f)
         for field_name in ("input", "output"):
             names = [canon.get(x, x) if x else "" for x in getattr(proto, field_name)]
             del getattr(proto, field_name)[:]
@@ -181,7 +203,7 @@ def fuse_match(
     if stale:
         raise RewriteError(f"{fused_op}: nodes {stale} are no longer in the graph")
     if rewrite is not None:
-        ctx = RewriteContext(model, match, rule_name or fused_op)
+        ctx = RewriteContext(model, match, rule_name or fused_op, fused_op)
         try:
             new_values = list(rewrite(ctx))
             if len(new_values) != len(match.outputs):
@@ -204,8 +226,11 @@ def fuse_match(
             new.dtype = old.dtype
         if new.shape is None:
             new.shape = old.shape
+    replaced = model.meta.setdefault("replaced_values", {})
     for old, new in zip(match.outputs, new_values):
         graph.replace_all_uses_with(old, new)
+        if new is not old:
+            replaced[old] = new
     names = [v.name for v in match.outputs]
     graph.remove_nodes(match.nodes)
     for new, name in zip(new_values, names):

@@ -59,6 +59,19 @@ def bn_single_output(ctx: MatchContext) -> str | None:
     return None
 
 
+def live_input(node: Node, index: int) -> Value:
+    """Input ``index`` of a matched node, read from the node itself.
+
+    A rewrite must not use ``ctx.value(var)`` for a value another match may have produced:
+    when that match was rewritten first, the binding still names the replaced value, while
+    the node's input was redirected to its replacement.
+    """
+    value = node.inputs[index]
+    if value is None:
+        raise RewriteError(f"node {node.name!r} input {index} is omitted")
+    return value
+
+
 def conv_bias(node: Node) -> Value | None:
     """The Conv's bias input, if present."""
     return node.inputs[2] if len(node.inputs) > 2 else None
@@ -73,7 +86,7 @@ def fold_bn(ctx: RewriteContext) -> tuple[Value, Value]:
     """New (W', b') initializers folding the matched BN into the matched Conv."""
     conv_node = ctx.label("conv")
     bn = ctx.label("bn")
-    w = ctx.const("w")
+    w = const_value(live_input(conv_node, 1))
     if w is None:
         raise RewriteError("the Conv weight is not constant")
     gamma, beta = ctx.const("bn_scale"), ctx.const("bn_bias")
@@ -96,13 +109,12 @@ def fold_bn(ctx: RewriteContext) -> tuple[Value, Value]:
     else:
         b = np.zeros(m)
     eps = float(bn.attrs.get("epsilon", 1e-5))
-    # Same single-precision steps as the reference BatchNormalization, so folding is as
-    # exact as the arithmetic allows; the products run in float64.
+    # Fold in float64, round once to the weight's dtype.
     s = gamma.reshape(-1).astype(np.float64) / np.sqrt(var.reshape(-1).astype(np.float64) + eps)
     w2 = (w.astype(np.float64) * s.reshape((m,) + (1,) * (w.ndim - 1))).astype(w.dtype)
-    b2 = (b.reshape(-1).astype(np.float64) - mean.reshape(-1).astype(np.float64)) * s + beta.reshape(
-        -1
-    ).astype(np.float64)
+    b2 = (
+        b.reshape(-1).astype(np.float64) - mean.reshape(-1).astype(np.float64)
+    ) * s + beta.reshape(-1).astype(np.float64)
     w_new = ctx.add_constant(f"{conv_node.name}_folded_weight", w2)
     b_new = ctx.add_constant(f"{conv_node.name}_folded_bias", b2.astype(w.dtype))
     return w_new, b_new
@@ -122,7 +134,7 @@ def fused_conv(
     attrs["activation"] = activation
     if params:
         attrs["activation_params"] = [float(x) for x in params]
-    inputs: list[Value | None] = [ctx.value("x"), w, b]
+    inputs: list[Value | None] = [live_input(conv_node, 0), w, b]
     if z is not None:
         inputs.append(z)
     while inputs and inputs[-1] is None:

@@ -15,6 +15,7 @@ from graph_autofusion.patterns.library._conv_common import (
     conv,
     conv_bias,
     fused_conv,
+    live_input,
 )
 from graph_autofusion.patterns.matcher import const_value
 from graph_autofusion.patterns.pattern import MatchContext, PatternBuilder
@@ -39,7 +40,7 @@ def clip_bounds_constant(ctx: MatchContext) -> str | None:
 def _rewrite(ctx: RewriteContext):
     node = ctx.label("conv")
     name, params = activation_params(ctx.label("act"))
-    return fused_conv(ctx, node, ctx.value("w"), conv_bias(node), None, name, params)
+    return fused_conv(ctx, node, live_input(node, 1), conv_bias(node), None, name, params)
 
 
 _p = PatternBuilder()

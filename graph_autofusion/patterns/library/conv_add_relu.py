@@ -8,7 +8,13 @@ optional fourth input ``Z`` before the activation).
 
 from __future__ import annotations
 
-from graph_autofusion.patterns.library._conv_common import MS, conv, conv_bias, fused_conv
+from graph_autofusion.patterns.library._conv_common import (
+    MS,
+    conv,
+    conv_bias,
+    fused_conv,
+    live_input,
+)
 from graph_autofusion.patterns.matcher import const_value
 from graph_autofusion.patterns.pattern import MatchContext, PatternBuilder
 from graph_autofusion.patterns.rewrite import RewriteContext
@@ -31,7 +37,10 @@ def residual_same_shape(ctx: MatchContext) -> str | None:
 
 def _rewrite(ctx: RewriteContext):
     node = ctx.label("conv")
-    return fused_conv(ctx, node, ctx.value("w"), conv_bias(node), ctx.value("z"), "Relu")
+    add = ctx.label("add")
+    # the Add's operand that is not the Conv output (read live: see ``live_input``)
+    z = next(v for v in add.inputs if v is not node.outputs[0])
+    return fused_conv(ctx, node, live_input(node, 1), conv_bias(node), z, "Relu")
 
 
 _p = PatternBuilder()

@@ -16,6 +16,7 @@ from graph_autofusion.patterns.library._conv_common import (
     conv,
     conv_attrs,
     fold_bn,
+    live_input,
 )
 from graph_autofusion.patterns.pattern import Pattern, PatternBuilder
 from graph_autofusion.patterns.rewrite import RewriteContext
@@ -31,7 +32,7 @@ def rewrite_folded_conv(ctx: RewriteContext):
     """One Conv with the BatchNormalization folded into its weight and bias."""
     w, b = fold_bn(ctx)
     node = ctx.label("conv")
-    return ctx.make_node("Conv", [ctx.value("x"), w, b], conv_attrs(node)).outputs
+    return ctx.make_node("Conv", [live_input(node, 0), w, b], conv_attrs(node)).outputs
 
 
 _p = PatternBuilder()

@@ -16,9 +16,9 @@ from graph_autofusion.patterns.library._conv_common import (
     fold_bn,
     fused_conv,
 )
+from graph_autofusion.patterns.pattern import PatternBuilder
 from graph_autofusion.patterns.rewrite import RewriteContext
 from graph_autofusion.patterns.rules import FusionRule
-from graph_autofusion.patterns.pattern import PatternBuilder
 
 
 def _rewrite(ctx: RewriteContext):

@@ -1,0 +1,122 @@
+"""conv_activation: act(Conv(x, W, b)); native: FusedConv(activation, activation_params)."""
+
+from __future__ import annotations
+
+import pytest
+
+from graph_autofusion.patterns.library.conv_activation import RULE
+from graph_autofusion.patterns.matcher import Reason
+from graph_autofusion.testing.rules import check_no_match, check_rule
+
+GRAPH = """
+graph g(%x: f32[2,3,8,8]{extra_in}) -> ({outs}) {{
+  init %w: f32[4,3,3,3] = randn(1)
+  init %b: f32[4] = randn(2)
+  init %lo: f32[] = [-0.5]
+  init %hi: f32[] = [0.75]
+  %c = Conv<pads=[1, 1, 1, 1], strides=[1, 1]>({args})
+  %y = {act}
+}}
+"""
+ACTS = {
+    "Relu": ("Relu(%c)", "Relu", None),
+    "Sigmoid": ("Sigmoid(%c)", "Sigmoid", None),
+    "Tanh": ("Tanh(%c)", "Tanh", None),
+    "LeakyRelu": ("LeakyRelu<alpha=0.2>(%c)", "LeakyRelu", [0.2]),
+    "LeakyRelu_default": ("LeakyRelu(%c)", "LeakyRelu", [0.01]),
+    "HardSigmoid": ("HardSigmoid<alpha=0.3, beta=0.4>(%c)", "HardSigmoid", [0.3, 0.4]),
+    "Clip": ("Clip(%c, %lo, %hi)", "Clip", [-0.5, 0.75]),
+    "Clip_min_only": ("Clip(%c, %lo)", "Clip", [-0.5, 3.4028234663852886e38]),
+    "Clip_max_only": ("Clip(%c, _, %hi)", "Clip", [-3.4028234663852886e38, 0.75]),
+}
+
+
+def graph(act: str, *, bias: bool = True, extra_in: str = "", outs: str = "%y") -> str:
+    return GRAPH.format(
+        act=act, args="%x, %w, %b" if bias else "%x, %w", extra_in=extra_in, outs=outs
+    )
+
+
+@pytest.mark.parametrize("act", sorted(ACTS))
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("native", [False, True])
+def test_every_variant_matches_and_rewrites(act, bias, native):
+    text, name, params = ACTS[act]
+    ops = ["com.microsoft::FusedConv"] if native else ["graph_autofusion.fused::FusedConv"]
+    model = check_rule(RULE, graph(text, bias=bias), matches=1, ops_after=ops, native=native)
+    if native:
+        (node,) = model.graph.nodes
+        assert node.attrs["activation"] == name
+        assert node.attrs["pads"] == [1, 1, 1, 1]
+        if params is None:
+            assert "activation_params" not in node.attrs
+        else:
+            assert list(node.attrs["activation_params"]) == pytest.approx(params, rel=1e-6)
+
+
+def test_runtime_clip_bound_is_rejected():
+    text = graph("Clip(%c, %lo2, %hi)", extra_in=", %lo2: f32[]")
+    check_no_match(RULE, text, reason=Reason.CHECK_FAILED)
+
+
+def test_conv_output_read_elsewhere_blocks_the_match():
+    check_no_match(RULE, graph("Relu(%c)", outs="%y, %c"), reason=Reason.EXTERNAL_USER)
+
+
+def test_activation_of_a_matmul_is_not_this_rule():
+    text = (
+        graph("Relu(%m)")
+        .replace("%y = Relu(%m)", "%m = MatMul(%x, %x)\n  %y = Relu(%m)")
+        .replace("-> (%y)", "-> (%y, %c)")
+    )
+    check_no_match(RULE, text, reason=Reason.OP_MISMATCH)
+
+
+def _onnxruntime_agrees(text: str) -> None:
+    """The native rewrite runs in onnxruntime (contrib conventions) with the same numbers."""
+    ort = pytest.importorskip("onnxruntime")
+    import numpy as np
+
+    from graph_autofusion.frontend.onnx_export import to_onnx
+    from graph_autofusion.ir.text import parse_model
+    from graph_autofusion.patterns.candidates import apply_matches, match_rules
+    from graph_autofusion.patterns.rules import RuleSet
+    from graph_autofusion.runtime.interpreter import run_model
+    from graph_autofusion.testing.rules import random_feeds
+
+    model = parse_model(text)
+    feeds = random_feeds(model.graph, 0)
+    expected = run_model(parse_model(text), feeds)
+    apply_matches(model, match_rules(model.graph, RuleSet((RULE,))).kept, native=True)
+    assert any(n.op_type == "FusedConv" for n in model.graph.nodes)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    session = ort.InferenceSession(
+        to_onnx(model).SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    for got, value in zip(session.run(None, feeds), model.graph.outputs):
+        np.testing.assert_allclose(got, expected[value.name], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("act", sorted(ACTS))
+def test_native_form_runs_in_onnxruntime(act):
+    _onnxruntime_agrees(graph(ACTS[act][0]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("model", "source", "count"),
+    [
+        ("resnet50", "dynamo", 33),  # stem + two per bottleneck (BN folded by the exporter)
+        ("resnet50", "torchscript", 33),
+        ("resnet50", "torch", 0),  # BN kept: Relu reads BatchNormalization
+        ("resnet50_bn", "dynamo", 0),
+        ("resnet50_bn", "torchscript", 0),
+        ("resnet50_bn", "torch", 0),
+    ],
+)
+def test_zoo_models(model, source, count):
+    from graph_autofusion.testing.rules import zoo_matches
+
+    assert zoo_matches(RULE, model, source) == count
