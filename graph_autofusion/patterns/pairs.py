@@ -56,7 +56,7 @@ class PairReason:
     REDUCTION_MISMATCH = "reduction-mismatch"
 
 
-#: Fusion codes, in the order the clusterer applies them (loop fusion first, contraction last).
+#: Codes of fusible pairs (the clusterer's phases: see ``clustering.PHASES``).
 FUSIBLE_CODES = (
     PairReason.LOOP_FUSION,
     PairReason.REDUCTION_PROLOGUE,

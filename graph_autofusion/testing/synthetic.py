@@ -21,7 +21,7 @@ def synthetic_transformer(num_nodes: int, hidden: int = 16, seq: int = 8, seed: 
     rng = np.random.default_rng(seed)
     g = Graph("synthetic")
     x = g.add_input(Value("x", DType.FLOAT, (1, seq, hidden)))
-    mask = g.add_input(Value("mask", DType.FLOAT, (1, 1, seq, seq)))
+    mask = g.add_input(Value("mask", DType.FLOAT, (1, seq, seq)))
 
     def const(name: str, arr: np.ndarray) -> Value:
         return g.add_initializer(g.fresh_name(name), np.asarray(arr))
