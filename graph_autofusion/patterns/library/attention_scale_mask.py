@@ -56,7 +56,10 @@ def softmax_last_axis(ctx: MatchContext) -> str | None:
     """Reject a Softmax that does not normalize over the last axis."""
     node = ctx.nodes["softmax"]
     axis = node.attrs.get("axis", -1)
-    rank = node.inputs[0].rank
+    rank = node.inputs[0].rank if node.inputs[0].rank is not None else node.outputs[0].rank
+    for name in ("scores", "q", "kt", "k"):  # the score matrix has the rank of q and kT
+        if rank is None and name in ctx.values:
+            rank = ctx.values[name].rank
     if axis == -1 or (rank is not None and axis == rank - 1):
         return None
     return f"Softmax {node.name!r} normalizes over axis {axis}, not the last axis"

@@ -1,0 +1,64 @@
+"""Scaled dot-product attention, spelled out:
+
+    out = softmax((q @ kT) * c + mask, axis=-1) @ v
+
+The spellings exporters use all match:
+
+* TorchScript-era BERT: ``MatMul(q, Transpose(k))`` -> ``Div(sqrt d)`` -> ``Add(mask)`` ->
+  ``Softmax`` -> ``MatMul(v)``; our PyTorch frontend writes ``Mul(1/sqrt d)`` instead of the
+  Div and guards the result with ``Where(IsNaN(out), 0, out)``.
+* dynamo and TorchScript exports of ``scaled_dot_product_attention`` scale ``q`` and ``kT``
+  by ``d**-0.25`` each before the score MatMul and guard the probabilities with
+  ``Where(IsNaN(p), 0, p)`` before the value MatMul.
+* Causal models (GPT-2) mask with ``Add`` of a precomputed mask or ``Where(cond, scores,
+  fill)``, or both; the mask may be absent, and so may the scale (folded into the weights).
+
+``q``, ``kT`` (or ``k`` when the Transpose swapping its last two axes is only read here) and
+``v`` are bound at the MatMul inputs: the head split (Reshape/Transpose), a rotary embedding or
+a grouped-query ``repeat_kv`` (Unsqueeze/Expand/Reshape) stay outside. The rule keeps the
+generic form; the native ``com.microsoft`` Attention/MultiHeadAttention lowerings need the
+projections too and belong to another rule.
+"""
+
+from __future__ import annotations
+
+from graph_autofusion.patterns.library.attention_scale_mask import (
+    masked_softmax_pattern,
+    nan_guard,
+    prescaled_matmul,
+    scale_pattern,
+    softmax_last_axis,
+)
+from graph_autofusion.patterns.pattern import Pattern, PatternBuilder
+from graph_autofusion.patterns.rules import FusionRule
+
+
+def swaps_last_two(perm) -> bool:
+    """True for a Transpose ``perm`` that swaps the last two axes and keeps the others."""
+    if perm is None or len(perm) < 2:
+        return False
+    n = len(perm)
+    return list(perm) == [*range(n - 2), n - 1, n - 2]
+
+
+def attention_pattern(p: PatternBuilder) -> Pattern:
+    q = p.var("q")
+    kt = p.Transpose(p.var("k"), perm=swaps_last_two, _label="k_transpose") | p.var("kt")
+    plain_qk = p.MatMul(q, kt, _label="qk")
+    scaled = scale_pattern(p, plain_qk, prescaled=prescaled_matmul(p, q, kt)) | plain_qk
+    probs = masked_softmax_pattern(p, scaled)
+    out = p.MatMul(probs, p.var("v"), _label="pv")
+    return nan_guard(p, out, "out")
+
+
+_p = PatternBuilder()
+
+RULE = FusionRule(
+    "attention",
+    pattern=attention_pattern(_p),
+    fuse_pattern="Attention",
+    priority=200,
+    presets=("transformer", "llm"),
+    checks=(softmax_last_axis,),
+    doc=__doc__.strip().splitlines()[0],
+)

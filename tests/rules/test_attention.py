@@ -1,0 +1,203 @@
+"""attention: every exporter's spelling of scaled dot-product attention matches; near misses
+do not; the generic rewrite keeps the numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from graph_autofusion.patterns.library.attention import RULE
+from graph_autofusion.patterns.matcher import Reason
+from graph_autofusion.testing.rules import check_no_match, check_rule
+
+FUSED = "graph_autofusion.fused::Attention"
+
+HEAD = (
+    "graph g(%q: f32[1,2,4,8], %k: f32[1,2,4,8], %v: f32[1,2,4,8], %mask: f32[1,1,4,4], "
+    "%cond: bool[1,1,4,4]) -> (%y) {"
+)
+INITS = """
+  init %c: f32[] = [2.8284271]
+  init %inv: f32[] = [0.35355339]
+  init %qc: f32[] = [0.4204482]
+  init %kc: f32[] = [0.4204482]
+  init %fill: f32[] = [-10000.0]
+  init %zero: f32[] = [0.0]
+"""
+
+#: Each variant: the graph body (reading %q, %k, %v, %mask, %cond; writing %y), and the
+#: operators left around the fused node.
+VARIANTS = {
+    # TorchScript-era BERT: Transpose(K), Div(sqrt d), Add(mask)
+    "bert_div": (
+        """
+  %kt = Transpose<perm=[0, 1, 3, 2]>(%k)
+  %s = MatMul(%q, %kt)
+  %t = Div(%s, %c)
+  %m = Add(%t, %mask)
+  %p = Softmax<axis=-1>(%m)
+  %y = MatMul(%p, %v)
+""",
+        [FUSED],
+    ),
+    # our torch frontend: Mul(1/sqrt d), the NaN guard after the value MatMul
+    "torch_frontend": (
+        """
+  %kt = Transpose<perm=[0, 1, 3, 2]>(%k)
+  %s = MatMul(%q, %kt)
+  %t = Mul(%s, %inv)
+  %m = Add(%t, %mask)
+  %p = Softmax<axis=-1>(%m)
+  %o = MatMul(%p, %v)
+  %n = IsNaN(%o)
+  %y = Where(%n, %zero, %o)
+""",
+        [FUSED],
+    ),
+    # dynamo / TorchScript SDPA: q and kT scaled separately, the NaN guard on the probabilities
+    "sdpa_export": (
+        """
+  %kt = Transpose<perm=[0, 1, 3, 2]>(%k)
+  %qs = Mul(%q, %qc)
+  %ks = Mul(%kt, %kc)
+  %s = MatMul(%qs, %ks)
+  %m = Add(%s, %mask)
+  %p = Softmax<axis=-1>(%m)
+  %n = IsNaN(%p)
+  %g = Where(%n, %zero, %p)
+  %y = MatMul(%g, %v)
+""",
+        [FUSED],
+    ),
+    # kT produced outside (a Reshape, as dynamo does): bound at the MatMul input
+    "kt_from_reshape": (
+        """
+  init %shape: i64[4] = [1, 2, 8, 4]
+  %kt = Reshape(%k, %shape)
+  %qs = Mul(%qc, %q)
+  %ks = Mul(%kc, %kt)
+  %s = MatMul(%qs, %ks)
+  %m = Add(%mask, %s)
+  %p = Softmax<axis=-1>(%m)
+  %y = MatMul(%p, %v)
+""",
+        ["Reshape", FUSED],
+    ),
+    # GPT-2: causal mask as Where(cond, scores, fill)
+    "causal_where": (
+        """
+  %kt = Transpose<perm=[0, 1, 3, 2]>(%k)
+  %s = MatMul(%q, %kt)
+  %t = Div(%s, %c)
+  %w = Where(%cond, %t, %fill)
+  %p = Softmax<axis=-1>(%w)
+  %y = MatMul(%p, %v)
+""",
+        [FUSED],
+    ),
+    # older GPT-2: causal Where, then the padding mask added
+    "causal_where_then_add": (
+        """
+  %kt = Transpose<perm=[0, 1, 3, 2]>(%k)
+  %s = MatMul(%q, %kt)
+  %t = Div(%s, %c)
+  %w = Where(%cond, %t, %fill)
+  %m = Add(%w, %mask)
+  %p = Softmax<axis=3>(%m)
+  %y = MatMul(%p, %v)
+""",
+        [FUSED],
+    ),
+    # no mask at all
+    "unmasked": (
+        """
+  %kt = Transpose<perm=[0, 1, 3, 2]>(%k)
+  %s = MatMul(%q, %kt)
+  %t = Mul(%inv, %s)
+  %p = Softmax<axis=-1>(%t)
+  %y = MatMul(%p, %v)
+""",
+        [FUSED],
+    ),
+    # scale folded into the weights: no scale operator
+    "unscaled": (
+        """
+  %kt = Transpose<perm=[0, 1, 3, 2]>(%k)
+  %s = MatMul(%q, %kt)
+  %m = Add(%s, %mask)
+  %p = Softmax<axis=-1>(%m)
+  %y = MatMul(%p, %v)
+""",
+        [FUSED],
+    ),
+    # the Transpose of K is also read elsewhere: it stays outside, kT is bound instead
+    "shared_k_transpose": (  # %r is a second graph output (see _text)
+        """
+  %kt = Transpose<perm=[0, 1, 3, 2]>(%k)
+  %r = Relu(%kt)
+  %s = MatMul(%q, %kt)
+  %t = Div(%s, %c)
+  %m = Add(%t, %mask)
+  %p = Softmax<axis=-1>(%m)
+  %y = MatMul(%p, %v)
+""",
+        ["Transpose", "Relu", FUSED],
+    ),
+}
+
+
+def _text(body: str) -> str:
+    head = HEAD.replace("-> (%y)", "-> (%y, %r)") if "%r = " in body else HEAD
+    return head + INITS + body + "}\n"
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_variant_matches_and_rewrites(variant):
+    body, ops = VARIANTS[variant]
+    check_rule(RULE, _text(body), matches=1, ops_after=ops)
+
+
+def test_the_k_transpose_moves_into_the_fused_operator():
+    model = check_rule(RULE, _text(VARIANTS["bert_div"][0]), matches=1, ops_after=[FUSED])
+    (node,) = model.graph.nodes
+    assert sorted(v.name for v in node.inputs) == ["c", "k", "mask", "q", "v"]
+
+
+def test_softmax_over_another_axis_is_rejected():
+    body = VARIANTS["bert_div"][0].replace("Softmax<axis=-1>", "Softmax<axis=2>")
+    check_no_match(RULE, _text(body), reason=Reason.CHECK_FAILED)
+
+
+def test_probabilities_read_elsewhere_block_the_match():
+    text = _text(VARIANTS["bert_div"][0]).replace("-> (%y)", "-> (%y, %p)")
+    check_no_match(RULE, text, reason=Reason.EXTERNAL_USER)
+
+
+def test_a_non_softmax_normalization_is_not_attention():
+    body = VARIANTS["bert_div"][0].replace("Softmax<axis=-1>", "LogSoftmax<axis=-1>")
+    check_no_match(RULE, _text(body))
+
+
+def test_a_guard_that_does_not_test_for_nan_is_not_absorbed():
+    # Where(IsInf(o), 0, o) is not the NaN guard: attention matches, the Where stays outside
+    body = VARIANTS["torch_frontend"][0].replace("IsNaN(%o)", "IsInf(%o)")
+    check_rule(RULE, _text(body), matches=1, ops_after=[FUSED, "IsInf", "Where"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["dynamo", "torchscript", "torch"])
+@pytest.mark.parametrize(
+    ("model", "count"),
+    [
+        ("bert", 12),
+        ("minilm", 6),
+        ("gpt2", 12),
+        ("llama", 4),
+        ("llama_gqa", 4),  # K and V through repeat_kv (Unsqueeze/Expand/Reshape), outside
+        ("resnet50", 0),
+        ("lstm", 0),
+    ],
+)
+def test_zoo_models(model, source, count):
+    from graph_autofusion.testing.rules import zoo_matches
+
+    assert zoo_matches(RULE, model, source) == count
