@@ -128,7 +128,7 @@ def test_gelu_without_bias_is_not_this_rule():
         ("minilm", "torch", 6),
         ("gpt2", "torch", 12),  # tanh form after a Reshape of the 2-D bias add
         ("gpt2", "dynamo", 0),  # no bias add at all: zero biases folded away
-        ("gpt2", "torchscript", 0),  # the bias is Gemm's C input
+        ("gpt2", "torchscript", 12),  # the bias is Gemm's C input: the Gemm joins the match
         ("llama", "dynamo", 0),
     ],
 )
@@ -136,3 +136,37 @@ def test_zoo_models(model, source, count):
     from graph_autofusion.testing.rules import zoo_matches
 
     assert zoo_matches(RULE, model, source) == count
+
+
+GEMM_TANH = """
+graph g(%x: f32[6,8]) -> (%y) {
+  init %w: f32[8,16] = randn(1)
+  init %c: f32[16] = randn(2)
+  init %k: f32[] = [0.7978845834732056]
+  init %a: f32[] = [0.044714998453855515]
+  init %three: f32[] = [3.0]
+  init %one: f32[] = [1.0]
+  init %half: f32[] = [0.5]
+  init %shape: i64[3] = [2, 3, 16]
+  %g = Gemm(%x, %w, %c)
+  %h: f32[2,3,16] = Reshape(%g, %shape)
+  %p = Pow(%h, %three)
+  %m = Mul(%p, %a)
+  %s = Add(%h, %m)
+  %t = Mul(%s, %k)
+  %th = Tanh(%t)
+  %o = Add(%th, %one)
+  %hh = Mul(%h, %half)
+  %y = Mul(%hh, %o)
+}
+"""
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_gemm_bias_then_tanh_gelu_as_torchscript_exports_gpt2(native):
+    ops = (
+        ["Gemm", "Reshape", "com.microsoft::FastGelu"]
+        if native
+        else ["graph_autofusion.fused::BiasGelu"]
+    )
+    check_rule(RULE, GEMM_TANH, matches=1, ops_after=ops, native=native, rtol=1e-4, atol=1e-5)

@@ -9,6 +9,10 @@ GELU (the PyTorch frontend's GPT-2 adds the bias on the 2-D ``[batch*seq, hidden
 reshapes). Native form: the erf GELU becomes ``com.microsoft.BiasGelu(x, bias)``, the tanh
 GELU ``com.microsoft.FastGelu(x, bias)``; both need the bias as a 1-D tensor over the last axis
 (a bias of shape ``[1, .., 1, N]`` is flattened), else the match stays unfused.
+
+The bias may also be the ``C`` input of a ``Gemm`` (TorchScript exports GPT-2's ``Conv1D`` as
+``Gemm(x, W, b)``): then the match takes in the Gemm, and the native form is the Gemm without
+``C`` followed by ``FastGelu``/``BiasGelu`` with the bias.
 """
 
 from __future__ import annotations
@@ -39,11 +43,22 @@ def gelu_form(nodes) -> str:
 
 def _rewrite(ctx: RewriteContext):
     form = gelu_form(ctx.match.nodes)
-    x = ctx.value("x")
     bias = const_data(ctx.value("bias"))
-    why = last_axis_bias(bias, ctx.label("bias_add").outputs[0], x)
-    if why:
-        raise RewriteError(why)
+    if "bias_gemm" in ctx.match.labels:
+        gemm = ctx.label("bias_gemm")
+        w = gemm.inputs[1]
+        n = None
+        if w is not None and w.shape is not None and len(w.shape) == 2:
+            n = w.shape[0] if gemm.attrs.get("transB", 0) else w.shape[1]
+        if bias is None or not isinstance(n, int) or bias.size != n or bias.shape[-1] != n:
+            raise RewriteError(f"Gemm bias is not a vector over the {n} output columns")
+        attrs = {k: v for k, v in gemm.attrs.items() if k != "beta"}
+        x = ctx.make_node("Gemm", list(gemm.inputs[:2]), attrs).outputs[0]
+    else:
+        x = ctx.value("x")
+        why = last_axis_bias(bias, ctx.label("bias_add").outputs[0], x)
+        if why:
+            raise RewriteError(why)
     assert bias is not None
     b = ctx.add_constant("bias_gelu_bias", bias.reshape(-1))
     if "reshape" in ctx.match.labels:
@@ -61,7 +76,9 @@ def _rewrite(ctx: RewriteContext):
 
 
 _p = PatternBuilder()
-_add = _p.Add(_p.var("x"), bias_var(_p), _label="bias_add")
+_add = _p.Add(_p.var("x"), bias_var(_p), _label="bias_add") | _p.Gemm(
+    _p.var("a"), _p.var("w"), bias_var(_p), _label="bias_gemm"
+)
 _h = _p.optional(_p.Reshape(_add, _p.var("shape"), _label="reshape"), _add)
 
 PATTERN = (
