@@ -1,0 +1,84 @@
+"""RMSNorm, spelled out by an exporter (Llama, T5, Mistral):
+
+    y = weight * (x / sqrt(mean(x^2, axis=-1, keepdims=True) + eps))
+
+Accepted spellings: the square as ``Pow(x, 2)`` or ``Mul(x, x)``; ``ReduceMean`` over the last
+axis with ``axes`` as an attribute (opset < 18) or a constant input (opset >= 18), keepdims=1;
+the normalization as ``Div(x, Sqrt(.))``, ``Mul(x, Reciprocal(Sqrt(.)))`` (torch's ``rsqrt``),
+``Mul(x, Div(1, Sqrt(.)))`` (torchscript) or ``Mul(x, Pow(., -0.5))``; the weight on either side
+of the last ``Mul``. Optional ``Cast`` nodes around the normalization (Llama computes in
+float32: ``Cast(x)`` before, ``Cast`` back to the input type before the weight) are part of
+the match; an input Cast whose output is also read elsewhere stays outside. The weight is a
+1-D vector. Native form: ONNX-domain (onnxruntime) ``SimplifiedLayerNormalization(x, weight,
+axis=-1, epsilon=eps)``, when input, weight and output share one element type and the input
+Cast, if any, only widens to float32 (the op computes in float32).
+"""
+
+from __future__ import annotations
+
+from graph_autofusion.patterns.library._norm_common import (
+    bound,
+    casts_widen,
+    reduces_last_axis,
+    same_dtype,
+)
+from graph_autofusion.patterns.pattern import Pattern, PatternBuilder
+from graph_autofusion.patterns.rewrite import RewriteContext, RewriteError
+from graph_autofusion.patterns.rules import FusionRule
+
+
+def rmsnorm_pattern(p: PatternBuilder, x: Pattern) -> Pattern:
+    """RMSNorm of ``x`` times ``%weight`` (shared with ``skip_rmsnorm``).
+
+    Labels: ``reduce`` (the ReduceMean), ``cast_in`` / ``cast_out`` (the optional Casts),
+    ``norm`` (the root, the weight ``Mul``). Variables: ``eps``, ``weight``.
+    """
+    xc = p.optional(p.Cast(x, _label="cast_in"), x)
+    square = p.Pow(xc, p.const("two", scalar=True, value=2.0)) | p.Mul(xc, xc)
+    mean_sq = p.ReduceMean(square, keepdims=1, _exact=False, _label="reduce")
+    shifted = p.Add(mean_sq, p.const("eps", scalar=True))
+    root = p.Sqrt(shifted)
+    one = p.const("one", scalar=True, value=1.0)
+    normed = (
+        p.Div(xc, root)
+        | p.Mul(xc, p.Reciprocal(root))
+        | p.Mul(xc, p.Div(one, root))
+        | p.Mul(xc, p.Pow(shifted, p.const("neg_half", scalar=True, value=-0.5)))
+    )
+    back = p.optional(p.Cast(normed, _label="cast_out"), normed)
+    return p.Mul(back, p.var("weight", rank=1), _label="norm")
+
+
+def epsilon(ctx: RewriteContext) -> float:
+    eps = ctx.const("eps")
+    if eps is None:  # pragma: no cover - the pattern requires a constant
+        raise RewriteError("epsilon is not a constant")
+    return float(eps.reshape(-1)[0])
+
+
+def _rewrite(ctx: RewriteContext):
+    x, weight = bound(ctx, "x"), bound(ctx, "weight")
+    casts_widen(ctx)
+    same_dtype(x, weight)  # Mul(., weight) makes the output the weight's type
+    if x.shape is not None and weight.shape[0] != x.shape[-1]:
+        raise RewriteError(f"weight %{weight.name} {weight.shape} does not span the last axis")
+    node = ctx.make_node(
+        "SimplifiedLayerNormalization",
+        [x, weight],
+        {"axis": -1, "epsilon": epsilon(ctx), "stash_type": 1},
+    )
+    return node.outputs
+
+
+_p = PatternBuilder()
+
+RULE = FusionRule(
+    "rmsnorm",
+    pattern=rmsnorm_pattern(_p, _p.var("x")),
+    fuse_pattern="SimplifiedLayerNormalization",
+    priority=180,
+    presets=("llm",),
+    checks=(reduces_last_axis("reduce"),),
+    rewrite=_rewrite,
+    doc=__doc__.strip().splitlines()[0],
+)
