@@ -49,8 +49,8 @@ CASTS = {  # Llama: compute in float32, cast back before the weight
     "both": ("%xc = Cast<to=1>(%x)", "%nc = Cast<to=1>(%n)"),
     "in_only": ("%xc = Cast<to=1>(%x)", "%nc = Identity(%n)"),
 }
-NATIVE = "SimplifiedLayerNormalization"
-GENERIC = "graph_autofusion.fused::SimplifiedLayerNormalization"
+NATIVE = "com.microsoft::SkipSimplifiedLayerNormalization"
+GENERIC = "graph_autofusion.fused::RMSNorm"
 
 
 def graph(
@@ -111,8 +111,17 @@ def test_casts_weight_order_and_axis(casts, weight, axis, native):
 def test_native_attributes():
     model = check_rule(RULE, graph(casts="both"), matches=1, ops_after=[NATIVE], native=True)
     node = model.graph.nodes[0]
+    # RMSNorm(x + x, 4 eps) == RMSNorm(x, eps): the skip form with the input as its own skip
+    assert node.attrs["epsilon"] == pytest.approx(4e-6)
+    assert [v.name for v in node.inputs] == ["x", "x", "w"]
+
+
+def test_native_at_opset_23_is_the_standard_operator():
+    text = graph(casts="both")
+    text = text.replace('model opset {"": 18}', 'model opset {"": 23}')
+    model = check_rule(RULE, text, matches=1, ops_after=["RMSNormalization"], native=True)
+    node = model.graph.nodes[0]
     assert node.attrs["axis"] == -1 and node.attrs["epsilon"] == pytest.approx(1e-6)
-    assert [v.name for v in node.inputs] == ["x", "w"]
 
 
 def test_reduction_over_another_axis_is_rejected():

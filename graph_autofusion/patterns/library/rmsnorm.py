@@ -9,9 +9,12 @@ the normalization as ``Div(x, Sqrt(.))``, ``Mul(x, Reciprocal(Sqrt(.)))`` (torch
 of the last ``Mul``. Optional ``Cast`` nodes around the normalization (Llama computes in
 float32: ``Cast(x)`` before, ``Cast`` back to the input type before the weight) are part of
 the match; an input Cast whose output is also read elsewhere stays outside. The weight is a
-1-D vector. Native form: ONNX-domain (onnxruntime) ``SimplifiedLayerNormalization(x, weight,
-axis=-1, epsilon=eps)``, when input, weight and output share one element type and the input
-Cast, if any, only widens to float32 (the op computes in float32).
+1-D vector. Native form, when input, weight and output share one element type and the input
+Cast, if any, only widens to float32: at opset >= 23 the standard ``RMSNormalization``; below,
+``com.microsoft.SkipSimplifiedLayerNormalization(x, x, weight, epsilon=4 * eps)``, which is the
+same function (RMSNorm is scale invariant and both scalings are powers of two) and, unlike
+onnxruntime's ``SimplifiedLayerNormalization`` (registered in the ONNX domain), passes
+``onnx.checker``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from graph_autofusion.patterns.library._norm_common import (
 from graph_autofusion.patterns.pattern import Pattern, PatternBuilder
 from graph_autofusion.patterns.rewrite import RewriteContext, RewriteError
 from graph_autofusion.patterns.rules import FusionRule
+
+MS = "com.microsoft"
 
 
 def rmsnorm_pattern(p: PatternBuilder, x: Pattern) -> Pattern:
@@ -62,12 +67,19 @@ def _rewrite(ctx: RewriteContext):
     same_dtype(x, weight)  # Mul(., weight) makes the output the weight's type
     if x.shape is not None and weight.shape[0] != x.shape[-1]:
         raise RewriteError(f"weight %{weight.name} {weight.shape} does not span the last axis")
+    eps = epsilon(ctx)
+    if ctx.model.opset_imports.get("", 0) >= 23:
+        node = ctx.make_node(
+            "RMSNormalization", [x, weight], {"axis": -1, "epsilon": eps, "stash_type": 1}
+        )
+        return node.outputs
+    # onnxruntime's SimplifiedLayerNormalization lives in the ONNX domain, where onnx.checker
+    # rejects it. RMSNorm is scale invariant: RMSNorm(x + x, eps * 4) == RMSNorm(x, eps)
+    # exactly (both scalings are powers of two), so the com.microsoft skip form computes it.
     node = ctx.make_node(
-        "SimplifiedLayerNormalization",
-        [x, weight],
-        {"axis": -1, "epsilon": epsilon(ctx), "stash_type": 1},
+        "SkipSimplifiedLayerNormalization", [x, x, weight], {"epsilon": eps * 4.0}, domain=MS
     )
-    return node.outputs
+    return node.outputs[:1]
 
 
 _p = PatternBuilder()
@@ -75,7 +87,7 @@ _p = PatternBuilder()
 RULE = FusionRule(
     "rmsnorm",
     pattern=rmsnorm_pattern(_p, _p.var("x")),
-    fuse_pattern="SimplifiedLayerNormalization",
+    fuse_pattern="RMSNorm",
     priority=180,
     presets=("llm",),
     checks=(reduces_last_axis("reduce"),),
