@@ -3,8 +3,9 @@
 Run: ``.venv/bin/python benchmarks/match_scale.py`` (writes ``benchmarks/results/match_scale.json``
 and prints a table). The graphs come from :mod:`graph_autofusion.testing.synthetic` (decomposed
 LayerNorm, attention with scale and mask, erf-GELU, residuals). For each preset the time covers
-``match_rules``: every rule's matches and rejections plus overlap resolution. Time per node
-should stay about flat from 10k to 100k nodes (scaling exponent near 1.0).
+``match_rules``: every rule's matches and rejections plus overlap resolution; the last row per
+size is automatic clustering (F4c) with its default limits (raw = clusters found). Time per
+node should stay about flat from 10k to 100k nodes (scaling exponent near 1.0).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 from graph_autofusion.patterns.candidates import match_rules
+from graph_autofusion.patterns.clustering import cluster
 from graph_autofusion.patterns.library import builtin_rules
 from graph_autofusion.patterns.rules import PRESETS
 from graph_autofusion.testing.synthetic import synthetic_transformer
@@ -45,6 +47,20 @@ def measure(num_nodes: int) -> list[dict]:
                 "us_per_node": 1e6 * elapsed / len(graph),
             }
         )
+    t = time.perf_counter()
+    clusters = cluster(graph)
+    elapsed = time.perf_counter() - t
+    rows.append(
+        {
+            "preset": "(clustering)",
+            "nodes": len(graph),
+            "rules": 0,
+            "raw_matches": len(clusters.clusters),
+            "kept": len(clusters.clusters),
+            "match_s": elapsed,
+            "us_per_node": 1e6 * elapsed / len(graph),
+        }
+    )
     return rows
 
 
