@@ -1,0 +1,334 @@
+"""Cost-model accuracy: predicted per-operator time (host profile) vs onnxruntime's own profile.
+
+Run: ``.venv/bin/python benchmarks/cost_accuracy.py [--runs N] [--models a,b] [--profile host]``
+(writes ``benchmarks/results/cost_accuracy.json`` and prints a table).
+
+For every zoo model and both exporters (``graph_autofusion.testing.export_onnx``), on the example
+inputs (``example_feeds``, batch 1, sequence 16):
+
+* **predicted**: shapes bound by running the graph once
+  (:func:`graph_autofusion.cost.shapes.bind_shapes`), then
+  :func:`graph_autofusion.cost.model.kernel_cost` of every node with the ``host`` hardware
+  profile (:func:`graph_autofusion.cost.hardware.load_profile`), unfused.
+* **measured**: onnxruntime with ``enable_profiling``, ``ORT_DISABLE_ALL``,
+  ``intra_op_num_threads=2``, 2 warm-up runs, median per-node kernel time over ``--runs`` runs
+  (:func:`graph_autofusion.runtime.ort_profile.profile_nodes`).
+
+Over the operators both sides know (ORT drops ``Constant`` nodes, which it turns into
+initializers), the script reports the Spearman rank correlation of predicted vs measured
+per-node time and the ratio of the predicted total to the measured total (sum of node medians).
+Targets: Spearman >= 0.8 and the ratio within [1/1.5, 1.5].
+
+ORT's profiler adds its own cost to every node it times (it records each tensor's type and
+shape: ~1.5 us + 0.3 us per tensor here, while the unprofiled dispatch is ~0.2 us). The script
+measures that floor on chains of tiny ``Sum`` nodes (:func:`profiler_floor`) and adds it to each
+prediction (``--no-profiler-floor`` to compare raw); the JSON also holds the ratio without it.
+
+Also recorded per model: ``spearman_measured_vs_itself`` (ORT's odd runs against its even runs,
+the reproducibility ceiling), ``spearman_work_ops`` (only operators whose predicted roofline
+time is at least 1 us, i.e. not pure dispatch), the figures against each node's fastest run,
+and the CPU share the process got while ORT ran. The machine is shared: when another process
+holds a core, ORT's two threads run at about half speed (CPU share ~1.0 instead of ~2.0); such
+a measurement is repeated (``--attempts``) and the best-served one kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from graph_autofusion.cost.model import kernel_cost
+from graph_autofusion.cost.shapes import bind_shapes
+from graph_autofusion.frontend.onnx_import import load_onnx
+from graph_autofusion.runtime.ort_profile import profile_nodes
+from graph_autofusion.testing import example_feeds, export_onnx
+
+MODELS = ("llama", "llama_gqa", "bert", "gpt2", "resnet50", "resnet50_bn", "minilm", "lstm")
+EXPORTERS = ("dynamo", "torchscript")
+OUT = Path(__file__).parent / "results" / "cost_accuracy.json"
+SPEARMAN_TARGET = 0.8
+TOTAL_FACTOR = 1.5
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman rank correlation with average ranks for ties."""
+    from scipy.stats import spearmanr
+
+    if len(a) < 3:
+        return float("nan")
+    return float(spearmanr(a, b).statistic)
+
+
+def load_host(name: str, calibrate: bool = False):
+    """The hardware profile ``name``; with ``calibrate``, measure this machine now instead
+    (:func:`graph_autofusion.cost.calibrate.calibrate_host`, full mode, not saved), so the
+    profile sees the same machine state as the measurement."""
+    if calibrate:
+        from graph_autofusion.cost.calibrate import calibrate_host
+
+        return calibrate_host(quick=False)
+    from graph_autofusion.cost.hardware import load_profile
+
+    return load_profile(name)
+
+
+def _sum_chain(k: int, chain: int, n_el: int = 16) -> bytes:
+    """A chain of ``chain`` ``Sum`` nodes with ``k`` inputs each (the previous result and
+    ``k - 1`` constants), 16 floats per tensor."""
+    from onnx import TensorProto, helper
+
+    nodes, prev = [], "x"
+    consts = [f"c{j}" for j in range(k - 1)]
+    for i in range(chain):
+        nodes.append(helper.make_node("Sum", [prev, *consts], [f"y{i}"], name=f"sum{i}"))
+        prev = f"y{i}"
+    graph = helper.make_graph(
+        nodes,
+        f"profiler_floor_{k}",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n_el])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [n_el])],
+        [
+            helper.make_tensor(c, TensorProto.FLOAT, [n_el], np.ones(n_el, np.float32))
+            for c in consts
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+
+
+def profiler_floor(profile, runs: int = 10, chain: int = 150) -> dict:
+    """ORT's profiler cost per node: ``floor(tensors) = a + b x tensors`` (µs).
+
+    onnxruntime's profiler times each kernel including its own instrumentation: it records
+    every input's and output's type and shape in the event, about 3-10 µs per node on this
+    machine while the unprofiled per-node dispatch is ~0.2 µs. That cost is part of every
+    measured node time and of no kernel. It is measured here on chains of tiny ``Sum`` nodes
+    with 1, 2 and 4 inputs (same session settings), minus their predicted time, and fitted
+    linearly in the number of tensors a node touches; the fit is added to each prediction.
+    """
+    import onnx
+
+    from graph_autofusion.frontend.onnx_import import load_onnx as _load
+
+    xs, ys = [], []
+    for k in (1, 2, 4):
+        proto = _sum_chain(k, chain)
+        prof = profile_nodes(proto, {"x": np.zeros(16, np.float32)}, runs=runs)
+        measured = float(np.median(list(prof.node_us.values())))
+        model = _load(onnx.load_from_string(proto))
+        predicted = float(
+            np.median([kernel_cost(n, profile).time_s * 1e6 for n in model.graph.nodes])
+        )
+        xs.append(k + 1)
+        ys.append(measured - predicted)
+    b, a = np.polyfit(xs, ys, 1)
+    return {
+        "per_node_us": round(float(a), 3),
+        "per_tensor_us": round(float(max(b, 0.0)), 3),
+        "points": {str(x): round(y, 3) for x, y in zip(xs, ys)},
+    }
+
+
+def _floor_us(node, floor: dict) -> float:
+    tensors = sum(1 for v in node.inputs if v is not None) + len(node.outputs)
+    return max(0.0, floor["per_node_us"] + floor["per_tensor_us"] * tensors)
+
+
+def measure(
+    name: str,
+    exporter: str,
+    profile,
+    runs: int,
+    floor: dict | None = None,
+    attempts: int = 3,
+    min_cpu_share: float = 1.6,
+) -> dict:
+    path = export_onnx(name, exporter)
+    feeds = example_feeds(name)
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    model = load_onnx(path)
+    binding = bind_shapes(model, feeds)
+    predicted: dict[str, float] = {}
+    ops: dict[str, str] = {}
+    unknown = 0
+    floors: dict[str, float] = {}
+    for node in model.graph.nodes:
+        cost = kernel_cost(binding.node(node), profile)
+        if cost.time_s is None:
+            unknown += 1
+            continue
+        extra = _floor_us(node, floor) if floor else 0.0
+        predicted[node.name] = cost.time_s * 1e6 + extra
+        floors[node.name] = extra
+        ops[node.name] = node.qualified_op
+    t_pred = time.perf_counter() - t0
+    overhead_us = profile.launch_overhead_us
+    del model, binding
+    gc.collect()
+    # On a shared machine another process may hold a core; ORT's 2 threads then run at about
+    # half speed. The CPU share this process got while ORT ran (~2.0 = both cores) tells; a
+    # measurement below ``min_cpu_share`` is repeated (up to ``attempts``), the best kept.
+    tries: list[tuple[float, object]] = []
+    for _ in range(attempts):
+        w0, c0 = time.perf_counter(), time.process_time()
+        got = profile_nodes(path, feeds, runs=runs)
+        share = (time.process_time() - c0) / max(time.perf_counter() - w0, 1e-9)
+        tries.append((share, got))
+        if share >= min_cpu_share:
+            break
+    cpu_share, prof = max(tries, key=lambda t: t[0])
+    common = [k for k in prof.node_us if k in predicted]
+    p = [predicted[k] for k in common]
+    m = [prof.node_us[k] for k in common]
+    rho = spearman(p, m)
+    # reproducibility ceiling: ORT against itself (medians of odd vs even timed runs)
+    odd = [float(np.median(prof.samples[k][0::2])) for k in common]
+    even = [float(np.median(prof.samples[k][1::2] or prof.samples[k])) for k in common]
+    self_rho = spearman(odd, even)
+    # operators with real work: predicted roofline time at least 1 us (not overhead-only)
+    work = [i for i, k in enumerate(common) if predicted[k] - floors[k] - overhead_us >= 1.0]
+    rho_work = spearman([p[i] for i in work], [m[i] for i in work])
+    total_p, total_m = float(sum(p)), float(sum(m))
+    ratio = total_p / total_m if total_m else float("nan")
+    raw_ratio = (total_p - sum(floors[k] for k in common)) / total_m if total_m else float("nan")
+    # least-disturbed view: the fastest timed run of each node (interference only adds time)
+    m_min = [float(min(prof.samples[k])) for k in common]
+    rho_min = spearman(p, m_min)
+    ratio_min = total_p / sum(m_min) if sum(m_min) else float("nan")
+    by_op: dict[str, list[float]] = {}
+    for k in common:
+        agg = by_op.setdefault(ops[k], [0.0, 0.0, 0])
+        agg[0] += predicted[k]
+        agg[1] += prof.node_us[k]
+        agg[2] += 1
+    return {
+        "model": name,
+        "exporter": exporter,
+        "operators": len(common),
+        "unmatched_measured": len(prof.node_us) - len(common),
+        "unknown_predicted": unknown,
+        "spearman": round(rho, 4),
+        "spearman_measured_vs_itself": round(self_rho, 4),
+        "spearman_work_ops": round(rho_work, 4),
+        "work_ops": len(work),
+        "predicted_total_us": round(total_p, 1),
+        "measured_total_us": round(total_m, 1),
+        "measured_wall_us": round(prof.wall_us, 1),
+        "total_ratio": round(ratio, 4),
+        "total_ratio_without_profiler_floor": round(raw_ratio, 4),
+        "spearman_vs_min_run": round(rho_min, 4),
+        "total_ratio_vs_min_run": round(ratio_min, 4),
+        "ok": bool(rho >= SPEARMAN_TARGET and 1 / TOTAL_FACTOR <= ratio <= TOTAL_FACTOR),
+        "load_average": round(load, 2),
+        "cpu_share_during_ort": round(cpu_share, 2),
+        "cpu_share_attempts": [round(t[0], 2) for t in tries],
+        "shape_method": "execute",
+        "predict_seconds": round(t_pred, 2),
+        "by_op_us": {
+            k: {"predicted": round(v[0], 1), "measured": round(v[1], 1), "count": v[2]}
+            for k, v in sorted(by_op.items(), key=lambda kv: -kv[1][1])
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--attempts", type=int, default=3, help="tries per model when CPU-starved")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--exporters", default=",".join(EXPORTERS))
+    ap.add_argument("--profile", default="host")
+    ap.add_argument("--out", default=str(OUT))
+    ap.add_argument(
+        "--calibrate", action="store_true", help="calibrate the host now (full mode, not saved)"
+    )
+    ap.add_argument(
+        "--no-profiler-floor",
+        dest="profiler_floor",
+        action="store_false",
+        help="do not add ORT's measured per-node profiler cost to the predictions",
+    )
+    args = ap.parse_args(argv)
+    profile = load_host(args.profile, args.calibrate)
+    floor = profiler_floor(profile) if args.profiler_floor else None
+    print(f"profiler floor: {floor}", flush=True)
+    rows = []
+    start = time.perf_counter()
+    for name in args.models.split(","):
+        for exporter in args.exporters.split(","):
+            row = measure(name, exporter, profile, args.runs, floor, attempts=args.attempts)
+            rows.append(row)
+            print(
+                f"{name:12s} {exporter:11s} ops={row['operators']:4d} "
+                f"spearman={row['spearman']:.3f} pred={row['predicted_total_us'] / 1e3:8.2f}ms "
+                f"meas={row['measured_total_us'] / 1e3:8.2f}ms ratio={row['total_ratio']:.2f} "
+                f"self={row['spearman_measured_vs_itself']:.3f} "
+                f"work={row['spearman_work_ops']:.3f} "
+                f"{'ok' if row['ok'] else 'MISS'} (load {row['load_average']}, "
+                f"cpu {row['cpu_share_during_ort']})",
+                flush=True,
+            )
+    elapsed = time.perf_counter() - start
+    rhos = [r["spearman"] for r in rows]
+    ratios = [r["total_ratio"] for r in rows]
+    result = {
+        "benchmark": "cost_accuracy",
+        "command": "python benchmarks/cost_accuracy.py " + " ".join(argv or sys.argv[1:]),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "profile": {
+            "name": profile.name,
+            "memory_bandwidth_gbs": profile.memory_bandwidth_gbs,
+            "peak_gflops": dict(profile.peak_gflops),
+            "launch_overhead_us": profile.launch_overhead_us,
+            "local_memory_kb": profile.local_memory_kb,
+            "calibrated_now": bool(args.calibrate),
+            "sources": dict(profile.sources),
+        },
+        "settings": {
+            "ort": "enable_profiling, ORT_DISABLE_ALL, intra_op_num_threads=2, 2 warm-up runs",
+            "runs": args.runs,
+            "profiler_floor": floor,
+            "inputs": "example_feeds(name): batch 1, seq 16 (resnet50 1x3x224x224)",
+            "targets": {"spearman": SPEARMAN_TARGET, "total_factor": TOTAL_FACTOR},
+        },
+        "summary": {
+            "models": len(rows),
+            "ok": sum(r["ok"] for r in rows),
+            "spearman_min": float(np.min(rhos)) if rhos else None,
+            "spearman_median": float(np.median(rhos)) if rhos else None,
+            "total_ratio_min": float(np.min(ratios)) if ratios else None,
+            "total_ratio_max": float(np.max(ratios)) if ratios else None,
+            "seconds": round(elapsed, 1),
+        },
+        "rows": rows,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print()
+    print(
+        f"{'model':12s} {'exporter':11s} {'ops':>5s} {'spearman':>9s} {'ratio':>6s} "
+        f"{'ORT-self':>9s} {'work-ops':>9s} {'cpu':>5s}  ok"
+    )
+    for r in rows:
+        print(
+            f"{r['model']:12s} {r['exporter']:11s} {r['operators']:5d} {r['spearman']:9.3f} "
+            f"{r['total_ratio']:6.2f} {r['spearman_measured_vs_itself']:9.3f} "
+            f"{r['spearman_work_ops']:9.3f} {r['cpu_share_during_ort']:5.2f}  "
+            f"{'yes' if r['ok'] else 'no'}"
+        )
+    print(f"{result['summary']['ok']}/{len(rows)} within targets; {elapsed:.0f} s; wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

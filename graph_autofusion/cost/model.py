@@ -1,0 +1,684 @@
+"""Cost model (F8): roofline time per kernel, before/after costs of a fusion, verdicts.
+
+Kernel time
+    ``time = max(compute, memory) + launch overhead`` (roofline plus overhead), where
+    ``compute = flops / (peak x efficiency)`` and ``memory = bytes x access factor / bandwidth``.
+    FLOPs come from :func:`graph_autofusion.catalog.cost.node_flops`; bytes from
+    :func:`~graph_autofusion.catalog.cost.node_bytes` with these corrections, chosen after what
+    onnxruntime's CPU kernels do:
+
+    * views (``Reshape``, ``Squeeze``, ``Unsqueeze``, ``Flatten``, ``Identity``) alias their
+      input and metadata ops (``Shape``, ``Size``) read no data: overhead only, no HBM access.
+      ``Constant`` becomes an initializer at load: no kernel at all.
+    * gathers and slices (``Gather``, ``GatherElements``, ``GatherND``, ``Slice``) read only the
+      elements they return (plus indices), not the whole source tensor.
+    * constants (initializers, e.g. weights) are bytes read like any input.
+
+Compute efficiency (the same curve on every profile, not fitted per model)
+    A contraction (``MatMul``, ``Gemm``, ``Conv`` and their fused forms, RNN cells) reaches
+    ``e(F) = CONTRACTION_MAX_EFFICIENCY x F / (F + F_half)`` of peak, where
+    ``F_half = peak x CONTRACTION_HALF_TIME_S``: a GEMM whose ideal compute time is
+    ``CONTRACTION_HALF_TIME_S`` (4 us) runs at half the sustainable efficiency (0.9). Small GEMMs
+    are dominated by packing, edge tiles and thread start; expressing the knee as a time makes
+    it scale with the device. Other operators run on the vector units at ``VECTOR_EFFICIENCY``
+    (0.1) of the FMA peak: one FLOP per loaded element, no FMA pairing, and transcendental
+    functions (``Exp``, ``Erf``, ``Pow``) that expand into many instructions.
+
+Cache-resident activations
+    A tensor produced by a kernel of the same run (an activation, not a weight or a model
+    input) and at most half the last-level cache (``extra.l3_kb`` for CPUs, ``l2_kb`` for
+    GPUs/NPUs) is read and written at ``CACHE_BANDWIDTH_FACTOR`` (4) x the main-memory
+    bandwidth. HBM bytes and accesses are still reported in full; only the time changes.
+
+Strided or transposed access
+    A ``Transpose`` that moves a non-unit axis reads with a stride: its input bytes cost
+    ``STRIDED_ACCESS_FACTOR`` (3) times as much (onnxruntime's Transpose on the host runs 3-4x
+    below its copy bandwidth). The same factor applies to the input of a reduction over a
+    non-last axis, and, in a fused group, to an external input that reaches the group through
+    a ``Transpose`` not feeding a contraction (a GEMM's packing absorbs a transposed operand).
+
+Fusion (a candidate group of nodes)
+    Before: every node is its own kernel. After: one kernel; bytes = external inputs (each read
+    once) + outputs read outside the group (internal values stay in local memory), FLOPs = the
+    sum, one launch overhead. HBM accesses = tensor reads + writes to main memory. The
+    after-kernel's local-memory need comes from :func:`graph_autofusion.cost.tiling.plan_tiles`
+    against ``profile.local_memory_bytes()``.
+
+Verdicts
+    ``fuse`` when the saving ``(t_before - t_after) / t_before >= benefit_threshold``;
+    ``skip-low-benefit`` below it; ``skip-local-memory-overflow`` when no legal tile fits;
+    ``maybe`` when sizes are unknown or the saving is within ``MAYBE_BAND`` of the threshold.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from graph_autofusion.catalog.cost import node_bytes, node_flops
+from graph_autofusion.cost.shapes import ShapeBinding
+from graph_autofusion.cost.tiling import TilePlan, plan_tiles, reduced_axes
+from graph_autofusion.ir.core import Node, Value
+
+#: Operators that alias their input (no data moved) or only read metadata.
+VIEW_OPS = frozenset(
+    {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Shape", "Size", "Dropout"}
+)
+#: Operators that are not kernels at run time (turned into initializers at load).
+FREE_OPS = frozenset({"Constant"})
+#: Operators that read only the elements they return from their first input.
+GATHER_OPS = frozenset({"Gather", "GatherElements", "GatherND", "Slice"})
+CONTRACTION_OPS = frozenset(
+    {
+        "MatMul",
+        "FusedMatMul",
+        "Gemm",
+        "FusedGemm",
+        "Conv",
+        "FusedConv",
+        "ConvTranspose",
+        "LSTM",
+        "GRU",
+        "RNN",
+        "MatMulInteger",
+        "Attention",
+        "MultiHeadAttention",
+    }
+)
+
+CONTRACTION_MAX_EFFICIENCY = 0.9
+CONTRACTION_HALF_TIME_S = 4e-6
+VECTOR_EFFICIENCY = 0.1
+STRIDED_ACCESS_FACTOR = 3.0
+CACHE_BANDWIDTH_FACTOR = 4.0
+
+#: Inputs (by index) that are shape/axes/index metadata, not tensor data: a fused kernel takes
+#: them as parameters (no HBM access, no bytes); a single kernel reads them (bytes) but they
+#: are not counted as accesses.
+META_OPERANDS: dict[str, tuple[int, ...]] = {
+    "Reshape": (1,),
+    "Unsqueeze": (1,),
+    "Squeeze": (1,),
+    "Expand": (1,),
+    "Slice": (1, 2, 3, 4),
+    "Tile": (1,),
+    "Pad": (1, 3),
+    "Split": (1,),
+    "Resize": (1, 2, 3),
+    "TopK": (1,),
+    "CumSum": (1,),
+    "ConstantOfShape": (0,),
+    "Range": (0, 1, 2),
+    "ReduceMean": (1,),
+    "ReduceSum": (1,),
+    "ReduceMax": (1,),
+    "ReduceMin": (1,),
+    "ReduceProd": (1,),
+    "ReduceL2": (1,),
+    "ReduceSumSquare": (1,),
+    "ReduceLogSumExp": (1,),
+}
+
+
+def is_meta_operand(node: Node, index: int) -> bool:
+    """Whether input ``index`` of ``node`` is shape/axes metadata rather than tensor data."""
+    return index in META_OPERANDS.get(node.op_type, ())
+
+
+DEFAULT_BENEFIT_THRESHOLD = 0.2
+MAYBE_BAND = 0.02
+
+
+class Verdict(str, enum.Enum):
+    FUSE = "fuse"
+    SKIP_LOW_BENEFIT = "skip-low-benefit"
+    SKIP_LOCAL_MEMORY_OVERFLOW = "skip-local-memory-overflow"
+    MAYBE = "maybe"
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    """Roofline cost of one kernel.
+
+    Attributes:
+        flops: Floating-point operations (``None``: unknown sizes).
+        bytes_read / bytes_written: Main-memory bytes (before the access factor).
+        hbm_accesses: Tensor reads + writes to main memory.
+        compute_s / memory_s / overhead_s: The roofline terms (memory includes the factor).
+        time_s: ``max(compute_s, memory_s) + overhead_s`` (``None`` when unknown).
+        bound: ``"compute"``, ``"memory"`` or ``"overhead"`` (largest term).
+        strided_factor: Access factor applied to (part of) the bytes read.
+    """
+
+    flops: int | None
+    bytes_read: int | None
+    bytes_written: int | None
+    hbm_accesses: int
+    compute_s: float | None
+    memory_s: float | None
+    overhead_s: float
+    time_s: float | None
+    bound: str
+    strided_factor: float = 1.0
+
+    @property
+    def bytes(self) -> int | None:
+        if self.bytes_read is None or self.bytes_written is None:
+            return None
+        return self.bytes_read + self.bytes_written
+
+    @property
+    def gflops(self) -> float | None:
+        """Achieved GFLOP/s (``flops / time``)."""
+        if self.flops is None or not self.time_s:
+            return None
+        return self.flops / self.time_s / 1e9
+
+
+@dataclass
+class FusionCost:
+    """Before/after costs of fusing a group of nodes into one kernel, and the verdict."""
+
+    ops: list[str]
+    nodes: list[str]
+    profile: str
+    hbm_accesses_before: int
+    hbm_accesses_after: int
+    bytes_before: int | None
+    bytes_after: int | None
+    time_before_s: float | None
+    time_after_s: float | None
+    gflops_before: float | None
+    gflops_after: float | None
+    flops: int | None
+    local_memory_bytes: int | None
+    local_memory_capacity: int
+    tile: TilePlan | None
+    saving: float | None
+    benefit_threshold: float
+    verdict: Verdict
+    reason: str
+    kernels: list[KernelCost] = field(default_factory=list)
+
+    @property
+    def speedup(self) -> float | None:
+        if not self.time_before_s or not self.time_after_s:
+            return None
+        return self.time_before_s / self.time_after_s
+
+    @property
+    def hbm_access_reduction(self) -> float:
+        if not self.hbm_accesses_before:
+            return 0.0
+        return 1.0 - self.hbm_accesses_after / self.hbm_accesses_before
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ops": self.ops,
+            "nodes": self.nodes,
+            "profile": self.profile,
+            "hbm_accesses": [self.hbm_accesses_before, self.hbm_accesses_after],
+            "bytes": [self.bytes_before, self.bytes_after],
+            "time_us": [_us(self.time_before_s), _us(self.time_after_s)],
+            "gflops": [self.gflops_before, self.gflops_after],
+            "flops": self.flops,
+            "local_memory_bytes": self.local_memory_bytes,
+            "local_memory_capacity": self.local_memory_capacity,
+            "tile": list(self.tile.tile) if self.tile else None,
+            "saving": self.saving,
+            "verdict": self.verdict.value,
+            "reason": self.reason,
+        }
+
+
+def _us(s: float | None) -> float | None:
+    return None if s is None else s * 1e6
+
+
+def _dtype_key(node: Node) -> str:
+    for v in (*node.inputs, *node.outputs):
+        if v is not None and v.dtype is not None and v.dtype.is_float:
+            return v.dtype.short
+    return "f32"
+
+
+def contraction_efficiency(flops: float, peak_flops_per_s: float) -> float:
+    """Fraction of peak a contraction of ``flops`` reaches (see the module docstring)."""
+    f_half = peak_flops_per_s * CONTRACTION_HALF_TIME_S
+    return CONTRACTION_MAX_EFFICIENCY * flops / (flops + f_half) if flops > 0 else 1.0
+
+
+def _compute_time(flops: int, contraction_flops: int, peak: float) -> float:
+    t = 0.0
+    if contraction_flops:
+        t += contraction_flops / (peak * contraction_efficiency(contraction_flops, peak))
+    rest = flops - contraction_flops
+    if rest > 0:
+        t += rest / (peak * VECTOR_EFFICIENCY)
+    return t
+
+
+def _is_strided_reduction(node: Node) -> bool:
+    x = node.inputs[0] if node.inputs else None
+    axes = reduced_axes(node)
+    if not axes or x is None or x.shape is None:
+        return False
+    rank = len(x.shape)
+    # a reduction over the trailing axes reads contiguously; one that skips the last axis strides
+    return (rank - 1) not in axes and node.op_type not in (
+        "GlobalAveragePool",
+        "GlobalMaxPool",
+        "InstanceNormalization",
+        "GroupNormalization",
+    )
+
+
+def _read_bytes(node: Node) -> tuple[int, int] | None:
+    """(bytes read, tensors read) for one kernel, with the gather/slice correction."""
+    seen: set[int] = set()
+    total = 0
+    count = 0
+    for i, v in enumerate(node.inputs):
+        if v is None or id(v) in seen:
+            continue
+        seen.add(id(v))
+        n = v.nbytes()
+        if node.op_type in GATHER_OPS and i == 0:
+            out = node.outputs[0].nbytes() if node.outputs else None
+            if out is None:
+                return None
+            n = out if n is None else min(n, out)
+        elif node.op_type == "Slice" and i > 0 and n is None:
+            n = 0
+        if n is None:
+            return None
+        total += n
+        count += 1
+    return total, count
+
+
+def kernel_cost(node: Node, profile: Any) -> KernelCost:
+    """Roofline cost of ``node`` run as its own kernel on ``profile``.
+
+    ``node`` must carry concrete shapes (a shadow node from
+    :class:`~graph_autofusion.cost.shapes.ShapeBinding`, or a graph with static shapes).
+    """
+    overhead = profile.launch_overhead_s()
+    if node.op_type in FREE_OPS:
+        return KernelCost(0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, "overhead")
+    if node.op_type in VIEW_OPS and node.domain in ("", "ai.onnx"):
+        return KernelCost(0, 0, 0, 0, 0.0, 0.0, overhead, overhead, "overhead")
+    flops = node_flops(node)
+    rb = _read_bytes(node)
+    written = None
+    if node_bytes(node) is not None:
+        written = sum(v.nbytes() or 0 for v in node.outputs)
+    accesses = sum(
+        1 for i, v in enumerate(node.inputs) if v is not None and not is_meta_operand(node, i)
+    ) + len(node.outputs)
+    if flops is None or rb is None or written is None:
+        return KernelCost(flops, None, None, accesses, None, None, overhead, None, "unknown")
+    read, _ = rb
+    factor = 1.0
+    if (node.op_type == "Transpose" and _nontrivial_perm(node)) or _is_strided_reduction(node):
+        factor = STRIDED_ACCESS_FACTOR
+    peak = profile.peak_flops_per_s(_dtype_key(node))
+    contraction = flops if node.op_type in CONTRACTION_OPS else 0
+    compute = _compute_time(flops, contraction, peak)
+    memory = _memory_time(node_reads(node), list(node.outputs), factor, profile)
+    time = max(compute, memory) + overhead
+    bound = max((compute, "compute"), (memory, "memory"), (overhead, "overhead"))[1]
+    return KernelCost(
+        flops, read, written, accesses, compute, memory, overhead, time, bound, factor
+    )
+
+
+def last_level_cache_bytes(profile: Any) -> int:
+    """Shared last-level cache: ``extra.l3_kb`` (CPU), else ``l2_kb`` (GPU/NPU total L2)."""
+    kb = (profile.extra or {}).get("l3_kb") or (profile.extra or {}).get("llc_kb")
+    if kb is None:
+        kb = profile.l2_kb if profile.kind != "cpu" else (profile.l2_kb or 0) * profile.cores
+    return int(float(kb or 0) * 1024)
+
+
+def _hot(v: Value, llc: int) -> bool:
+    """Whether ``v`` is likely still in the last-level cache when read (or stays there when
+    written): produced by a kernel of this run and at most half the cache."""
+    n = v.nbytes()
+    return v.producer is not None and n is not None and n <= llc // 2
+
+
+def _memory_time(
+    reads: list[tuple[Value, int]], writes: list[Value], factor: Any, profile: Any
+) -> float:
+    """Seconds to move ``reads`` (value, bytes) and ``writes``: values hot in the last-level
+    cache at ``CACHE_BANDWIDTH_FACTOR`` x the main-memory bandwidth, the rest at main memory."""
+    bw = profile.bandwidth_bytes_per_s()
+    llc = last_level_cache_bytes(profile)
+    t = 0.0
+    for v, n in reads:
+        f = factor(v) if callable(factor) else factor
+        t += n * f / (bw * (CACHE_BANDWIDTH_FACTOR if _hot(v, llc) else 1.0))
+    for v in writes:
+        n = v.nbytes() or 0
+        t += n / (bw * (CACHE_BANDWIDTH_FACTOR if _hot(v, llc) else 1.0))
+    return t
+
+
+def node_reads(node: Node) -> list[tuple[Value, int]]:
+    """``(value, bytes read)`` per distinct input, with the gather/slice correction."""
+    out: list[tuple[Value, int]] = []
+    seen: set[int] = set()
+    for i, v in enumerate(node.inputs):
+        if v is None or id(v) in seen:
+            continue
+        seen.add(id(v))
+        n = v.nbytes()
+        if node.op_type in GATHER_OPS and i == 0:
+            o = node.outputs[0].nbytes() if node.outputs else None
+            n = o if n is None else (n if o is None else min(n, o))
+        out.append((v, n or 0))
+    return out
+
+
+def _nontrivial_perm(node: Node) -> bool:
+    """A Transpose that moves a non-unit axis relative to another (a real strided copy)."""
+    x = node.inputs[0] if node.inputs else None
+    perm = node.attr("perm")
+    if x is None or x.shape is None:
+        return True
+    if perm is None:
+        perm = list(range(len(x.shape)))[::-1]
+    kept = [p for p in perm if x.shape[p] != 1]
+    return kept != sorted(kept)
+
+
+# ----------------------------------------------------------------------------- groups
+@dataclass
+class GroupIO:
+    """A candidate group's values, split by where they live after fusion (concrete types)."""
+
+    nodes: list[Node]
+    inputs: list[Value]
+    outputs: list[Value]
+    intermediates: list[Value]
+    strided_inputs: set[str] = field(default_factory=set)
+    meta_inputs: set[str] = field(default_factory=set)
+
+
+def _escapes(v: Value, members: set[int]) -> bool:
+    """Whether an original value is read outside the group (or is a graph output)."""
+    producer = v.producer
+    graph = producer.graph if producer is not None else None
+    if graph is not None and graph.is_output(v):
+        return True
+    return any(id(u) not in members for u in v.user_nodes)
+
+
+def group_io(nodes: Sequence[Node], binding: ShapeBinding | None = None) -> GroupIO:
+    """Split a group's values into external inputs, escaping outputs and intermediates.
+
+    ``nodes`` are original model nodes (their users decide what escapes); with ``binding`` the
+    returned values and nodes are concrete shadows, else the originals.
+    """
+    members = {id(n) for n in nodes}
+    produced: dict[str, Value] = {}
+    for n in nodes:
+        for o in n.outputs:
+            produced[o.name] = o
+    inputs: dict[str, Value] = {}
+    for n in nodes:
+        for v in n.inputs:
+            if v is not None and v.name not in produced and v.name not in inputs:
+                inputs[v.name] = v
+    outputs = [v for v in produced.values() if _escapes(v, members)]
+    out_names = {v.name for v in outputs}
+    inter = [v for v in produced.values() if v.name not in out_names and v.user_nodes]
+    strided: set[str] = set()
+    for n in nodes:
+        if n.op_type != "Transpose" or not _nontrivial_perm(n):
+            continue
+        feeds_gemm = any(
+            id(u) in members and u.op_type in CONTRACTION_OPS for u in n.outputs[0].user_nodes
+        )
+        src = n.inputs[0]
+        # look through views (Reshape, Squeeze ...) inside the group to the external tensor
+        while src is not None and src.name in produced and src.producer is not None:
+            prod = src.producer
+            if prod.op_type not in VIEW_OPS or not prod.inputs:
+                break
+            src = prod.inputs[0]
+        if src is not None and src.name in inputs and not feeds_gemm:
+            strided.add(src.name)
+    for n in nodes:
+        if _is_strided_reduction(n) and n.inputs[0] is not None and n.inputs[0].name in inputs:
+            strided.add(n.inputs[0].name)
+    meta = {
+        name
+        for name, v in inputs.items()
+        if all(id(u) not in members or is_meta_operand(u, i) for u, i in v.users if i >= 0)
+    }
+    if binding is not None:
+        shadow_nodes = binding.nodes(nodes)
+        conv = binding.value
+        return GroupIO(
+            shadow_nodes,
+            [conv(v) for v in inputs.values()],
+            [conv(v) for v in outputs],
+            [conv(v) for v in inter],
+            strided,
+            meta,
+        )
+    return GroupIO(list(nodes), list(inputs.values()), outputs, inter, strided, meta)
+
+
+def _fused_kernel(io: GroupIO, profile: Any) -> tuple[KernelCost, int | None]:
+    """One kernel for the whole group; returns its cost and the group's FLOPs."""
+    flops = 0
+    contraction = 0
+    for n in io.nodes:
+        if n.op_type in FREE_OPS or (n.op_type in VIEW_OPS and n.domain in ("", "ai.onnx")):
+            continue
+        f = node_flops(n)
+        if f is None:
+            flops = None
+            break
+        flops += f
+        if n.op_type in CONTRACTION_OPS:
+            contraction += f
+    read = 0
+    factor_read = 0.0
+    reads: list[tuple[Value, int]] = []
+    for v in io.inputs:
+        if v.name in io.meta_inputs:
+            continue
+        n = v.nbytes()
+        in_group = [u for u in io.nodes if any(x is v for x in u.inputs)]
+        if in_group and all(
+            u.op_type in GATHER_OPS and u.inputs[0] is v and all(x is not v for x in u.inputs[1:])
+            for u in in_group
+        ):
+            outs = [u.outputs[0].nbytes() for u in in_group]
+            if any(o is None for o in outs):
+                n = None
+            else:
+                n = min(n, sum(outs)) if n is not None else sum(outs)
+        if n is None:
+            read = None
+            break
+        read += n
+        reads.append((v, n))
+        f = STRIDED_ACCESS_FACTOR if v.name in io.strided_inputs else 1.0
+        factor_read += n * f
+    written = 0
+    for v in io.outputs:
+        n = v.nbytes()
+        if n is None:
+            written = None
+            break
+        written += n
+    accesses = sum(1 for v in io.inputs if v.name not in io.meta_inputs) + len(io.outputs)
+    overhead = profile.launch_overhead_s()
+    if flops is None or read is None or written is None:
+        return KernelCost(
+            flops, read, written, accesses, None, None, overhead, None, "unknown"
+        ), flops
+    dt = _dtype_key(io.nodes[0]) if io.nodes else "f32"
+    peak = profile.peak_flops_per_s(dt)
+    compute = _compute_time(flops, contraction, peak)
+    strided = io.strided_inputs
+    memory = _memory_time(
+        reads,
+        list(io.outputs),
+        lambda v: STRIDED_ACCESS_FACTOR if v.name in strided else 1.0,
+        profile,
+    )
+    time = max(compute, memory) + overhead
+    bound = max((compute, "compute"), (memory, "memory"), (overhead, "overhead"))[1]
+    factor = factor_read / read if read else 1.0
+    return (
+        KernelCost(flops, read, written, accesses, compute, memory, overhead, time, bound, factor),
+        flops,
+    )
+
+
+def fusion_cost(
+    nodes: Iterable[Node],
+    profile: Any,
+    *,
+    binding: ShapeBinding | None = None,
+    benefit_threshold: float = DEFAULT_BENEFIT_THRESHOLD,
+) -> FusionCost:
+    """Cost of fusing ``nodes`` (a rule match's ``match.nodes`` or a cluster) into one kernel.
+
+    Args:
+        nodes: The group, original model nodes (any order).
+        profile: A :class:`~graph_autofusion.cost.hardware.HardwareProfile`.
+        binding: Concrete shapes (:func:`~graph_autofusion.cost.shapes.bind_shapes`); without
+            it the nodes' own shapes are used and must be static.
+        benefit_threshold: Minimum relative saving for ``fuse``.
+    """
+    nodes = list(dict.fromkeys(nodes))
+    if nodes and all(n.graph is not None and n.graph is nodes[0].graph for n in nodes):
+        graph = nodes[0].graph
+        nodes.sort(key=graph.position)
+    io = group_io(nodes, binding)
+    kernels = [kernel_cost(n, profile) for n in io.nodes]
+    after, flops = _fused_kernel(io, profile)
+    capacity = profile.local_memory_bytes()
+    before_known = all(k.time_s is not None for k in kernels)
+    t_before = sum(k.time_s for k in kernels) if before_known else None
+    b_before = sum(k.bytes for k in kernels) if all(k.bytes is not None for k in kernels) else None
+    acc_before = sum(k.hbm_accesses for k in kernels)
+    plan = plan_tiles(
+        io.nodes, capacity, inputs=io.inputs, outputs=io.outputs, intermediates=io.intermediates
+    )
+    t_after = after.time_s
+    gf_before = flops / t_before / 1e9 if (flops is not None and t_before) else None
+    gf_after = flops / t_after / 1e9 if (flops is not None and t_after) else None
+    saving = None
+    if t_before and t_after is not None:
+        saving = (t_before - t_after) / t_before
+    ops = [n.qualified_op for n in nodes]
+    if saving is None or plan is None:
+        verdict = Verdict.MAYBE
+        reason = "sizes unknown: bind concrete shapes (example inputs) to estimate this fusion"
+    elif not plan.fits:
+        verdict = Verdict.SKIP_LOCAL_MEMORY_OVERFLOW
+        reason = (
+            f"the smallest legal tile {list(plan.tile)} needs {_kib(plan.minimal_bytes)} of "
+            f"local memory, more than the {_kib(capacity)} of {profile.name}"
+        )
+    elif abs(saving - benefit_threshold) < MAYBE_BAND:
+        verdict = Verdict.MAYBE
+        reason = (
+            f"estimated saving {saving:.1%} is within {MAYBE_BAND:.0%} of the "
+            f"{benefit_threshold:.0%} threshold on {profile.name}"
+        )
+    elif saving >= benefit_threshold:
+        verdict = Verdict.FUSE
+        reason = (
+            f"saves {saving:.1%} ({_fmt_t(t_before)} -> {_fmt_t(t_after)}), HBM accesses "
+            f"{acc_before} -> {after.hbm_accesses}, tile {list(plan.tile)} uses "
+            f"{_kib(plan.working_set_bytes)} of {_kib(capacity)} on {profile.name}"
+        )
+    else:
+        verdict = Verdict.SKIP_LOW_BENEFIT
+        reason = (
+            f"saves only {saving:.1%} ({_fmt_t(t_before)} -> {_fmt_t(t_after)}), below the "
+            f"{benefit_threshold:.0%} threshold on {profile.name}"
+        )
+    return FusionCost(
+        ops=ops,
+        nodes=[n.name for n in nodes],
+        profile=profile.name,
+        hbm_accesses_before=acc_before,
+        hbm_accesses_after=after.hbm_accesses,
+        bytes_before=b_before,
+        bytes_after=after.bytes,
+        time_before_s=t_before,
+        time_after_s=t_after,
+        gflops_before=gf_before,
+        gflops_after=gf_after,
+        flops=flops,
+        local_memory_bytes=plan.working_set_bytes if plan else None,
+        local_memory_capacity=capacity,
+        tile=plan,
+        saving=saving,
+        benefit_threshold=benefit_threshold,
+        verdict=verdict,
+        reason=reason,
+        kernels=kernels + [after],
+    )
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:.1f} KiB"
+
+
+def _fmt_t(s: float | None) -> str:
+    if s is None:
+        return "?"
+    return f"{s * 1e6:.2f} us"
+
+
+def model_costs(
+    nodes: Iterable[Node], profile: Any, binding: ShapeBinding | None = None
+) -> dict[str, KernelCost]:
+    """Per-node kernel costs (node name -> cost) of a whole graph, unfused."""
+    out: dict[str, KernelCost] = {}
+    for n in nodes:
+        c = binding.node(n) if binding is not None else n
+        out[n.name] = kernel_cost(c, profile)
+    return out
+
+
+def predicted_total_s(costs: dict[str, KernelCost]) -> float | None:
+    """Sum of the kernel times (``None`` if any is unknown)."""
+    if any(c.time_s is None for c in costs.values()):
+        return None
+    return float(sum(c.time_s for c in costs.values()))
+
+
+__all__ = [
+    "CACHE_BANDWIDTH_FACTOR",
+    "CONTRACTION_HALF_TIME_S",
+    "CONTRACTION_MAX_EFFICIENCY",
+    "DEFAULT_BENEFIT_THRESHOLD",
+    "FusionCost",
+    "GroupIO",
+    "KernelCost",
+    "STRIDED_ACCESS_FACTOR",
+    "VECTOR_EFFICIENCY",
+    "Verdict",
+    "contraction_efficiency",
+    "fusion_cost",
+    "group_io",
+    "kernel_cost",
+    "last_level_cache_bytes",
+    "model_costs",
+    "node_reads",
+    "predicted_total_s",
+]

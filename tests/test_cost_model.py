@@ -1,0 +1,398 @@
+"""Cost model (F8): roofline arithmetic, fusion verdicts per profile, tiling, shapes, ORT profile."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from graph_autofusion.cost import model as cm
+from graph_autofusion.cost.hardware import HardwareProfile
+from graph_autofusion.cost.model import Verdict, fusion_cost, kernel_cost
+from graph_autofusion.cost.shapes import bind_shapes, bind_symbols
+from graph_autofusion.cost.tiling import plan_tiles
+from graph_autofusion.ir.text import parse_model, print_model
+
+
+def profile(
+    name: str = "test",
+    *,
+    kind: str = "npu",
+    bw_gbs: float = 100.0,
+    gflops: float = 1000.0,
+    overhead_us: float = 5.0,
+    local_kb: float = 256.0,
+    l2_kb: float | None = None,
+) -> HardwareProfile:
+    """A hand-made profile; no cache (``l2_kb`` None, no ``l3_kb``) unless asked."""
+    return HardwareProfile(
+        name=name,
+        description="test profile",
+        kind=kind,
+        memory_bandwidth_gbs=bw_gbs,
+        peak_gflops={"f32": gflops},
+        launch_overhead_us=overhead_us,
+        local_memory_kb=local_kb,
+        cores=1,
+        vector_width_bytes=64,
+        l2_kb=l2_kb,
+    )
+
+
+def nodes_of(model, *names):
+    by = {n.name: n for n in model.graph.nodes}
+    return [by[n] for n in names]
+
+
+# ----------------------------------------------------------------------------- roofline
+ADD = """
+graph g(%x: f32[1024,1024], %b: f32[1024]) -> (%y) {
+  %y: f32[1024,1024] = Add(%x, %b) @add
+}
+"""
+
+
+def test_roofline_memory_bound_elementwise():
+    m = parse_model(ADD)
+    p = profile(bw_gbs=100.0, gflops=1000.0, overhead_us=5.0)
+    c = kernel_cost(m.graph.nodes[0], p)
+    n = 1024 * 1024
+    assert c.flops == n
+    assert c.bytes_read == 4 * n + 4 * 1024
+    assert c.bytes_written == 4 * n
+    assert c.hbm_accesses == 3
+    memory = (8 * n + 4 * 1024) / 100e9
+    compute = n / (1000e9 * cm.VECTOR_EFFICIENCY)
+    assert c.memory_s == pytest.approx(memory)
+    assert c.compute_s == pytest.approx(compute)
+    assert c.time_s == pytest.approx(memory + 5e-6)
+    assert c.bound == "memory"
+    assert c.gflops == pytest.approx(n / (memory + 5e-6) / 1e9)
+
+
+MATMUL = """
+graph g(%x: f32[512,1024]) -> (%y) {
+  init %w: f32[1024,1024] = zeros
+  %y: f32[512,1024] = MatMul(%x, %w) @mm
+}
+"""
+
+
+def test_roofline_compute_bound_matmul_with_efficiency_curve():
+    m = parse_model(MATMUL)
+    p = profile(bw_gbs=1000.0, gflops=100.0, overhead_us=1.0)
+    c = kernel_cost(m.graph.nodes[0], p)
+    flops = 2 * 512 * 1024 * 1024
+    assert c.flops == flops
+    eff = cm.contraction_efficiency(flops, 100e9)
+    assert 0 < eff <= cm.CONTRACTION_MAX_EFFICIENCY
+    assert c.compute_s == pytest.approx(flops / (100e9 * eff))
+    assert c.bound == "compute"
+    assert c.time_s == pytest.approx(c.compute_s + 1e-6)
+    # the curve: small contractions run further below peak than large ones
+    assert cm.contraction_efficiency(1e4, 100e9) < cm.contraction_efficiency(1e9, 100e9)
+
+
+def test_views_cost_overhead_only_and_gather_reads_rows():
+    m = parse_model(
+        """
+        graph g(%ids: i64[4], %x: f32[8,256]) -> (%y, %r) {
+          init %table: f32[10000,256] = zeros
+          init %shape: i64[2] = [4, 512]
+          %y: f32[4,256] = Gather(%table, %ids) @gather
+          %r: f32[4,512] = Reshape(%x, %shape) @reshape
+        }
+        """
+    )
+    p = profile(overhead_us=2.0)
+    gather, reshape = m.graph.nodes
+    r = kernel_cost(reshape, p)
+    assert r.time_s == pytest.approx(2e-6) and r.hbm_accesses == 0 and r.bytes == 0
+    g = kernel_cost(gather, p)
+    assert g.bytes_read == 4 * 256 * 4 + 4 * 8  # the 4 gathered rows + the indices
+    assert g.bytes_read < 10000 * 256 * 4
+
+
+def test_transpose_pays_strided_access_factor():
+    m = parse_model(
+        """
+        graph g(%x: f32[64,128,256]) -> (%y, %z) {
+          %y: f32[64,256,128] = Transpose<perm=[0, 2, 1]>(%x) @t
+          %z: f32[64,128,256] = Relu(%x) @relu
+        }
+        """
+    )
+    p = profile()
+    t, relu = (kernel_cost(n, p) for n in m.graph.nodes)
+    assert t.strided_factor == cm.STRIDED_ACCESS_FACTOR
+    assert relu.strided_factor == 1.0
+    assert t.memory_s == pytest.approx(relu.memory_s * (cm.STRIDED_ACCESS_FACTOR + 1) / 2)
+
+
+def test_cache_resident_activations_move_faster_than_weights():
+    text = """
+    graph g(%x: f32[64,64]) -> (%z) {
+      %y: f32[64,64] = Relu(%x) @a
+      %z: f32[64,64] = Relu(%y) @b
+    }
+    """
+    m = parse_model(text)
+    cold = profile(kind="cpu", l2_kb=None)
+    hot = profile(kind="cpu", l2_kb=1024)
+    first, second = m.graph.nodes
+    # %y is produced by a kernel and fits the cache: read at the cache bandwidth
+    assert kernel_cost(second, hot).memory_s < kernel_cost(second, cold).memory_s
+    # a graph input is not cache resident, only the output written is
+    assert kernel_cost(first, hot).memory_s > kernel_cost(second, hot).memory_s
+
+
+# ----------------------------------------------------------------------------- fusions
+def test_elementwise_chain_fusion_before_after():
+    m = parse_model(
+        """
+        graph g(%x: f32[1024,1024], %b: f32[1024]) -> (%z) {
+          %y: f32[1024,1024] = Add(%x, %b) @add
+          %z: f32[1024,1024] = Relu(%y) @relu
+        }
+        """
+    )
+    p = profile(bw_gbs=100.0, gflops=1000.0, overhead_us=5.0)
+    fc = fusion_cost(m.graph.nodes, p)
+    n = 1024 * 1024 * 4
+    assert fc.hbm_accesses_before == 5 and fc.hbm_accesses_after == 3
+    assert fc.bytes_before == (2 * n + 4096) + 2 * n
+    assert fc.bytes_after == 2 * n + 4096
+    assert fc.time_after_s == pytest.approx((2 * n + 4096) / 100e9 + 5e-6)
+    assert fc.saving == pytest.approx(1 - fc.time_after_s / fc.time_before_s)
+    assert fc.verdict == Verdict.FUSE
+    assert fc.gflops_after > fc.gflops_before
+    assert fc.local_memory_bytes <= p.local_memory_bytes()
+    assert fc.to_dict()["verdict"] == "fuse"
+
+
+def test_value_read_outside_the_group_is_still_written():
+    m = parse_model(
+        """
+        graph g(%x: f32[256,256]) -> (%z, %y) {
+          %y: f32[256,256] = Exp(%x) @exp
+          %z: f32[256,256] = Relu(%y) @relu
+        }
+        """
+    )
+    fc = fusion_cost(m.graph.nodes, profile())
+    assert fc.hbm_accesses_after == 3  # x read, y and z written
+    assert fc.bytes_after == 3 * 256 * 256 * 4
+
+
+SOFTMAX_ROW = """
+graph g(%x: f32[64,8192]) -> (%y) {
+  init %scale: f32[] = [0.125]
+  %s: f32[64,8192] = Mul(%x, %scale) @scale
+  %y: f32[64,8192] = Softmax<axis=-1>(%s) @softmax
+}
+"""
+
+
+def test_local_memory_decides_fuse_vs_overflow():
+    m = parse_model(SOFTMAX_ROW)
+    ample = profile("ample", local_kb=1024)
+    small = profile("small", local_kb=16)
+    fits = fusion_cost(m.graph.nodes, ample)
+    assert fits.verdict == Verdict.FUSE, fits.reason
+    assert fits.tile.tile[-1] == 8192  # a softmax row is never split
+    assert fits.local_memory_bytes <= ample.local_memory_bytes()
+    over = fusion_cost(m.graph.nodes, small)
+    assert over.verdict == Verdict.SKIP_LOCAL_MEMORY_OVERFLOW
+    assert "local memory" in over.reason and "16.0 KiB" in over.reason
+    # one row: input double-buffered + the scaled intermediate + output, 32 KiB each
+    assert over.tile.minimal_bytes >= 4 * 8192 * 4
+    assert over.saving == fits.saving  # same roofline; only the fit differs
+
+
+MATMUL_BIAS = """
+graph g(%x: f32[256,1024]) -> (%y) {
+  init %w: f32[1024,1024] = zeros
+  init %b: f32[1024] = zeros
+  %t: f32[256,1024] = MatMul(%x, %w) @mm
+  %y: f32[256,1024] = Add(%t, %b) @bias
+}
+"""
+
+
+def test_launch_overhead_makes_small_fusion_worth_it():
+    m = parse_model(MATMUL_BIAS)
+    cpu = profile("cpu", kind="cpu", bw_gbs=20.0, gflops=200.0, overhead_us=0.5, local_kb=1024)
+    npu = profile("npu", kind="npu", bw_gbs=1600.0, gflops=300_000.0, overhead_us=20.0)
+    on_cpu = fusion_cost(m.graph.nodes, cpu)
+    on_npu = fusion_cost(m.graph.nodes, npu)
+    assert on_cpu.verdict == Verdict.SKIP_LOW_BENEFIT, on_cpu.reason
+    assert on_npu.verdict == Verdict.FUSE, on_npu.reason
+    assert on_npu.saving > 0.4 > on_cpu.saving
+    # same HBM traffic change on both: the win on the NPU is the saved launch
+    assert on_cpu.hbm_accesses_before == on_npu.hbm_accesses_before == 6
+    assert on_cpu.hbm_accesses_after == on_npu.hbm_accesses_after == 4
+
+
+def test_unknown_sizes_give_maybe_and_binding_resolves_them():
+    text = """
+    graph g(%x: f32[B,S,64], %b: f32[64]) -> (%z) {
+      %y: f32[B,S,64] = Add(%x, %b) @add
+      %z: f32[B,S,64] = Relu(%y) @relu
+    }
+    """
+    m = parse_model(text)
+    p = profile()
+    fc = fusion_cost(m.graph.nodes, p)
+    assert fc.verdict == Verdict.MAYBE and "unknown" in fc.reason
+    binding = bind_shapes(m, input_shapes={"x": (2, 512, 64), "b": (64,)}, execute=False)
+    fc2 = fusion_cost(m.graph.nodes, p, binding=binding)
+    assert fc2.verdict != Verdict.MAYBE
+    assert fc2.bytes_after == (2 * 512 * 64 * 2 + 64) * 4
+    assert m.graph.nodes[0].outputs[0].shape == ("B", "S", 64)  # model untouched
+
+
+def test_threshold_band_gives_maybe():
+    m = parse_model(ADD)
+    p = profile()
+    fc = fusion_cost(m.graph.nodes, p)  # one node: nothing to save
+    assert fc.saving == pytest.approx(0.0)
+    assert fc.verdict == Verdict.SKIP_LOW_BENEFIT
+    near = fusion_cost(m.graph.nodes, p, benefit_threshold=0.01)
+    assert near.verdict == Verdict.MAYBE
+
+
+# ----------------------------------------------------------------------------- tiling
+def test_tiling_contraction_prefers_balanced_tiles_and_k_chunks():
+    m = parse_model(MATMUL_BIAS)
+    from graph_autofusion.cost.model import group_io
+
+    io = group_io(m.graph.nodes)
+    plan = plan_tiles(
+        io.nodes,
+        64 * 1024,
+        inputs=io.inputs,
+        outputs=io.outputs,
+        intermediates=io.intermediates,
+    )
+    assert plan is not None and plan.fits
+    assert plan.working_set_bytes <= 64 * 1024
+    tm, tn = plan.tile
+    assert plan.k_tile is not None and plan.k_tile < 1024
+    assert 0.25 <= tm / tn <= 4  # square-ish output tiles minimise operand re-reads
+    assert plan.n_tiles == math.ceil(256 / tm) * math.ceil(1024 / tn)
+    big = plan_tiles(
+        io.nodes, 64 << 20, inputs=io.inputs, outputs=io.outputs, intermediates=io.intermediates
+    )
+    assert big.traffic_bytes <= plan.traffic_bytes
+
+
+# ----------------------------------------------------------------------------- shapes
+def test_bind_shapes_executes_data_dependent_reshape_without_mutation():
+    text = """
+    graph g(%x: f32[B,S,8]) -> (%y) {
+      init %idx: i64[1] = [0]
+      init %tail: i64[1] = [-1]
+      %shp = Shape(%x) @shape
+      %b = Gather<axis=0>(%shp, %idx) @gather
+      %new = Concat<axis=0>(%b, %tail) @concat
+      %y = Reshape(%x, %new) @reshape
+    }
+    """
+    m = parse_model(text)
+    before = print_model(m)
+    feeds = {"x": np.zeros((3, 5, 8), np.float32)}
+    assert bind_symbols(m, {"x": (3, 5, 8)}) == {"B": 3, "S": 5}
+    b = bind_shapes(m, feeds)
+    assert b.method == "execute"
+    y = m.graph.nodes[-1].outputs[0]
+    assert b.shape(y) == (3, 40)
+    shadow = b.node(m.graph.nodes[-1])
+    assert shadow.outputs[0].shape == (3, 40) and shadow is not m.graph.nodes[-1]
+    assert print_model(m) == before
+
+
+def test_bind_symbols_rejects_inconsistent_inputs():
+    m = parse_model(
+        """
+        graph g(%a: f32[B,4], %b: f32[B,4]) -> (%y) {
+          %y = Add(%a, %b) @add
+        }
+        """
+    )
+    with pytest.raises(ValueError, match="symbol 'B'"):
+        bind_symbols(m, {"a": (2, 4), "b": (3, 4)})
+
+
+@pytest.mark.slow
+def test_bind_shapes_on_zoo_bert_makes_every_node_sizable():
+    from graph_autofusion.catalog.cost import node_bytes, node_flops
+    from graph_autofusion.testing import example_feeds
+    from graph_autofusion.testing.rules import zoo_model
+
+    m = zoo_model("bert", "dynamo")
+    symbolic_before = sum(
+        1 for n in m.graph.nodes for v in n.outputs if v.shape is None or not v.is_static
+    )
+    b = bind_shapes(m, example_feeds("bert"))
+    assert b.symbols == {"batch": 1, "seq": 16}
+    shadows = b.nodes(m.graph.nodes)
+    assert all(node_bytes(s) is not None and node_flops(s) is not None for s in shadows)
+    symbolic_after = sum(
+        1 for n in m.graph.nodes for v in n.outputs if v.shape is None or not v.is_static
+    )
+    assert symbolic_before > 0 and symbolic_after == symbolic_before  # model untouched
+    p = profile(kind="cpu", bw_gbs=20.0, gflops=200.0, overhead_us=0.2, local_kb=1024)
+    costs = cm.model_costs(m.graph.nodes, p, b)
+    total = cm.predicted_total_s(costs)
+    assert total is not None and 1e-3 < total < 1.0
+
+
+# ----------------------------------------------------------------------------- ORT profile
+def test_ort_profile_parses_per_node_times():
+    from graph_autofusion.frontend.onnx_export import to_onnx
+    from graph_autofusion.runtime.ort_profile import parse_profile, profile_nodes
+
+    m = parse_model(
+        """
+        graph g(%x: f32[64,256]) -> (%z) {
+          init %w: f32[256,256] = randn(0)
+          %y: f32[64,256] = MatMul(%x, %w) @mm
+          %z: f32[64,256] = Relu(%y) @relu
+        }
+        """
+    )
+    proto = to_onnx(m).SerializeToString()
+    feeds = {"x": np.ones((64, 256), np.float32)}
+    prof = profile_nodes(proto, feeds, runs=3, warmup=1)
+    assert set(prof.node_us) == {"mm", "relu"}
+    assert prof.op_type == {"mm": "MatMul", "relu": "Relu"}
+    assert all(len(v) == 3 for v in prof.samples.values())
+    assert all(t >= 0 for t in prof.node_us.values())
+    assert prof.total_us == pytest.approx(sum(prof.node_us.values()))
+    assert prof.wall_us > 0
+    events = [
+        {"cat": "Node", "name": "a_kernel_time", "dur": d, "args": {"op_name": "Add"}}
+        for d in (100, 5, 7, 6)
+    ] + [{"cat": "Session", "name": "model_run", "dur": 1000}]
+    samples, ops = parse_profile(events, warmup=1)
+    assert samples == {"a": [5.0, 7.0, 6.0]} and ops == {"a": "Add"}
+
+
+def test_transpose_behind_a_view_is_strided_and_shape_inputs_are_not_accesses():
+    text = """
+    graph g(%x: f32[16,768]) -> (%y) {
+      init %shape: i64[3] = [16, 12, 64]
+      %r: f32[16,12,64] = Reshape(%x, %shape) @reshape
+      %y: f32[12,16,64] = Transpose<perm=[1, 0, 2]>(%r) @transpose
+    }
+    """
+    m = parse_model(text)
+    p = profile()
+    fc = fusion_cost(m.graph.nodes, p)
+    # the Reshape is a view: before = the Transpose's read and write; after the same two
+    assert fc.hbm_accesses_before == 2 and fc.hbm_accesses_after == 2
+    after = fc.kernels[-1]
+    assert after.strided_factor == pytest.approx(cm.STRIDED_ACCESS_FACTOR, rel=1e-3)
+    # fusing a view into a Transpose saves one launch only
+    assert fc.time_before_s - fc.time_after_s == pytest.approx(p.launch_overhead_s(), rel=1e-6)
