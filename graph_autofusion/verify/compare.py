@@ -1,0 +1,75 @@
+"""Tensor comparison used by safe mode and the tests: cosine similarity, max absolute and
+relative error, computed in float64 and robust to zeros and non-finite values.
+
+    stats = compare_tensors(fused_out, original_out)
+    stats["cosine"], stats["max_abs"], stats["max_rel"]
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+#: Elements whose reference magnitude is below this fraction of the tensor's largest magnitude
+#: are measured against that floor, so near-zero references do not blow up ``max_rel``.
+REL_FLOOR = 1e-3
+
+
+def compare_tensors(actual: Any, expected: Any) -> dict[str, float]:
+    """Compare ``actual`` with the reference ``expected``.
+
+    Returns:
+        ``cosine``: cosine similarity of the flattened tensors (1.0 when both are all zeros,
+        0.0 when exactly one is, or when their shapes differ, or when the positions or values
+        of non-finite elements differ); ``max_abs``: largest ``|actual - expected|`` over the
+        finite elements (``inf`` for a non-finite mismatch); ``max_rel``: largest
+        ``|actual - expected| / max(|expected|, REL_FLOOR * max|expected|)``;
+        ``nonfinite``: 1.0 when ``actual`` has inf/nan where ``expected`` does not, else 0.0.
+    """
+    a = np.asarray(actual)
+    b = np.asarray(expected)
+    if a.dtype == object or b.dtype == object:
+        same = a.shape == b.shape and all(x == y for x, y in zip(a.ravel(), b.ravel()))
+        return _stats(1.0 if same else 0.0, 0.0 if same else math.inf, 0.0 if same else math.inf)
+    if a.shape != b.shape:
+        return _stats(0.0, math.inf, math.inf, nonfinite=0.0)
+    a = a.astype(np.float64, copy=False).ravel()
+    b = b.astype(np.float64, copy=False).ravel()
+    fa, fb = np.isfinite(a), np.isfinite(b)
+    bad_new = bool(np.any(~fa & fb))
+    if not np.array_equal(fa, fb):
+        return _stats(0.0, math.inf, math.inf, nonfinite=1.0 if bad_new else 0.0)
+    if not fa.all():  # same non-finite positions: they must hold the same inf/nan
+        na, nb = a[~fa], b[~fb]
+        if not np.array_equal(np.isnan(na), np.isnan(nb)) or not np.array_equal(
+            np.nan_to_num(na), np.nan_to_num(nb)
+        ):
+            return _stats(0.0, math.inf, math.inf)
+        a, b = a[fa], b[fb]
+    if a.size == 0:
+        return _stats(1.0, 0.0, 0.0)
+    diff = np.abs(a - b)
+    max_abs = float(diff.max())
+    scale = float(np.abs(b).max())
+    denom = np.maximum(np.abs(b), max(REL_FLOOR * scale, np.finfo(np.float64).tiny))
+    max_rel = float((diff / denom).max()) if max_abs > 0 else 0.0
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    if na == 0.0 and nb == 0.0:
+        cosine = 1.0
+    elif np.array_equal(a, b):
+        cosine = 1.0
+    elif na == 0.0 or nb == 0.0:
+        cosine = 0.0
+    else:
+        cosine = float(np.dot(a / na, b / nb))
+        cosine = max(-1.0, min(1.0, cosine))
+    return _stats(cosine, max_abs, max_rel)
+
+
+def _stats(cosine: float, max_abs: float, max_rel: float, nonfinite: float = 0.0) -> dict:
+    return {"cosine": cosine, "max_abs": max_abs, "max_rel": max_rel, "nonfinite": nonfinite}
+
+
+__all__ = ["REL_FLOOR", "compare_tensors"]

@@ -1,0 +1,109 @@
+"""Float16 value-range analysis for safe mode: rerun a subgraph in float32 and find the values
+float16 would have to hold beyond its range (65504)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from graph_autofusion.ir.core import Model
+from graph_autofusion.ir.dtypes import DType
+from graph_autofusion.verify.subgraph import _flat_ops, _run, _session
+
+FP16_MAX = 65504.0
+#: Ops whose onnxruntime kernels accumulate in float32 even on float16 tensors.
+FP32_ACCUMULATING = {
+    "LayerNormalization",
+    "SimplifiedLayerNormalization",
+    "SkipLayerNormalization",
+    "SkipSimplifiedLayerNormalization",
+}
+
+
+def to_fp32(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``proto`` computing in float32 wherever it used float16."""
+    m = copy.deepcopy(proto)
+
+    def fix_nodes(nodes: Any) -> None:
+        for n in nodes:
+            for a in n.attribute:
+                if n.op_type in ("Cast", "CastLike") and a.name == "to" and a.i == 10:
+                    a.i = TensorProto.FLOAT
+                if a.type == onnx.AttributeProto.TENSOR and a.t.data_type == TensorProto.FLOAT16:
+                    arr = numpy_helper.to_array(a.t).astype(np.float32)
+                    a.t.CopyFrom(numpy_helper.from_array(arr, a.t.name))
+                if a.type == onnx.AttributeProto.GRAPH:
+                    fix_graph(a.g)
+
+    def fix_graph(g: Any) -> None:
+        for vi in (*g.input, *g.output, *g.value_info):
+            tt = vi.type.tensor_type
+            if tt.elem_type == TensorProto.FLOAT16:
+                tt.elem_type = TensorProto.FLOAT
+        for i, t in enumerate(g.initializer):
+            if t.data_type == TensorProto.FLOAT16:
+                arr = numpy_helper.to_array(t).astype(np.float32)
+                g.initializer[i].CopyFrom(numpy_helper.from_array(arr, t.name))
+        fix_nodes(g.node)
+
+    fix_graph(m.graph)
+    for fn in m.functions:
+        fix_nodes(fn.node)
+    return m
+
+
+def fp16_analysis(
+    original: Model,
+    fused: Model,
+    record: Any,
+    orig_proto: onnx.ModelProto,
+    feeds: Mapping[str, np.ndarray],
+    internal: list[str],
+) -> tuple[float | None, str]:
+    """Largest fp32-reference magnitude among the values float16 would have to hold, and a
+    failure sentence (empty when in range). ``(None, "")`` when no float16 is involved."""
+    half = DType.FLOAT16
+    orig_values = {v.name: v for n in record.original_nodes for v in (*n.all_inputs(), *n.outputs)}
+    fp16_orig = {name for name, v in orig_values.items() if v.dtype == half}
+    fp16_orig |= {k for k in feeds if feeds[k].dtype == np.float16}
+    boundary = [v for n in record.new_nodes for v in (*n.all_inputs(), *n.outputs)]
+    fp16_fused = any(v.dtype == half for v in boundary) or any(
+        feeds[k].dtype == np.float16 for k in feeds
+    )
+    if not fp16_orig and not fp16_fused:
+        return None, ""
+    upcasts = any(
+        (op == "Cast" and attrs.get("to") in (TensorProto.FLOAT, TensorProto.DOUBLE))
+        or op in FP32_ACCUMULATING
+        for _, op, attrs in _flat_ops(fused, record.new_nodes)
+    )
+    feeds32 = {k: (v.astype(np.float32) if v.dtype == np.float16 else v) for k, v in feeds.items()}
+    ref = _run(_session(to_fp32(orig_proto)), feeds32)
+    if fp16_fused and not upcasts:  # the fused op holds every intermediate in float16
+        checked = [*record.outputs, *internal]
+        where = "the fused operator computes in float16"
+    else:
+        checked = [k for k in (*record.outputs, *internal) if k in fp16_orig]
+        where = "float16 value"
+    biggest, worst = 0.0, ""
+    for name in checked:
+        arr = ref.get(name)
+        if arr is None or not np.issubdtype(arr.dtype, np.floating) or arr.size == 0:
+            continue
+        finite = np.abs(arr[np.isfinite(arr)]).astype(np.float64)
+        m = float(finite.max()) if finite.size else 0.0
+        if not np.isfinite(arr).all():
+            m = float("inf")
+        if m > biggest:
+            biggest, worst = m, name
+    if biggest > FP16_MAX:
+        return biggest, (
+            f"{where}: %{worst} reaches {biggest:.4g} in float32, above the float16 limit "
+            f"{FP16_MAX:g}"
+        )
+    return biggest, ""

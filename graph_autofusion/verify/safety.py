@@ -1,0 +1,411 @@
+"""Safe mode (F13): check every applied fusion on real activations, roll back the ones that fail.
+
+The engine, in the order the fuse pipeline uses it::
+
+    feeds = generate_inputs(original)                    # or the user's sample inputs
+    acts = capture_activations(original, feeds)          # every intermediate, one ORT run
+    for record in records:                               # one FusionRecord per applied fusion
+        result = check_fusion(original, fused, record, acts)
+        if not result.passed: ...                        # roll back, report result.code/message
+    end_to_end(original_proto, fused_proto, feeds)       # closes it
+
+Per fusion, :func:`check_fusion` builds two standalone models with :func:`subgraph_model` (the
+original nodes the fusion replaced, and the new nodes that replace them, both reading the same
+captured activations) and runs them in onnxruntime:
+
+* ``alias``: a fused node writes a value it reads, an in-place (``aten::*_``) op moved into or
+  out of the fusion with readers of the written value outside it, or a name written twice;
+* ``fp16-overflow``: fp32 reference magnitudes (the original subgraph rerun in float32) above
+  65504 in a value that is, or that the fused operator computes, in float16; or inf/nan in a
+  fused output where the original had none, with float16 in play;
+* ``numerics``: cosine similarity of each fused output with the original value below the floor
+  (``record.tolerance``, or ``cosine_floor``); max abs/rel errors are reported;
+* ``monte-carlo``: the float inputs perturbed by ``mc_scale`` times their std, ``mc_samples``
+  times; any sample below the floor fails; the spread (max - min cosine) is reported;
+* ``slower``: the fused subgraph's median time above ``speed_margin`` times the unfused one's
+  (confirmed by a second, longer measurement before failing);
+* ``error``: a subgraph cannot be built or run (e.g. an activation was not captured).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from graph_autofusion.ir.core import Model, Node, Value
+from graph_autofusion.patterns.matcher import const_value
+from graph_autofusion.verify.compare import compare_tensors
+from graph_autofusion.verify.fp16 import FP16_MAX, fp16_analysis
+from graph_autofusion.verify.inputs import generate_inputs
+from graph_autofusion.verify.subgraph import (
+    SafetyCheckError,
+    _run,
+    _session,
+    capture_activations,
+    subgraph_model,
+)
+
+
+@dataclass
+class FusionRecord:
+    """One applied fusion, as safe mode sees it.
+
+    Attributes:
+        key: Display name, e.g. ``"bias_gelu@node_gelu_3"``.
+        rule: Rule name or ``"cluster:<kind>"``.
+        original_nodes: Nodes of the ORIGINAL model the fusion replaced.
+        new_nodes: Nodes of the FUSED model that replace them.
+        inputs: Value names the fusion reads (they exist in both models).
+        outputs: Value names it produces (the same names in both models).
+        tolerance: Cosine-similarity floor (the rule's ``tolerance``).
+    """
+
+    key: str
+    rule: str
+    original_nodes: list[Node]
+    new_nodes: list[Node]
+    inputs: list[str]
+    outputs: list[str]
+    tolerance: float = 0.999
+
+
+@dataclass
+class SafetyResult:
+    """The verdict on one fusion. ``code`` is ``"ok"`` or the first failing check's reason."""
+
+    key: str
+    passed: bool
+    code: str
+    message: str
+    cosine: float | None = None
+    max_abs: float | None = None
+    max_rel: float | None = None
+    mc_spread: float | None = None
+    fp16_max: float | None = None
+    time_unfused_us: float | None = None
+    time_fused_us: float | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def record_from_applied(original: Model, applied: Any, *, key: str | None = None) -> FusionRecord:
+    """The :class:`FusionRecord` of an ``Applied`` (``patterns.candidates``) rewritten on a copy
+    of ``original`` made with the same node names (e.g. ``load_onnx(to_onnx(original))``).
+
+    The match's nodes are mapped to ``original``'s nodes by name; inputs and outputs are the
+    match's value names (fused outputs take over those names).
+    """
+    by_name = {n.name: n for n in original.graph.nodes}
+    match = applied.match
+    missing = [n.name for n in match.nodes if n.name not in by_name]
+    if missing:
+        raise SafetyCheckError(f"nodes {missing} are not in the original model")
+    return FusionRecord(
+        key=key or f"{applied.rule.name}@{match.root.name}",
+        rule=applied.rule.name,
+        original_nodes=[by_name[n.name] for n in match.nodes],
+        new_nodes=list(applied.nodes),
+        inputs=_read_from_outside([by_name[n.name] for n in match.nodes], applied.nodes),
+        outputs=[v.name for v in match.outputs],
+        tolerance=float(getattr(applied.rule, "tolerance", 0.999)),
+    )
+
+
+def _read_from_outside(*node_lists: Sequence[Node]) -> list[str]:
+    """Names of the non-constant values each node list reads from outside itself."""
+    names: dict[str, None] = {}
+    for nodes in node_lists:
+        produced = {o.name for n in nodes for o in n.outputs}
+        for n in nodes:
+            for v in n.all_inputs():
+                if v.name not in produced and v.const is None:
+                    names.setdefault(v.name, None)
+    return list(names)
+
+
+# ----------------------------------------------------------------------------- alias
+def _alias_hazard(original: Model, fused: Model, record: FusionRecord) -> str:
+    for n in record.new_nodes:
+        ins = {v.name for v in n.all_inputs()}
+        for o in n.outputs:
+            if o.name in ins:
+                return f"fused node {n.name!r} writes %{o.name}, which it also reads (in place)"
+        if n.op_type.endswith("_") and ("aten" in n.domain or "torch" in n.domain):
+            return f"fused node {n.name!r} is an in-place operator ({n.qualified_op})"
+    inside = {id(n) for n in record.original_nodes}
+    for n in record.original_nodes:
+        if n.op_type.endswith("_") and ("aten" in n.domain or "torch" in n.domain) and n.inputs:
+            target = n.inputs[0]
+            if target is not None and any(id(u) not in inside for u in target.user_nodes):
+                return (
+                    f"in-place {n.qualified_op} writes %{target.name}, which nodes outside the "
+                    "fusion read: fusing would move the write across those reads"
+                )
+    wanted = set(record.outputs)
+    writers: dict[str, int] = {}
+    for n in fused.graph.nodes:
+        for o in n.outputs:
+            if o.name in wanted:
+                writers[o.name] = writers.get(o.name, 0) + 1
+    for name in wanted:
+        if name in fused.graph.initializers or any(v.name == name for v in fused.graph.inputs):
+            writers[name] = writers.get(name, 0) + 1
+    twice = sorted(k for k, c in writers.items() if c > 1)
+    if twice:
+        return f"%{twice[0]} is written more than once in the fused graph"
+    return ""
+
+
+# ----------------------------------------------------------------------------- timing
+def _times(a: Any, b: Any, feeds_a: dict, feeds_b: dict, runs: int) -> tuple[list, list]:
+    """Per-run wall times (µs) of sessions ``a`` and ``b``, interleaved, after 3 warm-ups."""
+    na = [o.name for o in a.get_outputs()]
+    nb = [o.name for o in b.get_outputs()]
+    for _ in range(3):
+        a.run(na, feeds_a)
+        b.run(nb, feeds_b)
+    ta, tb = [], []
+    for _ in range(max(1, runs)):  # interleaved, so load changes hit both alike
+        t0 = time.perf_counter_ns()
+        a.run(na, feeds_a)
+        t1 = time.perf_counter_ns()
+        b.run(nb, feeds_b)
+        t2 = time.perf_counter_ns()
+        ta.append((t1 - t0) / 1e3)
+        tb.append((t2 - t1) / 1e3)
+    return ta, tb
+
+
+def _perturb(a: np.ndarray, rng: np.random.Generator, scale: float) -> np.ndarray:
+    """``a`` plus Gaussian noise of ``scale`` x its std; integers, non-finite values and
+    sentinels (|x| >= max/4 of the dtype, like an attention mask's minimum) stay as they are."""
+    if not np.issubdtype(a.dtype, np.floating) or a.size == 0:
+        return a
+    wide = a.astype(np.float64)
+    movable = np.isfinite(wide) & (np.abs(wide) < float(np.finfo(a.dtype).max) / 4)
+    if not movable.any():
+        return a
+    std = float(np.std(wide[movable])) or 1.0
+    noise = rng.standard_normal(a.shape) * (scale * std)
+    return np.asarray(np.where(movable, wide + noise, wide).astype(a.dtype))
+
+
+def _constant_folded(v: Value, depth: int = 8) -> bool:
+    """True for data, not activations: an initializer, a Constant node's output, or a value
+    computed from those alone (these are not perturbed: a jittered exponent is another op)."""
+    if const_value(v) is not None:
+        return True
+    p = v.producer
+    if p is None or depth == 0 or p.captures:
+        return False
+    ins = [x for x in p.inputs if x is not None]
+    return bool(ins) and all(_constant_folded(x, depth - 1) for x in ins)
+
+
+def _feeds_for(sess: Any, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {i.name: arrays[i.name] for i in sess.get_inputs()}
+
+
+# ----------------------------------------------------------------------------- the check
+def check_fusion(
+    original: Model,
+    fused: Model,
+    record: FusionRecord,
+    activations: Mapping[str, np.ndarray],
+    *,
+    cosine_floor: float | None = None,
+    mc_samples: int = 8,
+    mc_scale: float = 1e-2,
+    time_runs: int = 20,
+    check_speed: bool = True,
+    speed_margin: float = 1.05,
+    ort_level: str = "all",
+    threads: int = 2,
+    seed: int = 0,
+) -> SafetyResult:
+    """Check one fusion on the captured ``activations`` of the original model.
+
+    Args:
+        cosine_floor: Overrides ``record.tolerance`` when given.
+        mc_samples: Monte-Carlo perturbations (0 skips the check).
+        mc_scale: Perturbation std relative to each float input's std.
+        time_runs: Timed runs per side (median); ``check_speed=False`` skips timing.
+        speed_margin: Fused may take up to this factor of the unfused time.
+        ort_level: Graph optimization level for timing (``disable``/``basic``/``all``); the
+            numeric checks always run with optimizations off.
+
+    Returns:
+        A :class:`SafetyResult`; ``code`` names the first failing check in the order alias,
+        error, fp16-overflow, numerics, monte-carlo, slower.
+    """
+    floor = record.tolerance if cosine_floor is None else cosine_floor
+    res = SafetyResult(record.key, True, "ok", "")
+
+    def fail(code: str, message: str) -> SafetyResult:
+        res.passed, res.code, res.message = False, code, message
+        return res
+
+    hazard = _alias_hazard(original, fused, record)
+    if hazard:
+        return fail("alias", hazard)
+    try:
+        internal = [
+            o.name
+            for n in record.original_nodes
+            for o in n.outputs
+            if o.name
+            and o.name not in record.outputs
+            and not (o.meta.get("onnx_omitted") and not o.users)
+        ]
+        orig_proto = subgraph_model(
+            original,
+            record.original_nodes,
+            record.inputs,
+            [*record.outputs, *internal],
+            arrays=activations,
+        )
+        fused_proto = subgraph_model(
+            fused, record.new_nodes, record.inputs, record.outputs, arrays=activations
+        )
+        orig_sess = _session(orig_proto, "disable", threads)
+        fused_sess = _session(fused_proto, "disable", threads)
+        wanted = [i.name for s in (orig_sess, fused_sess) for i in s.get_inputs()]
+        feeds = {k: np.asarray(activations[k]) for k in wanted if k in activations}
+        missing = [k for k in wanted if k not in feeds]
+        if missing:
+            return fail("error", f"activations not captured: %{', %'.join(sorted(set(missing)))}")
+        ref = _run(orig_sess, feeds)
+        got = _run(fused_sess, feeds)
+    except Exception as exc:  # a subgraph ORT rejects is a fusion we cannot vouch for
+        return fail("error", f"{type(exc).__name__}: {exc}")
+
+    per_output = {}
+    for name in record.outputs:
+        expected = activations.get(name, ref[name])
+        per_output[name] = compare_tensors(got[name], expected)
+    res.details["outputs"] = per_output
+    res.cosine = min(s["cosine"] for s in per_output.values())
+    res.max_abs = max(s["max_abs"] for s in per_output.values())
+    res.max_rel = max(s["max_rel"] for s in per_output.values())
+    new_nonfinite = [k for k, s in per_output.items() if s["nonfinite"]]
+
+    try:
+        res.fp16_max, overflow = fp16_analysis(original, fused, record, orig_proto, feeds, internal)
+    except Exception as exc:
+        return fail("error", f"fp16 range analysis failed: {type(exc).__name__}: {exc}")
+    if overflow:
+        return fail("fp16-overflow", overflow)
+    if new_nonfinite and res.fp16_max is not None:
+        return fail(
+            "fp16-overflow", f"fused output %{new_nonfinite[0]} has inf/nan; the original has none"
+        )
+    if res.cosine < floor:
+        worst = min(per_output, key=lambda k: per_output[k]["cosine"])
+        return fail(
+            "numerics",
+            f"%{worst}: cosine {res.cosine:.6f} < {floor} (max abs {res.max_abs:.3g}, "
+            f"max rel {res.max_rel:.3g})",
+        )
+
+    if mc_samples > 0:
+        rng = np.random.default_rng(seed)
+        outside = {v.name: v for n in record.original_nodes for v in n.all_inputs()}
+        fixed = {k for k, v in outside.items() if _constant_folded(v)}
+        cosines = []
+        for _ in range(mc_samples):
+            pert = {k: a if k in fixed else _perturb(a, rng, mc_scale) for k, a in feeds.items()}
+            o, f = _run(orig_sess, pert), _run(fused_sess, pert)
+            cosines.append(min(compare_tensors(f[k], o[k])["cosine"] for k in record.outputs))
+        res.mc_spread = float(max(cosines) - min(cosines))
+        res.details["mc_cosines"] = cosines
+        if min(cosines) < floor:
+            return fail(
+                "monte-carlo",
+                f"{sum(c < floor for c in cosines)}/{len(cosines)} perturbed samples fall below "
+                f"cosine {floor} (lowest {min(cosines):.6f}, spread {res.mc_spread:.3g})",
+            )
+
+    if check_speed:
+        try:
+            timed_orig = subgraph_model(
+                original, record.original_nodes, record.inputs, record.outputs, arrays=activations
+            )
+            a = _session(timed_orig, ort_level, threads)
+            b = _session(fused_proto, ort_level, threads)
+            fa, fb = _feeds_for(a, feeds), _feeds_for(b, feeds)
+            ta, tb = _times(a, b, fa, fb, time_runs)
+            tu, tf = statistics.median(ta), statistics.median(tb)
+            slower = tf > tu * speed_margin
+            if slower:  # confirm on a longer measurement, by median and by best run alike
+                ta, tb = _times(a, b, fa, fb, 2 * time_runs)
+                tu, tf = statistics.median(ta), statistics.median(tb)
+                slower = tf > tu * speed_margin and min(tb) > min(ta) * speed_margin
+        except Exception as exc:
+            return fail("error", f"timing failed: {type(exc).__name__}: {exc}")
+        res.time_unfused_us, res.time_fused_us = tu, tf
+        if slower:
+            return fail(
+                "slower",
+                f"fused {tf:.1f} us > unfused {tu:.1f} us x {speed_margin} on the real shapes",
+            )
+    res.message = f"cosine {res.cosine:.6f}, max abs {res.max_abs:.3g}"
+    return res
+
+
+# ----------------------------------------------------------------------------- end to end
+def end_to_end(
+    original_path_or_proto: Any,
+    fused_proto: Any,
+    feeds: Mapping[str, np.ndarray],
+    *,
+    cosine_floor: float = 0.9999,
+    threads: int = 2,
+) -> dict[str, dict[str, Any]]:
+    """Run the whole original and fused models (path, ModelProto or IR Model each) on ``feeds``
+    in onnxruntime and compare every output of the original.
+
+    Returns:
+        Output name -> ``{"cosine", "max_abs", "max_rel", "passed"}``; an output the fused
+        model lacks is reported with cosine 0 and ``passed=False``.
+    """
+    a = _session(original_path_or_proto, "disable", threads)
+    b = _session(fused_proto, "disable", threads)
+    ref = _run(a, feeds)
+    got = _run(b, feeds)
+    out: dict[str, dict[str, Any]] = {}
+    for name, expected in ref.items():
+        if name not in got:
+            out[name] = {
+                "cosine": 0.0,
+                "max_abs": float("inf"),
+                "max_rel": float("inf"),
+                "passed": False,
+            }
+            continue
+        s = compare_tensors(got[name], expected)
+        out[name] = {
+            "cosine": s["cosine"],
+            "max_abs": s["max_abs"],
+            "max_rel": s["max_rel"],
+            "passed": bool(s["cosine"] >= cosine_floor),
+        }
+    return out
+
+
+__all__ = [
+    "FP16_MAX",
+    "FusionRecord",
+    "SafetyCheckError",
+    "SafetyResult",
+    "capture_activations",
+    "check_fusion",
+    "compare_tensors",
+    "end_to_end",
+    "generate_inputs",
+    "record_from_applied",
+    "subgraph_model",
+]

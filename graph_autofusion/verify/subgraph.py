@@ -1,0 +1,161 @@
+"""Standalone onnxruntime runs for safe mode: sessions, activation capture, and
+:func:`subgraph_model` (a node list of a model as its own ONNX model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from graph_autofusion.frontend.onnx_export import node_to_proto
+from graph_autofusion.frontend.onnx_frontend import to_onnx
+from graph_autofusion.frontend.onnx_types import make_value_info, tensor_for_value
+from graph_autofusion.ir.core import Model, Node, Value
+
+_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "all": "ORT_ENABLE_ALL"}
+
+
+class SafetyCheckError(RuntimeError):
+    """A check could not run (missing activation, a subgraph onnxruntime rejects)."""
+
+
+# ----------------------------------------------------------------------------- ORT plumbing
+def _session(model: Any, level: str = "disable", threads: int = 2) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[level])
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    if isinstance(model, str | Path):
+        src: Any = str(model)
+    elif isinstance(model, Model):
+        src = to_onnx(model).SerializeToString()
+    else:
+        src = model.SerializeToString()
+    return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+
+
+def _run(sess: Any, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    feeds = {}
+    for i in sess.get_inputs():
+        if i.name not in arrays:
+            raise SafetyCheckError(f"no value for input %{i.name}")
+        feeds[i.name] = arrays[i.name]
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feeds)))
+
+
+# ----------------------------------------------------------------------------- activations
+def capture_activations(
+    model: Model, feeds: Mapping[str, np.ndarray], *, threads: int = 2
+) -> dict[str, np.ndarray]:
+    """Run ``model`` once in onnxruntime (``ORT_DISABLE_ALL``) with every intermediate value of
+    the main graph exposed as an output.
+
+    Returns:
+        Value name -> array for the feeds, every node output onnxruntime could expose, and the
+        graph outputs. Intermediates are added untyped (onnxruntime infers their types), so
+        values the IR has no type for are captured too.
+    """
+    proto = to_onnx(model)
+    taken = {o.name for o in proto.graph.output} | {i.name for i in proto.graph.input}
+    for node in proto.graph.node:
+        for name in node.output:
+            if name and name not in taken:
+                proto.graph.output.append(onnx.ValueInfoProto(name=name))
+                taken.add(name)
+    sess = _session(proto, "disable", threads)
+    given = {i.name for i in sess.get_inputs()}
+    out = {k: np.asarray(v) for k, v in feeds.items() if k in given}
+    out.update(_run(sess, feeds))
+    return out
+
+
+# ----------------------------------------------------------------------------- subgraphs
+def subgraph_model(
+    model: Model,
+    nodes: Sequence[Node],
+    inputs: Sequence[str],
+    outputs: Sequence[str],
+    *,
+    arrays: Mapping[str, np.ndarray] | None = None,
+) -> onnx.ModelProto:
+    """A standalone model of just ``nodes``.
+
+    Graph inputs are ``inputs`` (and any other non-constant value the nodes read), typed from
+    ``arrays`` when given (exact) or from the IR; constants the nodes read become initializers;
+    outputs are ``outputs`` (untyped: onnxruntime infers them). The local functions the nodes
+    call (transitively) and the model's opsets come along.
+    """
+    graph = model.graph
+    order = sorted(nodes, key=lambda n: graph.position(n) if n.graph is graph else 0)
+    produced = {o.name for n in order for o in n.outputs}
+    read: dict[str, Value] = {}
+    for n in order:
+        for v in n.all_inputs():
+            if v.name not in produced:
+                read.setdefault(v.name, v)
+    g = onnx.GraphProto(name="subgraph")
+    g.node.extend(node_to_proto(n, set(outputs)) for n in order)
+    wanted = list(dict.fromkeys([*inputs, *read]))
+    for name in wanted:
+        v = read.get(name)
+        if v is not None and v.const is not None:
+            g.initializer.append(tensor_for_value(v))
+            continue
+        if arrays is not None and name in arrays:
+            arr = np.asarray(arrays[name])
+            elem = helper.np_dtype_to_tensor_dtype(arr.dtype)
+            g.input.append(helper.make_tensor_value_info(name, elem, list(arr.shape)))
+        elif v is not None and v.dtype is not None:
+            g.input.append(make_value_info(v))
+        elif v is None:
+            continue  # listed but neither read nor known: nothing to declare
+        else:
+            raise SafetyCheckError(f"input %{name} has no type (capture it to type it)")
+    g.output.extend(onnx.ValueInfoProto(name=name) for name in outputs)
+    proto = helper.make_model(g, opset_imports=[])
+    proto.ir_version = max(int(model.ir_version), 8)
+    domains = dict(model.opset_imports)
+    for fn in _called_functions(model, order):
+        proto.functions.append(fn)
+        domains.setdefault(fn.domain, 1)
+        for op in fn.opset_import:
+            domains.setdefault(op.domain, op.version)
+    for n in order:
+        domains.setdefault(n.domain, 1)
+    for domain, version in sorted(domains.items()):
+        proto.opset_import.append(helper.make_opsetid(domain, version))
+    return proto
+
+
+def _called_functions(model: Model, nodes: Sequence[Node]) -> list[Any]:
+    table = {(f.domain, f.name): f for f in model.functions}
+    if not table:
+        return []
+    todo = [(n.domain, n.op_type) for n in nodes]
+    found: dict[tuple[str, str], Any] = {}
+    while todo:
+        key = todo.pop()
+        if key in found or key not in table:
+            continue
+        found[key] = table[key]
+        todo.extend((b.domain, b.op_type) for b in table[key].node)
+    return list(found.values())
+
+
+def _flat_ops(model: Model, nodes: Sequence[Node]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(domain, op_type, attrs) of ``nodes`` and of every node inside the functions they call."""
+    out = [(n.domain, n.op_type, dict(n.attrs)) for n in nodes]
+    for fn in _called_functions(model, nodes):
+        for b in fn.node:
+            attrs = {a.name: helper.get_attribute_value(a) for a in b.attribute}
+            out.append((b.domain, b.op_type, attrs))
+    return out

@@ -1,0 +1,368 @@
+"""Safe mode (F13): each check catches what it claims, on real onnxruntime runs.
+
+Fusions are applied with the real rule machinery (``match_rules``/``apply_matches``) on one
+copy of a text-form model; the other copy is the original. Deliberately broken rules (wrong
+math, float16 where the original upcast, a slow rewrite, an exact-only-at-this-point rewrite)
+must fail with their reason while the correct fusions in the same model pass; rebuilding the
+model with only the passing fusions must match the original end to end.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from graph_autofusion.ir.text import parse_model
+from graph_autofusion.patterns.candidates import apply_matches, match_rules
+from graph_autofusion.patterns.library.gelu_erf import RULE as GELU
+from graph_autofusion.patterns.pattern import PatternBuilder
+from graph_autofusion.patterns.rules import FusionRule, RuleSet
+from graph_autofusion.runtime.interpreter import run_model
+from graph_autofusion.verify.safety import (
+    FusionRecord,
+    capture_activations,
+    check_fusion,
+    compare_tensors,
+    end_to_end,
+    generate_inputs,
+    record_from_applied,
+    subgraph_model,
+)
+
+GELU_AND_NEGEXP = """
+graph g(%x: f32[4,64], %u: f32[4,64]) -> (%y, %z) {
+  init %c: f32[] = [1.4142135381698608]
+  init %one: f32[] = [1.0]
+  init %half: f32[] = [0.5]
+  %s = Div(%x, %c) @div
+  %e = Erf(%s) @erf
+  %a = Add(%e, %one) @add
+  %m = Mul(%x, %a) @mul
+  %y = Mul(%m, %half) @gelu_out
+  %n = Neg(%u) @neg
+  %z = Exp(%n) @exp
+}
+"""
+
+
+def _relu_instead_of_exp_neg(ctx):
+    """Deliberately wrong: exp(-u) is not relu(u)."""
+    return ctx.make_node("Relu", [ctx.label("op1").inputs[0]]).outputs
+
+
+WRONG = FusionRule("neg_exp_wrong", op1="Neg", op2="Exp", rewrite=_relu_instead_of_exp_neg)
+NEG_EXP = FusionRule("neg_exp", op1="Neg", op2="Exp")  # generic: exact
+
+
+def fuse(text: str, rules, *, native: bool = True):
+    """(original, fused, records, feeds, activations) for ``rules`` applied to ``text``."""
+    original = parse_model(text)
+    fused = parse_model(text)
+    report = match_rules(fused.graph, RuleSet(tuple(rules)))
+    applied = apply_matches(fused, report.kept, native=native)
+    assert all(not a.error for a in applied), [a.error for a in applied]
+    records = {a.rule.name: record_from_applied(original, a) for a in applied}
+    feeds = generate_inputs(original, seed=0)
+    acts = capture_activations(original, feeds)
+    return original, fused, records, feeds, acts
+
+
+def fuse_only(text: str, rules, keep: set[str], *, native: bool = True):
+    """A fresh fused model with only the fusions of rules named in ``keep`` (the rollback)."""
+    model = parse_model(text)
+    report = match_rules(model.graph, RuleSet(tuple(rules)))
+    apply_matches(model, [rm for rm in report.kept if rm.rule.name in keep], native=native)
+    return model
+
+
+def test_wrong_rewrite_fails_numerics_and_the_correct_one_passes():
+    original, fused, records, feeds, acts = fuse(GELU_AND_NEGEXP, [GELU, WRONG])
+    good = check_fusion(original, fused, records["gelu_erf"], acts, check_speed=False)
+    bad = check_fusion(original, fused, records["neg_exp_wrong"], acts, check_speed=False)
+    assert good.passed and good.code == "ok", good
+    assert good.cosine > 0.99999 and good.max_abs < 1e-4
+    assert not bad.passed and bad.code == "numerics", bad
+    assert bad.cosine < 0.999 and "%z" in bad.message
+    # the whole fused model is wrong; with the failing fusion rolled back it is right
+    e2e = end_to_end(parse_model(GELU_AND_NEGEXP), fused, feeds)
+    assert e2e["y"]["passed"] and not e2e["z"]["passed"]
+    kept = {k for k, r in (("gelu_erf", good), ("neg_exp_wrong", bad)) if r.passed}
+    rolled = fuse_only(GELU_AND_NEGEXP, [GELU, WRONG], kept)
+    assert "com.microsoft" in {n.domain for n in rolled.graph.nodes}  # gelu stayed fused
+    assert all(r["passed"] for r in end_to_end(original, rolled, feeds).values())
+
+
+def test_cosine_floor_override():
+    original, fused, records, _, acts = fuse(GELU_AND_NEGEXP, [GELU, NEG_EXP], native=False)
+    rec = records["neg_exp"]
+    assert check_fusion(original, fused, rec, acts, check_speed=False, mc_samples=0).passed
+    # a floor no cosine can reach (rounding-level differences may give 1 - 1e-16)
+    res = check_fusion(
+        original, fused, rec, acts, check_speed=False, mc_samples=0, cosine_floor=1.01
+    )
+    assert res.code == "numerics"
+
+
+# ----------------------------------------------------------------------------- fp16
+RMS_FP16 = """
+model opset {"": 20}
+graph g(%x: f16[4,64], %v: f32[4,64]) -> (%y, %w) {
+  init %k: f16[] = [400.0]
+  init %axes: i64[1] = [-1]
+  %xs = Mul(%x, %k) @scale_up
+  %xf = Cast<to=1>(%xs) @up
+  %sq = Mul(%xf, %xf) @square
+  %mu = ReduceMean<keepdims=1>(%sq, %axes) @mean
+  %r = Sqrt(%mu) @root
+  %y = Cast<to=10>(%r) @down
+  %nv = Neg(%v) @neg
+  %w = Exp(%nv) @exp
+}
+"""
+
+
+def _rms_pattern():
+    p = PatternBuilder()
+    xf = p.Cast(p.var("x"), to=1)
+    mean = p.ReduceMean(p.Mul(xf, xf), p.var("axes"))
+    return p.Cast(p.Sqrt(mean), to=10)
+
+
+def _rms_in_fp16(ctx):
+    """Numerically the same math, but in float16 throughout: x*x overflows."""
+    x = ctx.value("x")
+    sq = ctx.make_node("Mul", [x, x]).outputs[0]
+    mean = ctx.make_node("ReduceMean", [sq, ctx.value("axes")], {"keepdims": 1}).outputs[0]
+    return ctx.make_node("Sqrt", [mean]).outputs
+
+
+RMS_HALF = FusionRule("rms_fp16", pattern=_rms_pattern(), rewrite=_rms_in_fp16)
+RMS_GENERIC = FusionRule("rms_fp16", pattern=_rms_pattern())
+
+
+def test_fp16_overflow_is_caught_and_the_other_fusion_stays():
+    original, fused, records, feeds, acts = fuse(RMS_FP16, [RMS_HALF, NEG_EXP])
+    bad = check_fusion(original, fused, records["rms_fp16"], acts, check_speed=False)
+    good = check_fusion(original, fused, records["neg_exp"], acts, check_speed=False)
+    assert not bad.passed and bad.code == "fp16-overflow", bad
+    assert bad.fp16_max > 65504 and "%sq" in bad.message
+    assert good.passed and good.fp16_max is None  # no float16 in that fusion
+    assert np.isfinite(acts["y"]).all()  # the original itself is fine
+    rolled = fuse_only(RMS_FP16, [RMS_HALF, NEG_EXP], {"neg_exp"})
+    assert all(r["passed"] for r in end_to_end(original, rolled, feeds).values())
+
+
+def test_fp16_generic_fusion_keeps_the_upcast_and_passes():
+    original, fused, records, _, acts = fuse(RMS_FP16, [RMS_GENERIC], native=False)
+    res = check_fusion(original, fused, records["rms_fp16"], acts, check_speed=False)
+    assert res.passed, res
+    assert res.fp16_max is not None and res.fp16_max < 65504  # only the fp16 values checked
+
+
+# ----------------------------------------------------------------------------- speed
+RELU_GELU = """
+graph g(%x: f32[64,512], %g: f32[4,64]) -> (%y, %h) {
+  init %c: f32[] = [1.4142135381698608]
+  init %one: f32[] = [1.0]
+  init %half: f32[] = [0.5]
+  %y = Relu(%x) @relu
+  %s = Div(%g, %c) @div
+  %e = Erf(%s) @erf
+  %a = Add(%e, %one) @add
+  %m = Mul(%g, %a) @mul
+  %h = Mul(%m, %half) @gelu_out
+}
+"""
+
+
+def _relu_via_identity_matmul(ctx):
+    """Exact, but a 64x512x512 MatMul with the identity replaces one cheap Relu."""
+    r = ctx.make_node("Relu", [ctx.value("x")]).outputs[0]
+    eye = ctx.add_constant("eye", np.eye(512, dtype=np.float32))
+    return ctx.make_node("MatMul", [r, eye]).outputs
+
+
+def _slow_relu_rule():
+    p = PatternBuilder()
+    return FusionRule("slow_relu", pattern=p.Relu(p.var("x")), rewrite=_relu_via_identity_matmul)
+
+
+def test_slower_fusion_is_caught():
+    original, fused, records, _, acts = fuse(RELU_GELU, [_slow_relu_rule(), GELU])
+    slow = check_fusion(original, fused, records["slow_relu"], acts, speed_margin=1.5)
+    good = check_fusion(original, fused, records["gelu_erf"], acts, speed_margin=3.0)
+    assert slow.cosine > 0.99999  # the math is right: only the speed is wrong
+    assert not slow.passed and slow.code == "slower", slow
+    assert slow.time_fused_us > 1.5 * slow.time_unfused_us
+    assert good.passed, good
+    assert good.time_fused_us is not None and good.time_unfused_us is not None
+
+
+# ----------------------------------------------------------------------------- Monte-Carlo
+FLOOR_OF_ROUND = """
+graph g(%u: f32[8,64], %x: f32[4,64]) -> (%y, %h) {
+  init %c: f32[] = [1.4142135381698608]
+  init %one: f32[] = [1.0]
+  init %half: f32[] = [0.5]
+  %k = Round(%u) @round
+  %y = Floor(%k) @floor
+  %s = Div(%x, %c) @div
+  %e = Erf(%s) @erf
+  %a = Add(%e, %one) @add
+  %m = Mul(%x, %a) @mul
+  %h = Mul(%m, %half) @gelu_out
+}
+"""
+
+
+def _floor_as_identity(ctx):
+    """Exact on integral inputs only: floor(k) == k at the captured point, not around it."""
+    return ctx.make_node("Identity", [ctx.value("k")]).outputs
+
+
+def _floor_rule():
+    p = PatternBuilder()
+    return FusionRule("floor_identity", pattern=p.Floor(p.var("k")), rewrite=_floor_as_identity)
+
+
+def test_monte_carlo_spread_is_reported_and_catches_a_cliff():
+    original, fused, records, _, acts = fuse(FLOOR_OF_ROUND, [_floor_rule(), GELU])
+    good = check_fusion(original, fused, records["gelu_erf"], acts, check_speed=False)
+    assert good.passed and good.mc_spread is not None and 0.0 <= good.mc_spread < 1e-3
+    assert len(good.details["mc_cosines"]) == 8
+    bad = check_fusion(original, fused, records["floor_identity"], acts, check_speed=False)
+    assert bad.cosine == pytest.approx(1.0)  # exact on the captured activations
+    assert not bad.passed and bad.code == "monte-carlo", bad
+    assert bad.mc_spread is not None
+    no_mc = check_fusion(
+        original, fused, records["floor_identity"], acts, check_speed=False, mc_samples=0
+    )
+    assert no_mc.passed and no_mc.mc_spread is None
+
+
+# ----------------------------------------------------------------------------- alias
+def test_in_place_fused_op_is_refused():
+    original = parse_model(
+        "graph g(%x: f32[4], %b: f32[4]) -> (%y) {\n  %t = Add(%x, %b) @add\n"
+        "  %y = Relu(%t) @relu\n}"
+    )
+    fused = parse_model(
+        "graph g(%x: f32[4], %b: f32[4]) -> (%y) {\n  %y = aten::relu_(%x, %b) @fused\n}"
+    )
+    rec = FusionRecord(
+        "add_relu@relu",
+        "test",
+        list(original.graph.nodes),
+        list(fused.graph.nodes),
+        ["x", "b"],
+        ["y"],
+    )
+    res = check_fusion(original, fused, rec, {}, check_speed=False)
+    assert not res.passed and res.code == "alias" and "in-place" in res.message
+
+
+def test_moving_an_in_place_write_across_outside_readers_is_refused():
+    text = (
+        "graph g(%x: f32[4], %b: f32[4]) -> (%y, %z) {\n  %w = aten::add_(%x, %b) @inplace\n"
+        "  %y = Relu(%w) @relu\n  %z = Neg(%x) @reader\n}"
+    )
+    original = parse_model(text)
+    fused = parse_model(
+        "graph g(%x: f32[4], %b: f32[4]) -> (%y, %z) {\n"
+        "  %y = graph_autofusion.fused::AddRelu(%x, %b) @fused\n  %z = Neg(%x) @reader\n}"
+    )
+    nodes = [n for n in original.graph.nodes if n.name in ("inplace", "relu")]
+    rec = FusionRecord("k", "test", nodes, fused.graph.nodes[:1], ["x", "b"], ["y"])
+    res = check_fusion(original, fused, rec, {}, check_speed=False)
+    assert res.code == "alias" and "%x" in res.message
+
+
+# ----------------------------------------------------------------------------- plumbing
+def test_capture_activations_equal_the_reference_interpreter():
+    model = parse_model(RMS_FP16.replace("f16", "f32").replace("<to=10>", "<to=1>"))
+    feeds = generate_inputs(model, seed=3)
+    acts = capture_activations(model, feeds)
+    ref = run_model(model, feeds, keep_intermediates=True)
+    produced = [o.name for n in model.graph.nodes for o in n.outputs]
+    assert set(produced) <= set(acts)
+    for name in produced:
+        np.testing.assert_allclose(acts[name], ref[name], rtol=1e-5, atol=1e-4, err_msg=name)
+    assert set(feeds) <= set(acts)
+
+
+def test_subgraph_model_runs_just_the_nodes():
+    import onnxruntime as ort
+
+    original = parse_model(GELU_AND_NEGEXP)
+    feeds = generate_inputs(original)
+    acts = capture_activations(original, feeds)
+    nodes = [n for n in original.graph.nodes if n.name in ("erf", "add")]
+    proto = subgraph_model(original, nodes, ["s"], ["a"], arrays=acts)
+    assert [i.name for i in proto.graph.input] == ["s"]
+    assert [t.name for t in proto.graph.initializer] == ["one"]
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    (out,) = sess.run(None, {"s": acts["s"]})
+    np.testing.assert_allclose(out, acts["a"], rtol=1e-6)
+
+
+def test_end_to_end_reports_each_output():
+    original, fused, _, feeds, _ = fuse(GELU_AND_NEGEXP, [GELU, NEG_EXP])
+    res = end_to_end(original, fused, feeds)
+    assert set(res) == {"y", "z"} and all(r["passed"] for r in res.values())
+    assert res["y"]["max_abs"] < 1e-4
+    wrong = fuse_only(GELU_AND_NEGEXP, [WRONG], {"neg_exp_wrong"})
+    assert not end_to_end(original, wrong, feeds)["z"]["passed"]
+
+
+def test_compare_tensors_edge_cases():
+    a = np.array([1.0, 0.0, -2.0], np.float32)
+    assert compare_tensors(a, a) == {
+        "cosine": 1.0,
+        "max_abs": 0.0,
+        "max_rel": 0.0,
+        "nonfinite": 0.0,
+    }
+    assert compare_tensors(np.zeros(3), np.zeros(3))["cosine"] == 1.0
+    assert compare_tensors(np.zeros(3), a)["cosine"] == 0.0
+    s = compare_tensors(np.array([1.0, np.inf, 0.0]), a)
+    assert s["nonfinite"] == 1.0 and s["cosine"] == 0.0
+    assert compare_tensors(a, a[:2])["cosine"] == 0.0
+    rel = compare_tensors(np.array([1e-9, 1.0]), np.array([0.0, 1.0]))
+    assert rel["max_rel"] == pytest.approx(1e-6)  # measured against 1e-3 * max|ref|
+
+
+def test_generate_inputs_ranges():
+    model = parse_model(
+        "graph g(%input_ids: i64[B,S], %attention_mask: i64[B,S], %token_type_ids: i64[B,S], "
+        "%position_ids: i64[B,S], %pixel: f16[B,3,8,8]) -> (%e) {\n"
+        "  init %table: f32[50,4] = randn(0)\n"
+        "  %e = Gather<axis=0>(%table, %input_ids)\n}"
+    )
+    f = generate_inputs(model, batch=2, seq_len=5)
+    assert f["input_ids"].shape == (2, 5) and f["input_ids"].max() < 50
+    assert (f["attention_mask"] == 1).all() and (f["token_type_ids"] == 0).all()
+    assert (f["position_ids"] == np.arange(5)).all()
+    assert f["pixel"].dtype == np.float16 and f["pixel"].shape == (2, 3, 8, 8)
+
+
+@pytest.mark.slow
+def test_generate_inputs_on_bert_token_ids_within_vocab():
+    from graph_autofusion.testing.rules import zoo_model
+
+    model = zoo_model("bert", "dynamo")
+    f = generate_inputs(model, seq_len=32)
+    ids = f["input_ids"]
+    assert ids.shape == (1, 32) and ids.dtype == np.int64
+    assert 0 <= ids.min() and ids.max() < 30522 and ids.max() > 512  # the vocab, not a guess
+    assert (f["attention_mask"] == 1).all() and (f["token_type_ids"] == 0).all()
+    acts = capture_activations(model, f)
+    assert len(acts) > len(model.graph.nodes)  # every intermediate, plus the feeds
+    e2e = end_to_end(model, model, f)
+    assert all(r["passed"] for r in e2e.values())
+
+
+def test_missing_activation_is_an_error_not_a_pass():
+    original, fused, records, _, acts = fuse(GELU_AND_NEGEXP, [GELU])
+    partial = {k: v for k, v in acts.items() if k != "x"}
+    res = check_fusion(original, fused, records["gelu_erf"], partial, check_speed=False)
+    assert not res.passed and res.code == "error" and "%x" in res.message
