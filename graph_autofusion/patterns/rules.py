@@ -32,6 +32,10 @@ class UnknownPresetError(GraphAutoFusionError, ValueError):
     """A preset name no rule belongs to."""
 
 
+class RuleSetError(GraphAutoFusionError, ValueError):
+    """Rule sets that cannot be combined (a rule name used twice)."""
+
+
 @dataclass(frozen=True)
 class FusionRule:
     """One fusion rule.
@@ -170,7 +174,9 @@ class RuleSet:
         names = {r.name for r in self.rules}
         dup = [r.name for r in more if r.name in names]
         if dup:
-            raise ValueError(f"rule names {dup} appear twice in the rule set")
+            raise RuleSetError(
+                f"rule names {dup} appear twice in the rule set; rename the rule in your file"
+            )
         return RuleSet(self.rules + tuple(more))
 
     def __iter__(self) -> Iterator[FusionRule]:

@@ -146,11 +146,13 @@ def _exact(comp: list[PlanCandidate]) -> list[PlanCandidate]:
         hit = memo.get(key)
         if hit is not None:
             return hit
-        best = go(i + 1, used)
-        if used.isdisjoint(sets[i]):
+        best: tuple[float, tuple[int, ...]] = (-1.0, ())
+        if used.isdisjoint(sets[i]):  # taking comes first: ties go to the earlier candidate
             val, picks = go(i + 1, used | sets[i])
-            if val + comp[i].saving_s > best[0]:
-                best = (val + comp[i].saving_s, (i, *picks))
+            best = (val + comp[i].saving_s, (i, *picks))
+        skip = go(i + 1, used)
+        if skip[0] > best[0] + 1e-12 * max(1.0, abs(best[0])):
+            best = skip
         memo[key] = best
         return best
 
@@ -353,7 +355,8 @@ def plan(
                         budget_s=budget,
                     )
                 )
-    if _total(chosen) < _total(greedy):  # guard: a search never returns less than greedy
+    greedy_total = _total(greedy)
+    if _total(chosen) < greedy_total - 1e-9 * abs(greedy_total):  # never return less than greedy
         notes.append(f"{chosen_strategy} fell below greedy; greedy's selection kept")
         chosen = greedy
     chosen, cyc = _repair_cycles(chosen)

@@ -1,0 +1,650 @@
+"""Benefit analysis (F14) on top of the cost model (F8) and the planner (F10).
+
+    report = analyze_model(model, builtin_rules().preset("transformer"), load_profile("ascend910b"))
+    print(report.to_text())                  # per candidate: ops, HBM, GFLOPS, local memory, verdict
+    estimate_benefit(report)                 # performance_improvement, hbm_access_reduction ...
+    report.chosen_matches()                  # RuleMatch / Cluster objects the fuse step rewrites
+
+Stages (each timed in ``report.timings``):
+
+1. **bind**: concrete shapes with :func:`~graph_autofusion.cost.shapes.bind_shapes`. With
+   ``feeds`` the graph runs once on them (exact shapes). With ``input_shapes`` only symbols are
+   bound. With neither, feeds are generated from the graph's input specs: a symbolic dim is
+   ``1`` in position 0 (batch) and ``16`` elsewhere (sequence, ...) unless ``symbols`` names it;
+   floats are standard normal, integers are token-like ids in ``[0, 100)`` (fewer when the
+   input indexes a smaller constant table through ``Gather``: ``token_type_ids`` index 2 rows),
+   booleans are ``True`` (an all-ones mask); seed 0. If the graph cannot run on them, shapes
+   come from symbol substitution alone. The model is never mutated.
+2. **candidates**: the rule matches kept after priority resolution (``match_rules(...).kept``)
+   plus the automatic clusters (``cluster(...)``, unless ``clustering=False``). A rule match and
+   a cluster may claim the same nodes: the planner decides between them.
+3. **cost**: each candidate through :func:`~graph_autofusion.cost.model.fusion_cost` with the
+   rule's own ``benefit_threshold`` when it sets one, else the global one. The candidate is legal
+   when the verdict is ``fuse``; otherwise it keeps the verdict as its reason code
+   (``skip-low-benefit``, ``skip-local-memory-overflow``, ``maybe``). A cluster with exactly a
+   rule match's nodes is refused as ``same-as-rule`` (the rule names the fused operator and may
+   lower it natively). Convexity and the size and input limits are enforced upstream: the matcher refuses non-convex matches (``not-convex``)
+   and clustering never builds a cluster past ``max_cluster_nodes``/``max_cluster_inputs``.
+4. **plan**: :func:`~graph_autofusion.planner.plan.plan` with the requested strategy picks a
+   non-overlapping, jointly acyclic set maximising ``saving_s = time_before - time_after``.
+
+Totals: the whole model's estimated time unfused is the sum of ``kernel_cost`` over every node;
+fused, that minus the chosen candidates' savings. ``performance_improvement`` is the relative
+speedup ``time_before / time_after - 1`` (0.25 = 25% faster, as in the articles);
+``hbm_access_reduction`` is ``1 - accesses_after / accesses_before`` over the whole model.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from graph_autofusion.cost.hardware import load_profile
+from graph_autofusion.cost.model import (
+    DEFAULT_BENEFIT_THRESHOLD,
+    FusionCost,
+    Verdict,
+    fusion_cost,
+    kernel_cost,
+)
+from graph_autofusion.cost.shapes import ShapeBinding, bind_shapes, bind_symbols
+from graph_autofusion.ir.core import Graph, Model, Node, Value
+from graph_autofusion.patterns.candidates import match_rules
+from graph_autofusion.patterns.clustering import Cluster, cluster
+from graph_autofusion.patterns.rules import RuleMatch, RuleSet
+from graph_autofusion.planner.plan import STRATEGIES, Plan, PlanCandidate, plan
+
+__all__ = [
+    "AnalysisReport",
+    "CandidateAnalysis",
+    "CHOSEN",
+    "SAME_AS_RULE",
+    "analyze_model",
+    "bind_model",
+    "build_report",
+    "cost_candidates",
+    "default_feeds",
+    "describe",
+    "find_candidates",
+    "estimate_benefit",
+]
+
+#: Reason code of a chosen candidate.
+CHOSEN = "chosen"
+#: Reason code of a cluster whose nodes are exactly a rule match's (the rule is preferred).
+SAME_AS_RULE = "same-as-rule"
+#: Default value of a symbolic dim in position 0 (batch) and elsewhere (sequence ...).
+DEFAULT_BATCH = 1
+DEFAULT_DIM = 16
+#: Generated integer inputs are ids in ``[0, INT_HIGH)``.
+INT_HIGH = 100
+
+
+@dataclass
+class CandidateAnalysis:
+    """One candidate's costs and outcome.
+
+    Attributes:
+        key: Display name (``gelu_erf@/layer.0/Mul_1``, ``cluster#3@/layer.0/Add``).
+        source: ``rule:<name>`` or ``cluster:<kind>``.
+        fused_op: The fused operator it becomes (the rule's ``fuse_pattern``, or
+            ``Cluster_<kind>``).
+        cost: The cost model's before/after record and verdict.
+        chosen: Whether the plan takes it.
+        code, message: ``chosen`` and the cost sentence, or the planner's/cost model's reason
+            code and sentence for a candidate left out.
+        saving_s: ``time_before - time_after`` (0 when unknown).
+        position: Graph position of its first node (report order).
+        payload: The :class:`RuleMatch` or :class:`Cluster`.
+    """
+
+    key: str
+    source: str
+    fused_op: str
+    cost: FusionCost
+    chosen: bool
+    code: str
+    message: str
+    saving_s: float
+    position: int
+    payload: RuleMatch | Cluster
+
+    @property
+    def ops(self) -> list[str]:
+        return self.cost.ops
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.cost.verdict
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.cost
+        return {
+            "key": self.key,
+            "source": self.source,
+            "fused_op": self.fused_op,
+            "ops": c.ops,
+            "nodes": c.nodes,
+            "hbm_accesses": [c.hbm_accesses_before, c.hbm_accesses_after],
+            "bytes": [c.bytes_before, c.bytes_after],
+            "time_us": [_us(c.time_before_s), _us(c.time_after_s)],
+            "gflops": [c.gflops_before, c.gflops_after],
+            "local_memory_bytes": c.local_memory_bytes,
+            "local_memory_capacity": c.local_memory_capacity,
+            "tile": list(c.tile.tile) if c.tile else None,
+            "saving": c.saving,
+            "saving_us": self.saving_s * 1e6,
+            "benefit_threshold": c.benefit_threshold,
+            "verdict": c.verdict.value,
+            "chosen": self.chosen,
+            "code": self.code,
+            "message": self.message,
+        }
+
+
+@dataclass
+class AnalysisReport:
+    """Every candidate with its costs and plan outcome, and whole-model totals.
+
+    Attributes:
+        model_name: Display name of the model.
+        profile: Hardware profile name; ``profile_kind`` its kind (npu/gpu/cpu).
+        strategy: Strategy asked for; ``strategy_used`` what ran (``auto`` resolves).
+        benefit_threshold: The global threshold (rules may override theirs).
+        num_nodes: Nodes in the graph.
+        binding_method: ``execute`` or ``symbols`` (how shapes were bound); ``symbols``: the
+            symbolic dims bound.
+        candidates: In graph order.
+        plan: The planner's result.
+        time_before_s / time_after_s: Whole-model estimated time unfused / with the plan.
+        hbm_accesses_before / hbm_accesses_after: Whole-model HBM tensor accesses.
+        bytes_before / bytes_after: Whole-model HBM bytes.
+        unknown_nodes: Nodes whose cost is unknown (excluded from the totals).
+        timings: Seconds per stage (``bind``, ``candidates``, ``cost``, ``plan``).
+    """
+
+    model_name: str
+    profile: str
+    profile_kind: str
+    strategy: str
+    strategy_used: str
+    benefit_threshold: float
+    num_nodes: int
+    binding_method: str
+    symbols: dict[str, int]
+    candidates: list[CandidateAnalysis]
+    plan: Plan
+    time_before_s: float
+    time_after_s: float
+    hbm_accesses_before: int
+    hbm_accesses_after: int
+    bytes_before: int
+    bytes_after: int
+    unknown_nodes: int
+    timings: dict[str, float] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ derived numbers
+    @property
+    def chosen(self) -> list[CandidateAnalysis]:
+        return [c for c in self.candidates if c.chosen]
+
+    @property
+    def performance_improvement(self) -> float:
+        """Relative speedup ``time_before / time_after - 1`` (0.25 = 25% faster)."""
+        if self.time_after_s <= 0:
+            return 0.0
+        return self.time_before_s / self.time_after_s - 1.0
+
+    @property
+    def time_saving_fraction(self) -> float:
+        """``1 - time_after / time_before``: the fraction of the run time removed."""
+        return 1.0 - self.time_after_s / self.time_before_s if self.time_before_s else 0.0
+
+    @property
+    def hbm_access_reduction(self) -> float:
+        """``1 - accesses_after / accesses_before`` over the whole model."""
+        if not self.hbm_accesses_before:
+            return 0.0
+        return 1.0 - self.hbm_accesses_after / self.hbm_accesses_before
+
+    def verdict_counts(self) -> dict[str, int]:
+        """Candidates per cost-model verdict (every verdict listed, 0 included)."""
+        out = {v.value: 0 for v in Verdict}
+        for c in self.candidates:
+            out[c.verdict.value] += 1
+        return out
+
+    def code_counts(self) -> dict[str, int]:
+        """Candidates per outcome code (``chosen`` or the reason code)."""
+        out: dict[str, int] = {}
+        for c in self.candidates:
+            out[c.code] = out.get(c.code, 0) + 1
+        return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def chosen_matches(self) -> list[RuleMatch | Cluster]:
+        """The chosen candidates' :class:`RuleMatch`/:class:`Cluster` objects, in graph order
+        (non-overlapping; what the fuse step rewrites)."""
+        return [c.payload for c in self.candidates if c.chosen]
+
+    def totals(self) -> dict[str, Any]:
+        return {
+            "time_before_us": self.time_before_s * 1e6,
+            "time_after_us": self.time_after_s * 1e6,
+            "performance_improvement": self.performance_improvement,
+            "time_saving_fraction": self.time_saving_fraction,
+            "hbm_accesses": [self.hbm_accesses_before, self.hbm_accesses_after],
+            "hbm_access_reduction": self.hbm_access_reduction,
+            "bytes": [self.bytes_before, self.bytes_after],
+            "candidates": len(self.candidates),
+            "chosen": len(self.chosen),
+            "by_verdict": self.verdict_counts(),
+            "by_code": self.code_counts(),
+            "unknown_nodes": self.unknown_nodes,
+        }
+
+    # ------------------------------------------------------------------ renderings
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model_name,
+            "profile": self.profile,
+            "profile_kind": self.profile_kind,
+            "strategy": self.strategy,
+            "strategy_used": self.strategy_used,
+            "benefit_threshold": self.benefit_threshold,
+            "nodes": self.num_nodes,
+            "shapes": {"method": self.binding_method, "symbols": self.symbols},
+            "plan_notes": list(self.plan.notes),
+            "timings_s": dict(self.timings),
+            "totals": self.totals(),
+            "candidates": [c.to_dict() for c in self.candidates],
+        }
+
+    def to_text(self, *, reasons: bool = True) -> str:
+        from graph_autofusion.report.analysis_report import render_text
+
+        return render_text(self, reasons=reasons)
+
+    def to_html(self) -> str:
+        from graph_autofusion.report.analysis_report import render_html
+
+        return render_html(self)
+
+
+def _us(s: float | None) -> float | None:
+    return None if s is None else s * 1e6
+
+
+# ----------------------------------------------------------------------------- binding
+def default_feeds(
+    model: Model, *, symbols: Mapping[str, int] | None = None, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """Seeded example inputs from the graph's input specs (see the module docstring)."""
+    rng = np.random.default_rng(seed)
+    graph = model.graph
+    symbols = dict(symbols or {})
+    feeds: dict[str, np.ndarray] = {}
+    for v in graph.inputs:
+        if v.name in graph.initializers or v.dtype is None or v.shape is None:
+            continue
+        shape = []
+        for i, d in enumerate(v.shape):
+            if isinstance(d, int) and d >= 0:
+                shape.append(d)
+            elif isinstance(d, str):  # one value per symbol, decided where it first appears
+                shape.append(int(symbols.setdefault(d, DEFAULT_BATCH if i == 0 else DEFAULT_DIM)))
+            else:
+                shape.append(DEFAULT_BATCH if i == 0 else DEFAULT_DIM)
+        np_dtype = v.dtype.to_numpy()
+        if np.issubdtype(np_dtype, np.floating):
+            feeds[v.name] = rng.standard_normal(shape).astype(np_dtype)
+        elif np_dtype == np.bool_:
+            feeds[v.name] = np.ones(shape, np.bool_)
+        else:
+            high = _index_bound(v)
+            feeds[v.name] = rng.integers(0, high, shape).astype(np_dtype)
+    return feeds
+
+
+def _index_bound(v: Value) -> int:
+    """``INT_HIGH``, or less when ``v`` indexes a constant table (an embedding ``Gather``) with
+    fewer rows: ``token_type_ids`` index a 2-row table."""
+    high = INT_HIGH
+    for user, index in v.users:
+        if user.op_type != "Gather" or index != 1 or user.inputs[0] is None:
+            continue
+        table = user.inputs[0]
+        rows = None
+        if table.const is not None:
+            axis = int(user.attr("axis", 0))
+            rows = table.const.shape[axis] if table.const.ndim else None
+        elif table.shape and isinstance(table.shape[int(user.attr("axis", 0))], int):
+            rows = table.shape[int(user.attr("axis", 0))]
+        if rows:
+            high = min(high, int(rows))
+    return max(1, high)
+
+
+def _bind(
+    model: Model,
+    feeds: Mapping[str, Any] | None,
+    input_shapes: Mapping[str, tuple[int, ...]] | None,
+    symbols: Mapping[str, int] | None,
+) -> ShapeBinding:
+    if feeds is not None:
+        return bind_shapes(model, feeds, symbols=symbols)
+    if input_shapes is not None:
+        shapes = dict(input_shapes)
+        known = {**bind_symbols(model, shapes), **(symbols or {})}
+        for v in model.graph.inputs:  # remaining inputs: bound symbols, else the defaults
+            if v.name not in shapes and v.name not in model.graph.initializers and v.shape:
+                shapes[v.name] = tuple(
+                    d
+                    if isinstance(d, int)
+                    else int(known.setdefault(d, DEFAULT_BATCH if i == 0 else DEFAULT_DIM))
+                    for i, d in enumerate(v.shape)
+                )
+        return bind_shapes(model, input_shapes=shapes, symbols=symbols, execute=False)
+    return bind_shapes(model, default_feeds(model, symbols=symbols), symbols=symbols)
+
+
+# ----------------------------------------------------------------------------- stages
+def bind_model(
+    model: Model,
+    *,
+    feeds: Mapping[str, Any] | None = None,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    symbols: Mapping[str, int] | None = None,
+) -> ShapeBinding:
+    """Stage 1: concrete shapes (feeds, else input shapes, else generated feeds)."""
+    return _bind(model, feeds, input_shapes, symbols)
+
+
+def find_candidates(
+    graph: Graph,
+    rules: RuleSet,
+    *,
+    clustering: bool = True,
+    max_cluster_nodes: int = 64,
+    max_cluster_inputs: int = 8,
+) -> list[RuleMatch | Cluster]:
+    """Stage 2: kept rule matches plus automatic clusters, in graph order (rule first on a
+    tie). Rule matches do not overlap each other, nor clusters each other; a rule match and a
+    cluster may."""
+    kept: list[RuleMatch | Cluster] = list(match_rules(graph, rules).kept)
+    if clustering:
+        kept.extend(
+            cluster(graph, max_nodes=max_cluster_nodes, max_inputs=max_cluster_inputs).clusters
+        )
+    pos = {n: i for i, n in enumerate(graph.nodes)}
+    kept.sort(key=lambda c: (_first_position(_nodes_of(c), pos), isinstance(c, Cluster)))
+    return kept
+
+
+def _nodes_of(c: RuleMatch | Cluster) -> list[Node]:
+    return list(c.match.nodes) if isinstance(c, RuleMatch) else list(c.nodes)
+
+
+def describe(c: RuleMatch | Cluster) -> tuple[str, str, int]:
+    """``(source, fused operator, priority)`` of a candidate."""
+    if isinstance(c, RuleMatch):
+        return f"rule:{c.rule.name}", c.rule.fuse_pattern, c.rule.priority
+    return f"cluster:{c.kind}", f"Cluster_{c.kind.replace('+', '_')}", 0
+
+
+def cost_candidates(
+    found: list[RuleMatch | Cluster],
+    profile: Any,
+    binding: ShapeBinding | None,
+    *,
+    benefit_threshold: float = DEFAULT_BENEFIT_THRESHOLD,
+    accept_maybe: bool = False,
+) -> list[PlanCandidate]:
+    """Stage 3: a :class:`PlanCandidate` per candidate, ``payload = (candidate, FusionCost)``.
+
+    Legal when the cost verdict is ``fuse`` (or ``maybe`` with ``accept_maybe``: the caller
+    measures those, as safe mode's speed check does); otherwise the verdict is its code and the
+    cost sentence its message. A rule's own ``benefit_threshold`` overrides the global one.
+    """
+    out: list[PlanCandidate] = []
+    n_clusters = 0
+    rule_sets = {
+        frozenset(c.match.nodes): f"{c.rule.name}@{c.match.root.name}"
+        for c in found
+        if isinstance(c, RuleMatch)
+    }
+    for c in found:
+        nodes = _nodes_of(c)
+        thr = benefit_threshold
+        if isinstance(c, RuleMatch):
+            key = f"{c.rule.name}@{c.match.root.name}"
+            if c.rule.benefit_threshold is not None:
+                thr = float(c.rule.benefit_threshold)
+        else:
+            key = f"cluster#{n_clusters}@{c.nodes[-1].name}"
+            n_clusters += 1
+        fc = fusion_cost(nodes, profile, binding=binding, benefit_threshold=thr)
+        saving = 0.0
+        if fc.time_before_s is not None and fc.time_after_s is not None:
+            saving = fc.time_before_s - fc.time_after_s
+        legal = fc.verdict == Verdict.FUSE or (
+            accept_maybe and fc.verdict == Verdict.MAYBE and saving > 0
+        )
+        code, message = ("", "") if legal else (fc.verdict.value, fc.reason)
+        twin = rule_sets.get(frozenset(nodes)) if isinstance(c, Cluster) else None
+        if twin is not None:
+            legal = False
+            code = SAME_AS_RULE
+            message = (
+                f"the same nodes as rule match {twin}; the rule's fused operator is preferred "
+                f"({fc.verdict.value}: {fc.reason})"
+            )
+        out.append(
+            PlanCandidate(
+                key,
+                tuple(nodes),
+                saving,
+                legal=legal,
+                code=code,
+                message=message,
+                priority=describe(c)[2],
+                payload=(c, fc),
+            )
+        )
+    return out
+
+
+def _first_position(nodes: list[Node], pos: dict[Node, int]) -> int:
+    return min((pos.get(n, 1 << 60) for n in nodes), default=1 << 60)
+
+
+def build_report(
+    model: Model,
+    profile: Any,
+    binding: ShapeBinding,
+    candidates: list[PlanCandidate],
+    result: Plan,
+    *,
+    strategy: str,
+    benefit_threshold: float,
+    model_name: str | None = None,
+    timings: dict[str, float] | None = None,
+) -> AnalysisReport:
+    """Stage 5: per-candidate outcomes and whole-model totals of a plan."""
+    graph = model.graph
+    pos = {n: i for i, n in enumerate(graph.nodes)}
+    chosen_ids = {id(c) for c in result.chosen}
+    why = {id(r.candidate): r for r in result.rejected}
+    analyses: list[CandidateAnalysis] = []
+    for pc in candidates:
+        cand, fc = pc.payload
+        source, fused, _prio = describe(cand)
+        if id(pc) in chosen_ids:
+            code, message = CHOSEN, fc.reason
+        else:
+            r = why.get(id(pc))
+            code, message = (r.code, r.message) if r else ("illegal", fc.reason)
+        analyses.append(
+            CandidateAnalysis(
+                pc.key,
+                source,
+                fused,
+                fc,
+                id(pc) in chosen_ids,
+                code,
+                message,
+                pc.saving_s,
+                _first_position(list(pc.nodes), pos),
+                cand,
+            )
+        )
+    before = [kernel_cost(binding.node(n), profile) for n in graph.nodes]
+    known = [k for k in before if k.time_s is not None]
+    time_before = float(sum(k.time_s for k in known))
+    acc_before = sum(k.hbm_accesses for k in before)
+    bytes_before = sum(k.bytes or 0 for k in before)
+    chosen = [a for a in analyses if a.chosen]
+    time_after = time_before - sum(a.saving_s for a in chosen)
+    acc_after = acc_before - sum(
+        a.cost.hbm_accesses_before - a.cost.hbm_accesses_after for a in chosen
+    )
+    bytes_after = bytes_before - sum(
+        (a.cost.bytes_before or 0) - (a.cost.bytes_after or 0) for a in chosen
+    )
+    return AnalysisReport(
+        model_name=model_name or graph.name,
+        profile=profile.name,
+        profile_kind=profile.kind,
+        strategy=strategy,
+        strategy_used=result.strategy,
+        benefit_threshold=benefit_threshold,
+        num_nodes=len(graph),
+        binding_method=binding.method,
+        symbols=dict(binding.symbols),
+        candidates=analyses,
+        plan=result,
+        time_before_s=time_before,
+        time_after_s=time_after,
+        hbm_accesses_before=acc_before,
+        hbm_accesses_after=acc_after,
+        bytes_before=bytes_before,
+        bytes_after=bytes_after,
+        unknown_nodes=len(before) - len(known),
+        timings=dict(timings or {}),
+    )
+
+
+# ----------------------------------------------------------------------------- analysis
+def analyze_model(
+    model: Model,
+    rules: RuleSet,
+    profile: Any,
+    *,
+    feeds: Mapping[str, Any] | None = None,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    symbols: Mapping[str, int] | None = None,
+    benefit_threshold: float = DEFAULT_BENEFIT_THRESHOLD,
+    strategy: str = "auto",
+    max_cluster_nodes: int = 64,
+    max_cluster_inputs: int = 8,
+    clustering: bool = True,
+    model_name: str | None = None,
+    seed: int = 0,
+    time_budget_s: float = 10.0,
+    accept_maybe: bool = False,
+) -> AnalysisReport:
+    """Cost every fusion candidate of ``model`` on ``profile`` and plan the fusions.
+
+    Args:
+        model: IR model (not modified).
+        rules: Rules to match (e.g. ``builtin_rules().preset("transformer")``).
+        profile: A :class:`~graph_autofusion.cost.hardware.HardwareProfile`, or a profile name
+            or YAML path for :func:`~graph_autofusion.cost.hardware.load_profile`.
+        feeds: Example inputs (the graph runs once on them for exact shapes).
+        input_shapes: Input shapes without data (symbol binding only); ignored with ``feeds``.
+        symbols: Symbolic dim values (``{"batch": 1, "seq": 128}``), also used for generated
+            feeds.
+        benefit_threshold: Minimum relative saving for ``fuse`` (a rule's own
+            ``benefit_threshold`` overrides it for its matches).
+        strategy: ``auto``, ``greedy``, ``dp`` or ``evolutionary``.
+        max_cluster_nodes, max_cluster_inputs: Limits of automatic clustering.
+        clustering: Add automatic clusters to the rule matches.
+        model_name: Display name (defaults to the graph's name).
+        seed, time_budget_s: Evolutionary search seed and time budget (seconds).
+        accept_maybe: Plan ``maybe`` candidates too (the caller measures them).
+
+    Raises:
+        ValueError: unknown strategy.
+        HardwareError: unknown profile name (the message lists the known ones).
+        FusionRuleConflict: two rules of equal priority claim the same nodes.
+    """
+    if strategy not in STRATEGIES:  # fail before the expensive stages
+        raise ValueError(f"unknown planner strategy {strategy!r}; known: {list(STRATEGIES)}")
+    if isinstance(profile, str | os.PathLike):
+        profile = load_profile(profile)
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    binding = _bind(model, feeds, input_shapes, symbols)
+    timings["bind"] = time.perf_counter() - t
+    t = time.perf_counter()
+    found = find_candidates(
+        model.graph,
+        rules,
+        clustering=clustering,
+        max_cluster_nodes=max_cluster_nodes,
+        max_cluster_inputs=max_cluster_inputs,
+    )
+    timings["candidates"] = time.perf_counter() - t
+    t = time.perf_counter()
+    pcs = cost_candidates(
+        found, profile, binding, benefit_threshold=benefit_threshold, accept_maybe=accept_maybe
+    )
+    timings["cost"] = time.perf_counter() - t
+    t = time.perf_counter()
+    result = plan(pcs, strategy, seed=seed, time_budget_s=time_budget_s)
+    timings["plan"] = time.perf_counter() - t
+    t = time.perf_counter()
+    report = build_report(
+        model,
+        profile,
+        binding,
+        pcs,
+        result,
+        strategy=strategy,
+        benefit_threshold=benefit_threshold,
+        model_name=model_name,
+        timings=timings,
+    )
+    report.timings["report"] = time.perf_counter() - t
+    return report
+
+
+def estimate_benefit(report: AnalysisReport) -> dict[str, Any]:
+    """The benefit estimate of a plan (F14): relative speedup, HBM access reduction, times.
+
+    Returns:
+        ``performance_improvement`` (``time_before / time_after - 1``),
+        ``hbm_access_reduction`` (``1 - accesses_after / accesses_before``),
+        ``time_before_s``, ``time_after_s``, ``time_saving_fraction``, ``hbm_accesses_before``,
+        ``hbm_accesses_after``, ``bytes_before``, ``bytes_after``, ``fusions`` (chosen count),
+        ``candidates``, ``profile``, ``strategy``.
+    """
+    return {
+        "performance_improvement": report.performance_improvement,
+        "hbm_access_reduction": report.hbm_access_reduction,
+        "time_before_s": report.time_before_s,
+        "time_after_s": report.time_after_s,
+        "time_saving_fraction": report.time_saving_fraction,
+        "hbm_accesses_before": report.hbm_accesses_before,
+        "hbm_accesses_after": report.hbm_accesses_after,
+        "bytes_before": report.bytes_before,
+        "bytes_after": report.bytes_after,
+        "fusions": len(report.chosen),
+        "candidates": len(report.candidates),
+        "profile": report.profile,
+        "strategy": report.strategy_used,
+    }

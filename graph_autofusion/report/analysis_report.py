@@ -1,0 +1,237 @@
+"""Renderings of an :class:`~graph_autofusion.planner.analysis.AnalysisReport` (F14).
+
+* :func:`render_text`: a console table, one row per candidate (source, operators, HBM accesses
+  before -> after, time before -> after, GFLOPS before -> after, local memory need / capacity,
+  verdict, plan outcome) and, with ``reasons``, the reason sentence under it; then the totals.
+* :func:`render_html`: one self-contained page (inline CSS, no scripts, every name escaped
+  with :func:`html.escape`) with the totals and the candidate table, and a bar per candidate
+  comparing its time before and after.
+* :func:`write_atomic`: write a rendering to a file through a temporary file and ``os.replace``.
+
+JSON is ``report.to_dict()``.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from graph_autofusion.planner.analysis import AnalysisReport, CandidateAnalysis
+
+__all__ = ["render_html", "render_text", "write_atomic"]
+
+
+def _short(s: str, width: int) -> str:
+    return s if len(s) <= width else s[: width - 2] + ".."
+
+
+def _ops(ops: list[str], width: int) -> str:
+    names = [o.split("::")[-1] for o in ops]
+    text = "+".join(names)
+    if len(text) <= width:
+        return text
+    out = ""
+    for i, n in enumerate(names):
+        tail = f"+..({len(names) - i})"
+        cand = (out + "+" + n) if out else n
+        if len(cand) + len(tail) > width:
+            return out + tail
+        out = cand
+    return out
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "?" if x is None else format(x, fmt)
+
+
+def _arrow(a: float | int | None, b: float | int | None, fmt: str) -> str:
+    return f"{_num(a, fmt)} -> {_num(b, fmt)}"
+
+
+def _kib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 1024:.1f}"
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+def _us(s: float | None) -> float | None:
+    return None if s is None else s * 1e6
+
+
+def _row_cells(i: int, c: CandidateAnalysis) -> list[str]:
+    fc = c.cost
+    return [
+        str(i),
+        _short(c.source, 30),
+        _ops(fc.ops, 34),
+        _arrow(fc.hbm_accesses_before, fc.hbm_accesses_after, "d"),
+        _arrow(_us(fc.time_before_s), _us(fc.time_after_s), ".2f"),
+        _arrow(fc.gflops_before, fc.gflops_after, ".1f"),
+        f"{_kib(fc.local_memory_bytes)}/{_kib(fc.local_memory_capacity)}",
+        fc.verdict.value,
+        _outcome(c),
+    ]
+
+
+def _outcome(c: CandidateAnalysis) -> str:
+    """``CHOSEN``, the planner's code, or ``-`` when the verdict column already says why."""
+    if c.chosen:
+        return "CHOSEN"
+    return "-" if c.code == c.cost.verdict.value else c.code
+
+
+HEADERS = [
+    "#",
+    "source",
+    "operators",
+    "HBM acc",
+    "time us",
+    "GFLOPS",
+    "local KiB",
+    "verdict",
+    "plan",
+]
+
+
+def render_text(report: AnalysisReport, *, reasons: bool = True) -> str:
+    """Console table of every candidate, then the totals."""
+    r = report
+    sym = ", ".join(f"{k}={v}" for k, v in sorted(r.symbols.items())) or "static"
+    lines = [
+        f"Fusion benefit analysis: {r.model_name} ({r.num_nodes} nodes) on {r.profile} "
+        f"({r.profile_kind})",
+        f"shapes: {r.binding_method} ({sym}); strategy {r.strategy} -> {r.strategy_used}; "
+        f"benefit threshold {r.benefit_threshold:.0%}",
+    ]
+    lines.extend(f"note: {n}" for n in r.plan.notes)
+    rows = [HEADERS] + [_row_cells(i, c) for i, c in enumerate(r.candidates, 1)]
+    widths = [max(len(row[k]) for row in rows) for k in range(len(HEADERS))]
+    right = {0, 3, 4, 5, 6}
+
+    def fmt(row: list[str]) -> str:
+        cells = [
+            cell.rjust(widths[k]) if k in right else cell.ljust(widths[k])
+            for k, cell in enumerate(row)
+        ]
+        return "  ".join(cells).rstrip()
+
+    lines.append(fmt(HEADERS))
+    lines.append("  ".join("-" * w for w in widths))
+    pad = " " * (widths[0] + 2)
+    for row, c in zip(rows[1:], r.candidates, strict=True):
+        lines.append(fmt(row))
+        if reasons:
+            lines.append(f"{pad}{c.key}: {c.message}")
+    lines.append("")
+    lines.extend(_totals_lines(r))
+    return "\n".join(lines)
+
+
+def _totals_lines(r: AnalysisReport) -> list[str]:
+    verdicts = ", ".join(f"{k} {v}" for k, v in r.verdict_counts().items())
+    codes = ", ".join(f"{k} {v}" for k, v in r.code_counts().items())
+    out = [
+        f"candidates: {len(r.candidates)} ({verdicts}); chosen {len(r.chosen)}",
+        f"outcomes: {codes or 'none'}",
+        f"estimated time: {r.time_before_s * 1e6:.2f} us -> {r.time_after_s * 1e6:.2f} us "
+        f"(performance_improvement {r.performance_improvement:+.1%}, "
+        f"{r.time_saving_fraction:.1%} of the time removed)",
+        f"HBM accesses: {r.hbm_accesses_before} -> {r.hbm_accesses_after} "
+        f"(hbm_access_reduction {r.hbm_access_reduction:.1%}); bytes {_size(r.bytes_before)} "
+        f"-> {_size(r.bytes_after)}",
+    ]
+    if r.unknown_nodes:
+        out.append(f"{r.unknown_nodes} node(s) of unknown cost are left out of the totals")
+    return out
+
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
+table{border-collapse:collapse;font-size:13px}
+th,td{border:1px solid #ccc;padding:3px 6px;vertical-align:top}
+th{background:#f0f0f0;position:sticky;top:0}
+td.n{text-align:right;white-space:nowrap}
+tr.chosen td{background:#eef9ee}
+.v-fuse{color:#176b17}.v-skip-low-benefit{color:#7a5b00}
+.v-skip-local-memory-overflow{color:#a01818}.v-maybe{color:#555}
+.bar{height:6px;background:#c44;margin:1px 0}.bar.after{background:#4a4}
+.why{font-size:12px;color:#555}
+""".strip()
+
+
+def render_html(report: AnalysisReport) -> str:
+    """A self-contained HTML page: totals and the candidate table (names escaped)."""
+    r = report
+    e = html.escape
+    longest = max((c.cost.time_before_s or 0.0 for c in r.candidates), default=0.0) or 1.0
+    totals = "".join(f"<li>{e(line)}</li>" for line in _totals_lines(r))
+    notes = "".join(f"<li>{e(n)}</li>" for n in r.plan.notes)
+    head = "".join(f"<th>{e(h)}</th>" for h in HEADERS) + "<th>time</th><th>reason</th>"
+    body = []
+    for i, c in enumerate(r.candidates, 1):
+        fc = c.cost
+        cells = _row_cells(i, c)
+        cells[2] = ", ".join(fc.ops)
+        tb = (fc.time_before_s or 0.0) / longest * 100
+        ta = (fc.time_after_s or 0.0) / longest * 100
+        bars = (
+            f'<div class="bar" style="width:{tb:.1f}px"></div>'
+            f'<div class="bar after" style="width:{ta:.1f}px"></div>'
+        )
+        tds = []
+        for k, cell in enumerate(cells):
+            cls = ' class="n"' if k in (0, 3, 4, 5, 6) else ""
+            if k == 7:
+                cls = f' class="v-{e(cell)}"'
+            tds.append(f"<td{cls}>{e(cell)}</td>")
+        tds.append(f"<td>{bars}</td>")
+        tds.append(
+            f'<td class="why"><b>{e(c.key)}</b>: {e(c.message)}<br>nodes: '
+            f"{e(', '.join(fc.nodes))}</td>"
+        )
+        cls = ' class="chosen"' if c.chosen else ""
+        body.append(f"<tr{cls}>{''.join(tds)}</tr>")
+    title = f"Fusion benefit analysis: {r.model_name} on {r.profile}"
+    sym = ", ".join(f"{k}={v}" for k, v in sorted(r.symbols.items())) or "static"
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{e(title)}</title><style>{_CSS}</style></head><body>\n"
+        f"<h1>{e(title)}</h1>\n"
+        f"<p>{r.num_nodes} nodes; hardware {e(r.profile)} ({e(r.profile_kind)}); shapes "
+        f"{e(r.binding_method)} ({e(sym)}); strategy {e(r.strategy)} -&gt; "
+        f"{e(r.strategy_used)}; benefit threshold {r.benefit_threshold:.0%}</p>\n"
+        f"<h2>Totals</h2><ul>{totals}</ul>\n"
+        + (f"<h2>Planner notes</h2><ul>{notes}</ul>\n" if notes else "")
+        + "<h2>Candidates</h2>\n<p>Bars: time before (red) and after (green), scaled to the "
+        "slowest candidate. Green rows are chosen.</p>\n"
+        f"<table><thead><tr>{head}</tr></thead><tbody>\n"
+        + "\n".join(body)
+        + "\n</tbody></table>\n</body></html>\n"
+    )
+
+
+def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``:
+    readers never see a partial file, and on failure the old content stays."""
+    dest = Path(path)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return dest
