@@ -4,19 +4,38 @@
     report = gaf.candidates()          # rule matches, automatic clusters, operator pairs
     print(report.to_text())
 
-This issue's part of the API finds candidates; benefit analysis, planning and the fused
-rewrite for a target are added on top of it (``analyze``/``fuse`` come with later issues and
-do not exist yet).
+    gaf.analyze()                      # costs on the hardware profile, the fusion plan
+    gaf.estimate_benefit()             # performance_improvement, hbm_access_reduction, ...
+    fused = gaf.fuse_safe()            # onnxruntime-native fusions, each verified (F13)
+    gaf.safe_fusion_report()           # what was fused, skipped, rolled back, and why
+    gaf.verify_precision()             # whole-model and per-layer comparison
+    gaf.verify_performance()           # measured latency, throughput, improvement
+    gaf.save("fused.onnx")             # atomic; never overwrites the input unless asked
+
+The articles' CamelCase names (``Fuse``, ``FuseSafe``, ``AnalyzeFusionBenefit``,
+``EstimateFusionBenefit``, ``GetSafeFusionReport``, ``VerifyPrecision``, ``VerifyPerformance``,
+``AddFusionRule``) are aliases. The fused operators are onnxruntime's own (its contrib and
+standard operators); compiling generated kernels (``compile_fused_operators``) needs a code
+generator target that does not exist yet.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+import statistics
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
+from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.ir.core import Model
 from graph_autofusion.patterns.rules import FusionRule, RuleSet
+
+
+class NotFusedYetError(GraphAutoFusionError):
+    """A method that needs a fused model was called before ``fuse()``."""
 
 
 class GraphAutoFusion:
@@ -27,9 +46,15 @@ class GraphAutoFusion:
             give ``example_inputs``/``example_kwargs``).
         preset: Built-in rule preset: ``transformer``, ``llm``, ``cnn``, ``rnn`` or ``all``.
         rule_files: YAML rule files loaded at run time, added to the preset's rules.
-        rules: Extra Python :class:`FusionRule` objects.
+        rules / fuse_rules: Extra Python :class:`FusionRule` objects.
+        hardware: Hardware profile name or YAML path (``host`` = this machine, calibrated).
+        safe_mode: Verify every fusion and roll back failures (:meth:`fuse`).
+        benefit_threshold: Minimum estimated relative saving for a fusion (default 0.2).
+        strategy: Planner strategy: ``auto``, ``greedy``, ``dp``, ``evolutionary``.
+        sample_inputs: Inputs for shapes, safe mode and measurements (by ONNX input name);
+            generated from the input specs when absent (token ids within the vocabulary).
         max_cluster_nodes, max_cluster_inputs: Limits of automatic clustering (F4c).
-        clustering: Whether :meth:`candidates` runs automatic clustering.
+        clustering: Whether analysis includes automatic clusters.
     """
 
     def __init__(
@@ -39,6 +64,12 @@ class GraphAutoFusion:
         preset: str = "all",
         rule_files: Sequence[str | os.PathLike[str]] = (),
         rules: Iterable[FusionRule] = (),
+        fuse_rules: Iterable[FusionRule] = (),
+        hardware: Any = "host",
+        safe_mode: bool = True,
+        benefit_threshold: float = 0.2,
+        strategy: str = "auto",
+        sample_inputs: Mapping[str, Any] | None = None,
         example_inputs: Any = None,
         example_kwargs: Any = None,
         max_cluster_nodes: int = 64,
@@ -49,25 +80,34 @@ class GraphAutoFusion:
         from graph_autofusion.patterns.library import builtin_rules
         from graph_autofusion.patterns.yaml_rules import load_rule_file
 
-        self.source_name = (
-            str(model) if isinstance(model, str | os.PathLike) else type(model).__name__
-        )
+        self.source_path = os.fspath(model) if isinstance(model, str | os.PathLike) else None
+        self.source_name = self.source_path or type(model).__name__
         self.model: Model = load_model(model, example_inputs, example_kwargs)
         self.preset = preset
         ruleset = builtin_rules().preset(preset)
         for path in rule_files:
             ruleset = ruleset + load_rule_file(path)
-        for rule in rules:
+        for rule in (*rules, *fuse_rules):
             ruleset = ruleset + rule
         self.rules: RuleSet = ruleset
+        self.hardware = hardware
+        self.safe_mode = safe_mode
+        self.benefit_threshold = benefit_threshold
+        self.strategy = strategy
+        self.sample_inputs = dict(sample_inputs) if sample_inputs is not None else None
         self.max_cluster_nodes = max_cluster_nodes
         self.max_cluster_inputs = max_cluster_inputs
         self.clustering = clustering
+        self.result: Any = None  # the last FuseResult
 
+    # ------------------------------------------------------------------ rules
     def register_custom_fusion(self, rule: FusionRule) -> None:
         """Add a Python rule (pattern, checks, optional native ``rewrite`` callback)."""
         self.rules = self.rules + rule
 
+    add_rule = register_custom_fusion
+
+    # ------------------------------------------------------------------ candidates / analysis
     def candidates(self):
         """Every fusion candidate: rule matches (with overlaps resolved and, for rules that never
         fired, the closest partial match), automatic clusters and operator-pair verdicts.
@@ -95,3 +135,193 @@ class GraphAutoFusion:
             clusters,
             operator_pairs(graph),
         )
+
+    def feeds(self) -> dict[str, np.ndarray]:
+        """The sample inputs used for shapes, safe mode and measurements."""
+        if self.sample_inputs is None:
+            from graph_autofusion.verify.inputs import generate_inputs
+
+            self.sample_inputs = generate_inputs(self.model)
+        return self.sample_inputs
+
+    def analyze(self, *, hardware: Any = None, strategy: str | None = None):
+        """Cost every candidate on the hardware profile and plan (an ``AnalysisReport``)."""
+        from graph_autofusion.planner.analysis import analyze_model
+
+        return analyze_model(
+            self.model,
+            self.rules,
+            hardware if hardware is not None else self.hardware,
+            feeds=self.feeds(),
+            benefit_threshold=self.benefit_threshold,
+            strategy=strategy or self.strategy,
+            max_cluster_nodes=self.max_cluster_nodes,
+            max_cluster_inputs=self.max_cluster_inputs,
+            clustering=self.clustering,
+            model_name=self.source_name,
+        )
+
+    def estimate_benefit(self, **kwargs: Any) -> dict[str, Any]:
+        """``performance_improvement``, ``hbm_access_reduction`` and times of the plan."""
+        from graph_autofusion.planner.analysis import estimate_benefit
+
+        return estimate_benefit(self.analyze(**kwargs))
+
+    # ------------------------------------------------------------------ fusing
+    def fuse(self, *, safe_mode: bool | None = None, check_speed: bool = True, progress=None):
+        """Fuse for onnxruntime: the planned fusions with a runtime-native form, each verified
+        in safe mode (on by default); returns the fused IR :class:`Model`."""
+        from graph_autofusion.pipeline import fuse_model
+
+        self.result = fuse_model(
+            self.model,
+            self.rules,
+            self.hardware,
+            feeds=self.feeds(),
+            safe_mode=self.safe_mode if safe_mode is None else safe_mode,
+            benefit_threshold=self.benefit_threshold,
+            strategy=self.strategy,
+            check_speed=check_speed,
+            progress=progress,
+        )
+        return self.result.model
+
+    def fuse_safe(self, **kwargs: Any):
+        """:meth:`fuse` with safe mode on."""
+        return self.fuse(safe_mode=True, **kwargs)
+
+    def _need_result(self):
+        if self.result is None:
+            raise NotFusedYetError("call fuse() or fuse_safe() first")
+        return self.result
+
+    def safe_fusion_report(self):
+        """The last fuse run: fused, skipped by reason, rolled back with the failed check, and
+        the end-to-end comparison (a ``SafeFusionReport``)."""
+        from graph_autofusion.report.fuse_report import SafeFusionReport
+
+        return SafeFusionReport(self._need_result(), self.source_name)
+
+    # ------------------------------------------------------------------ verification
+    def _proto(self, model: Any):
+        from graph_autofusion.frontend.onnx_frontend import to_onnx
+
+        if model is None:
+            return to_onnx(self._need_result().model)
+        if isinstance(model, Model):
+            return to_onnx(model)
+        if isinstance(model, str | os.PathLike):
+            import onnx
+
+            return onnx.load(os.fspath(model))
+        return model
+
+    def verify_precision(self, fused: Any = None, original: Any = None) -> dict[str, Any]:
+        """Compare fused and original outputs in onnxruntime on the sample inputs: per output
+        cosine, max abs and rel error, and a per-layer comparison of every intermediate value
+        both models compute (by name)."""
+        from graph_autofusion.frontend.onnx_frontend import load_onnx
+        from graph_autofusion.verify.compare import compare_tensors
+        from graph_autofusion.verify.safety import capture_activations
+
+        fused_p = self._proto(fused)
+        orig_p = self._proto(original if original is not None else self.model)
+        feeds = self.feeds()
+        a = capture_activations(load_onnx(orig_p), feeds)
+        b = capture_activations(load_onnx(fused_p), feeds)
+        outs = [o.name for o in orig_p.graph.output]
+        outputs = {n: compare_tensors(b[n], a[n]) for n in outs if n in a and n in b}
+        layers = {
+            n: compare_tensors(b[n], a[n])
+            for n in a
+            if n in b
+            and n not in outputs
+            and n not in feeds
+            and a[n].dtype.kind == "f"
+            and a[n].shape == b[n].shape
+        }
+        worst = min((v["cosine"] for v in outputs.values()), default=1.0)
+        return {
+            "cosine": worst,
+            "max_abs": max((v["max_abs"] for v in outputs.values()), default=0.0),
+            "outputs": outputs,
+            "layers": layers,
+        }
+
+    def verify_performance(
+        self,
+        fused: Any = None,
+        *,
+        runs: int = 20,
+        warmup: int = 3,
+        threads: int = 2,
+        level: str = "all",
+    ) -> dict[str, Any]:
+        """Measure the original and fused models in onnxruntime, side by side (alternating):
+        median latency and spread, throughput, and the improvement."""
+        from graph_autofusion.verify.subgraph import ort_session
+
+        fused_p = self._proto(fused)
+        orig_p = self._proto(self.model)
+        feeds = self.feeds()
+        sessions = {
+            "baseline": ort_session(orig_p, level, threads),
+            "fused": ort_session(fused_p, level, threads),
+        }
+
+        def inputs(sess):
+            names = {i.name for i in sess.get_inputs()}
+            return {k: v for k, v in feeds.items() if k in names}
+
+        times: dict[str, list[float]] = {k: [] for k in sessions}
+        for _ in range(warmup):
+            for s in sessions.values():
+                s.run(None, inputs(s))
+        for _ in range(runs):
+            for k, s in sessions.items():
+                f = inputs(s)
+                t = time.perf_counter()
+                s.run(None, f)
+                times[k].append(time.perf_counter() - t)
+        batch = next((int(v.shape[0]) for v in feeds.values() if np.ndim(v) > 0), 1)
+        out: dict[str, Any] = {"runs": runs, "threads": threads, "level": level}
+        for k, ts in times.items():
+            med = statistics.median(ts)
+            out[k] = {
+                "latency_ms": 1e3 * med,
+                "min_ms": 1e3 * min(ts),
+                "max_ms": 1e3 * max(ts),
+                "throughput_per_s": batch / med,
+            }
+        out["improvement"] = out["baseline"]["latency_ms"] / out["fused"]["latency_ms"] - 1.0
+        return out
+
+    # ------------------------------------------------------------------ saving
+    def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> None:
+        """Write the fused model atomically. Refuses the input file's own path unless
+        ``overwrite``; never leaves a partial file."""
+        from graph_autofusion.errors import ModelWriteError
+        from graph_autofusion.frontend.onnx_frontend import save_onnx
+
+        result = self._need_result()
+        dest = os.path.abspath(os.fspath(path))
+        if (
+            self.source_path is not None
+            and os.path.exists(dest)
+            and os.path.samefile(dest, self.source_path)
+            and not overwrite
+        ):
+            raise ModelWriteError(
+                f"{path}: refusing to overwrite the input model (pass overwrite=True / --overwrite)"
+            )
+        save_onnx(result.model, dest)
+
+    # ------------------------------------------------------------------ the articles' names
+    Fuse = fuse
+    FuseSafe = fuse_safe
+    AnalyzeFusionBenefit = analyze
+    EstimateFusionBenefit = estimate_benefit
+    GetSafeFusionReport = safe_fusion_report
+    VerifyPrecision = verify_precision
+    VerifyPerformance = verify_performance
+    AddFusionRule = add_rule

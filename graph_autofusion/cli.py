@@ -85,6 +85,111 @@ def _cmd_rules_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress_bar(total_hint: str):
+    """A tqdm-backed progress callback ``(stage, i, n)`` (quiet when stderr is not a TTY)."""
+    from tqdm import tqdm
+
+    bars: dict[str, tqdm] = {}
+
+    def update(stage: str, i: int, n: int) -> None:
+        bar = bars.get(stage)
+        if bar is None:
+            bar = bars[stage] = tqdm(total=n, desc=f"{total_hint}: {stage}", leave=False)
+        bar.n = i + 1
+        bar.refresh()
+        if i + 1 >= n:
+            bar.close()
+
+    return update
+
+
+def _load_feeds(path: str | None):
+    if not path:
+        return None
+    import numpy as np
+
+    with np.load(path) as data:
+        return {k: data[k] for k in data.files}
+
+
+def _cmd_fuse(args: argparse.Namespace) -> int:
+    import os
+
+    from graph_autofusion.api import GraphAutoFusion
+    from graph_autofusion.errors import ModelWriteError
+
+    src, out = os.path.abspath(args.model), os.path.abspath(args.output)
+    if src == out and not args.overwrite:
+        raise ModelWriteError(
+            f"{args.output}: the output is the input model; pass --overwrite to replace it"
+        )
+    folder = os.path.dirname(out)
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise ModelWriteError(f"{args.output}: cannot write there (folder missing or read-only)")
+    gaf = GraphAutoFusion(
+        args.model,
+        preset=args.preset,
+        rule_files=args.rules or (),
+        hardware=args.hardware,
+        safe_mode=not args.unsafe,
+        benefit_threshold=args.benefit_threshold,
+        strategy=args.strategy,
+        sample_inputs=_load_feeds(args.inputs),
+    )
+    gaf.fuse(check_speed=not args.no_speed_check, progress=_progress_bar("fuse"))
+    report = gaf.safe_fusion_report()
+    print(json.dumps(report.to_dict(), indent=2, default=str) if args.json else report.to_text())
+    gaf.save(args.output, overwrite=args.overwrite)
+    print(f"fused model written to {args.output}", file=sys.stderr)
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from graph_autofusion.api import GraphAutoFusion
+
+    gaf = GraphAutoFusion(args.original, sample_inputs=_load_feeds(args.inputs))
+    res = gaf.verify_precision(args.fused, args.original)
+    if args.json:
+        print(json.dumps(res, indent=2, default=float))
+    else:
+        for name, v in res["outputs"].items():
+            print(
+                f"%{name}: cosine {v['cosine']:.9f}, max abs {v['max_abs']:.3g}, "
+                f"max rel {v['max_rel']:.3g}"
+            )
+        worst = sorted(res["layers"].items(), key=lambda kv: kv[1]["cosine"])[:5]
+        if worst:
+            print("least similar intermediate values (same name in both models):")
+            for name, v in worst:
+                print(f"  %{name}: cosine {v['cosine']:.9f}, max abs {v['max_abs']:.3g}")
+    ok = res["cosine"] >= args.cosine
+    print(
+        f"{'PASS' if ok else 'FAIL'}: worst output cosine {res['cosine']:.9f} (floor {args.cosine})"
+    )
+    return 0 if ok else 1
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from graph_autofusion.api import GraphAutoFusion
+
+    gaf = GraphAutoFusion(args.model, sample_inputs=_load_feeds(args.inputs))
+    res = gaf.verify_performance(
+        args.fused or args.model, runs=args.runs, threads=args.threads, level=args.level
+    )
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    print(f"onnxruntime CPU, {args.threads} threads, level {args.level}, median of {args.runs}")
+    for k in ("baseline", "fused"):
+        v = res[k]
+        print(
+            f"  {k:<9} {v['latency_ms']:8.2f} ms  (min {v['min_ms']:.2f}, max "
+            f"{v['max_ms']:.2f})  {v['throughput_per_s']:.1f}/s"
+        )
+    print(f"  improvement {100 * res['improvement']:+.1f}%")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from graph_autofusion.demo import run_demo
 
@@ -125,8 +230,43 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_cmd_rules_list)
 
     from graph_autofusion.cost.hardware_cli import add_hardware_commands
+    from graph_autofusion.report.analysis_cli import add_analyze_command
 
     add_hardware_commands(sub)
+    add_analyze_command(sub)
+
+    p = sub.add_parser("fuse", help="fuse for onnxruntime, verify every fusion (safe mode)")
+    p.add_argument("model", help="path to an .onnx file (never modified)")
+    p.add_argument("-o", "--output", required=True, help="where to write the fused model")
+    p.add_argument("--overwrite", action="store_true", help="allow -o to be the input file")
+    p.add_argument("--preset", default="all", help="transformer, llm, cnn, rnn or all")
+    p.add_argument("--rules", action="append", metavar="FILE", help="extra YAML rule file")
+    p.add_argument("--hardware", default="host", help="profile name or YAML path")
+    p.add_argument("--strategy", default="auto")
+    p.add_argument("--benefit-threshold", type=float, default=0.2)
+    p.add_argument("--inputs", metavar="NPZ", help="sample inputs (.npz keyed by input name)")
+    p.add_argument("--unsafe", action="store_true", help="skip safe mode (not recommended)")
+    p.add_argument("--no-speed-check", action="store_true", help="keep fusions even if slower")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_fuse)
+
+    p = sub.add_parser("verify", help="compare a fused model with the original")
+    p.add_argument("original")
+    p.add_argument("fused")
+    p.add_argument("--inputs", metavar="NPZ")
+    p.add_argument("--cosine", type=float, default=0.9999, help="pass floor (default 0.9999)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_verify)
+
+    p = sub.add_parser("bench", help="latency and throughput in onnxruntime, side by side")
+    p.add_argument("model")
+    p.add_argument("fused", nargs="?")
+    p.add_argument("--inputs", metavar="NPZ")
+    p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--level", default="all", choices=["disable", "basic", "extended", "all"])
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("demo", help="run the main job on the built-in demo model (MiniLM)")
     p.add_argument("--seq-len", type=int, default=16)

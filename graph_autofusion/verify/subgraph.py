@@ -17,7 +17,12 @@ from graph_autofusion.frontend.onnx_frontend import to_onnx
 from graph_autofusion.frontend.onnx_types import make_value_info, tensor_for_value
 from graph_autofusion.ir.core import Model, Node, Value
 
-_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "all": "ORT_ENABLE_ALL"}
+_LEVELS = {
+    "disable": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
 
 
 class SafetyCheckError(RuntimeError):
@@ -40,6 +45,10 @@ def _session(model: Any, level: str = "disable", threads: int = 2) -> Any:
     else:
         src = model.SerializeToString()
     return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+
+
+#: Public name: an onnxruntime CPU session (``level``: disable, basic, extended, all).
+ort_session = _session
 
 
 def _run(sess: Any, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

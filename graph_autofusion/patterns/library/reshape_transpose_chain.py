@@ -20,7 +20,7 @@ import numpy as np
 from graph_autofusion.ir.core import Node, Value
 from graph_autofusion.patterns.matcher import const_value
 from graph_autofusion.patterns.pattern import Pattern, PatternBuilder
-from graph_autofusion.patterns.rewrite import RewriteContext
+from graph_autofusion.patterns.rewrite import RewriteContext, RewriteError
 from graph_autofusion.patterns.rules import FusionRule
 
 LAYOUT = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten")
@@ -89,7 +89,7 @@ def _rewrite(ctx: RewriteContext) -> list[Value]:
             attrs = {"allowzero": 1} if (shape == 0).any() else {}
             target = ctx.add_constant("layout_chain_shape", shape)
             return ctx.make_node("Reshape", [x, target], attrs).outputs
-    return ctx.generic()  # not foldable: the generic form
+    raise RewriteError("the chain does not fold into one layout operator")
 
 
 _p = PatternBuilder()

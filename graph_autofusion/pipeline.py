@@ -1,0 +1,281 @@
+"""The fuse pipeline for onnxruntime (F11, F13): analyze, lower, verify, roll back, close.
+
+    result = fuse_model(original, rules, profile, feeds=..., safe_mode=True)
+    result.model            # the fused IR model (a new model; the original is untouched)
+    result.summary()        # candidates, fused, skipped by reason, estimated improvement
+
+Steps:
+
+1. **Analyze** a working copy with the rules that have an onnxruntime-native form (clusters and
+   generic-only rules have none for this target): candidates, costs on the hardware profile,
+   the plan (:mod:`graph_autofusion.planner.analysis`).
+2. **Lower** the plan's chosen matches through their native rewrites
+   (:mod:`graph_autofusion.codegen.onnxruntime`); the rest stay unfused with a reason, and so
+   do the matches of rules that have no native form.
+3. **Safe mode** (on by default): capture every intermediate of the original in onnxruntime
+   once, check each lowered fusion on the real activations that feed it (numerics, fp16 range,
+   Monte-Carlo, alias, speed; :mod:`graph_autofusion.verify.safety`). A failing fusion is rolled
+   back on its own: a fresh copy is lowered with only the passing fusions (the same matches:
+   matching is deterministic), and the check repeats until nothing fails.
+4. **End to end**: the whole fused model against the original on the sample inputs. If that
+   fails, every fusion is rolled back and the original is returned (reported).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from graph_autofusion.codegen.onnxruntime import (
+    Lowered,
+    Lowering,
+    NotLowered,
+    candidate_key,
+    lower_onnxruntime,
+)
+from graph_autofusion.ir.core import Model
+from graph_autofusion.patterns.candidates import match_rules
+from graph_autofusion.patterns.rules import RuleSet
+
+MAX_ROUNDS = 4
+
+
+def clone_model(model: Model) -> Model:
+    """An independent copy of ``model`` (through its ONNX form)."""
+    from graph_autofusion.frontend.onnx_frontend import load_onnx, to_onnx
+
+    return load_onnx(to_onnx(model))
+
+
+@dataclass
+class RolledBack:
+    key: str
+    rule: str
+    code: str
+    message: str
+    result: Any = None  # the SafetyResult
+
+
+@dataclass
+class FuseResult:
+    """What the fuse pipeline did, and the fused model."""
+
+    model: Model
+    original: Model
+    analysis: Any
+    lowered: list[Lowered]
+    not_lowered: list[NotLowered]
+    safety: dict[str, Any] = field(default_factory=dict)  # key -> SafetyResult
+    rolled_back: list[RolledBack] = field(default_factory=list)
+    end_to_end: dict[str, Any] | None = None
+    safe_mode: bool = True
+    feeds: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fused(self) -> list[Lowered]:
+        return self.lowered
+
+    def skipped_by_reason(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for n in self.not_lowered:
+            out[n.code] = out.get(n.code, 0) + 1
+        for r in self.rolled_back:
+            out[f"rolled-back:{r.code}"] = out.get(f"rolled-back:{r.code}", 0) + 1
+        for c in self.analysis.candidates if self.analysis is not None else ():
+            if not c.chosen:
+                out[c.code or "not-chosen"] = out.get(c.code or "not-chosen", 0) + 1
+        return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def fused_op_counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for low in self.lowered:
+            for op in low.fused_ops:
+                out[op] = out.get(op, 0) + 1
+        return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def summary(self) -> dict[str, Any]:
+        est = self.analysis.performance_improvement if self.analysis is not None else None
+        return {
+            "candidates": len(self.analysis.candidates) if self.analysis is not None else 0,
+            "planned": len(self.analysis.chosen) if self.analysis is not None else 0,
+            "fused": len(self.lowered),
+            "fused_ops": self.fused_op_counts(),
+            "skipped": self.skipped_by_reason(),
+            "rolled_back": len(self.rolled_back),
+            "estimated_improvement": est,
+            "measured_improvement": self.measured_improvement(),
+            "end_to_end": self.end_to_end,
+            "safe_mode": self.safe_mode,
+        }
+
+    def measured_improvement(self) -> float | None:
+        """Sum of the unfused / fused subgraph times safe mode measured, minus 1 (None without
+        safe mode's speed check)."""
+        before = after = 0.0
+        for low in self.lowered:
+            r = self.safety.get(low.key)
+            if r is None or r.time_unfused_us is None or r.time_fused_us is None:
+                return None
+            before += r.time_unfused_us
+            after += r.time_fused_us
+        return before / after - 1.0 if after > 0 else None
+
+
+def _lower(
+    work: Model, rules: RuleSet, keys: list[str] | None, analysis: Any
+) -> tuple[Lowering, list[str]]:
+    """Lower the analysis' chosen matches, or (``keys`` given) the matches with these keys
+    found again on a fresh copy."""
+    if keys is None:
+        chosen = analysis.chosen_matches()
+    else:
+        kept = match_rules(work.graph, rules).kept
+        by_key = {candidate_key(k.rule.name, k.match.root): k for k in kept}
+        chosen = [by_key[k] for k in keys if k in by_key]
+    lowering = lower_onnxruntime(work, chosen)
+    return lowering, [low.key for low in lowering.lowered]
+
+
+def fuse_model(
+    original: Model,
+    rules: RuleSet,
+    profile: Any,
+    *,
+    feeds: Mapping[str, Any] | None = None,
+    safe_mode: bool = True,
+    benefit_threshold: float = 0.2,
+    strategy: str = "auto",
+    cosine_floor: float | None = None,
+    e2e_cosine_floor: float = 0.9999,
+    check_speed: bool = True,
+    speed_margin: float = 1.10,
+    mc_samples: int = 8,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> FuseResult:
+    """Fuse ``original`` for onnxruntime (see the module docstring). ``original`` is not
+    modified."""
+    from graph_autofusion.planner.analysis import analyze_model
+    from graph_autofusion.verify.inputs import generate_inputs
+
+    timings: dict[str, float] = {}
+    notes: list[str] = []
+    native = RuleSet(tuple(r for r in rules if r.rewrite is not None))
+    generic_only = RuleSet(tuple(r for r in rules if r.rewrite is None))
+    feeds = dict(feeds) if feeds is not None else generate_inputs(original)
+    t = time.perf_counter()
+    work = clone_model(original)
+    analysis = analyze_model(
+        work,
+        native,
+        profile,
+        feeds=feeds,
+        benefit_threshold=benefit_threshold,
+        strategy=strategy,
+        clustering=False,
+        accept_maybe=safe_mode and check_speed,  # safe mode times the close calls
+    )
+    timings["analyze"] = time.perf_counter() - t
+    t = time.perf_counter()
+    lowering, keys = _lower(work, native, None, analysis)
+    not_lowered = list(lowering.not_lowered)
+    for rm in match_rules(original.graph, generic_only).kept:
+        not_lowered.append(
+            NotLowered(
+                candidate_key(rm.rule.name, rm.match.root),
+                rm.rule.name,
+                "no-native-form",
+                f"{rm.rule.fuse_pattern} has no onnxruntime-native operator (its generic local "
+                f"function would be inlined and run unfused)",
+            )
+        )
+    timings["lower"] = time.perf_counter() - t
+    result = FuseResult(
+        work, original, analysis, lowering.lowered, not_lowered, safe_mode=safe_mode, feeds=feeds
+    )
+    if not safe_mode:
+        result.timings = timings
+        return result
+
+    from graph_autofusion.frontend.onnx_frontend import to_onnx
+    from graph_autofusion.verify.safety import (
+        FusionRecord,
+        capture_activations,
+        check_fusion,
+        end_to_end,
+    )
+
+    t = time.perf_counter()
+    acts = capture_activations(original, feeds)
+    timings["capture"] = time.perf_counter() - t
+    t = time.perf_counter()
+    originals = {n.name: n for n in original.graph.nodes}
+    checked: dict[str, Any] = {}
+    failed: dict[str, Any] = {}
+    for _round in range(MAX_ROUNDS):
+        todo = [low for low in result.lowered if low.key not in checked]
+        for i, low in enumerate(todo):
+            if progress is not None:
+                progress("verify", i, len(todo))
+            record = FusionRecord(
+                low.key,
+                low.rule,
+                [originals[n] for n in low.original_node_names if n in originals],
+                low.new_nodes,
+                low.inputs,
+                low.outputs,
+                low.tolerance,
+            )
+            checked[low.key] = check_fusion(
+                original,
+                result.model,
+                record,
+                acts,
+                cosine_floor=cosine_floor,
+                mc_samples=mc_samples,
+                check_speed=check_speed,
+                speed_margin=speed_margin,
+            )
+        bad = [low for low in result.lowered if not checked[low.key].passed]
+        if not bad:
+            break
+        for low in bad:
+            failed[low.key] = checked[low.key]
+            r = checked[low.key]
+            result.rolled_back.append(RolledBack(low.key, low.rule, r.code, r.message, r))
+        keys = [k for k in keys if k not in failed]
+        fresh = clone_model(original)
+        lowering, keys = _lower(fresh, native, keys, None)
+        result.model = fresh
+        result.lowered = lowering.lowered
+        for low in result.lowered:
+            checked.pop(low.key, None)  # new node objects: check them again on the new model
+    else:
+        notes.append(f"safe mode stopped after {MAX_ROUNDS} rounds")
+    result.safety = {k: v for k, v in checked.items()}
+    timings["verify"] = time.perf_counter() - t
+    t = time.perf_counter()
+    e2e = end_to_end(original, to_onnx(result.model), feeds, cosine_floor=e2e_cosine_floor)
+    result.end_to_end = e2e
+    if not _e2e_passed(e2e):
+        notes.append("the end-to-end comparison failed: every fusion rolled back")
+        for low in result.lowered:
+            result.rolled_back.append(
+                RolledBack(low.key, low.rule, "end-to-end", "the whole fused model differs")
+            )
+        result.model = clone_model(original)
+        result.lowered = []
+    timings["end_to_end"] = time.perf_counter() - t
+    result.timings = timings
+    result.notes = notes
+    return result
+
+
+def _e2e_passed(e2e: Mapping[str, Any]) -> bool:
+    if "passed" in e2e:
+        return bool(e2e["passed"])
+    outs = e2e.get("outputs", e2e)
+    return all(bool(v.get("passed", True)) for v in outs.values() if isinstance(v, Mapping))

@@ -1,0 +1,111 @@
+"""The safe-fusion report (F14): what ``fuse`` did, what it refused, and why, in numbers."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:+.1f}%"
+
+
+@dataclass
+class SafeFusionReport:
+    """A view of a :class:`~graph_autofusion.pipeline.FuseResult` for people and programs."""
+
+    result: Any
+    model_name: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        r = self.result
+        data: dict[str, Any] = {"model": self.model_name, **r.summary()}
+        data["fusions"] = [
+            {
+                "key": low.key,
+                "rule": low.rule,
+                "fused_ops": low.fused_ops,
+                "replaced": low.original_node_names,
+                **(_safety(r.safety.get(low.key))),
+            }
+            for low in r.lowered
+        ]
+        data["rolled_back"] = [
+            {
+                "key": b.key,
+                "rule": b.rule,
+                "code": b.code,
+                "message": b.message,
+                **_safety(b.result),
+            }
+            for b in r.rolled_back
+        ]
+        data["not_lowered"] = [
+            {"key": n.key, "rule": n.rule, "code": n.code, "message": n.message}
+            for n in r.not_lowered
+        ]
+        data["timings_s"] = r.timings
+        data["notes"] = r.notes
+        return data
+
+    def to_text(self, *, limit: int = 12) -> str:
+        r = self.result
+        s = r.summary()
+        lines = [
+            f"safe fusion report for {self.model_name} (target onnxruntime, safe mode "
+            f"{'on' if r.safe_mode else 'off'})",
+            f"candidates {s['candidates']}, planned {s['planned']}, fused {s['fused']}, "
+            f"rolled back {s['rolled_back']}",
+        ]
+        if s["fused_ops"]:
+            lines.append(
+                "fused operators: " + ", ".join(f"{k} x{v}" for k, v in s["fused_ops"].items())
+            )
+        if s["skipped"]:
+            lines.append(
+                "not fused, by reason: " + ", ".join(f"{k} {v}" for k, v in s["skipped"].items())
+            )
+        lines.append(
+            f"estimated improvement (cost model) {_pct(s['estimated_improvement'])}; measured on "
+            f"the fused subgraphs {_pct(s['measured_improvement'])}"
+        )
+        if r.rolled_back:
+            lines.append("rolled back:")
+            for b in r.rolled_back[:limit]:
+                lines.append(f"  {b.key}: [{b.code}] {b.message}")
+            if len(r.rolled_back) > limit:
+                lines.append(f"  ... {len(r.rolled_back) - limit} more")
+        byrule = Counter(n.rule for n in r.not_lowered)
+        if byrule:
+            lines.append(
+                "no onnxruntime-native form (left unfused): "
+                + ", ".join(f"{k} {v}" for k, v in byrule.most_common())
+            )
+        if r.end_to_end is not None:
+            outs = r.end_to_end.get("outputs", r.end_to_end)
+            for name, v in outs.items():
+                lines.append(
+                    f"end to end %{name}: cosine {v.get('cosine', float('nan')):.9f}, max abs "
+                    f"{v.get('max_abs', float('nan')):.3g} -> "
+                    f"{'pass' if v.get('passed', True) else 'FAIL'}"
+                )
+        lines.extend(f"note: {n}" for n in r.notes)
+        return "\n".join(lines)
+
+
+def _safety(res: Any) -> dict[str, Any]:
+    if res is None:
+        return {}
+    keys = (
+        "passed",
+        "code",
+        "cosine",
+        "max_abs",
+        "max_rel",
+        "mc_spread",
+        "fp16_max",
+        "time_unfused_us",
+        "time_fused_us",
+    )
+    return {k: getattr(res, k, None) for k in keys}
