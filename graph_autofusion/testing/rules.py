@@ -143,3 +143,63 @@ def zoo_matches(rule: FusionRule, name: str, source: str) -> int:
     model = zoo_model(name, source)
     report = match_rules(model.graph, RuleSet((rule,)))
     return report.per_rule[rule.name].kept
+
+
+def zoo_native_rewrite(
+    name: str, source: str, rule_names: Sequence[str], *, rtol: float = 1e-4
+) -> dict[str, int]:
+    """Rewrite a zoo ONNX export with ``rule_names`` (native forms), check that onnxruntime
+    gives the original's outputs, and return the rewritten graph's operator histogram."""
+    import onnxruntime as ort
+
+    from graph_autofusion.frontend.onnx_frontend import load_onnx, to_onnx
+    from graph_autofusion.patterns.library import builtin_rules
+    from graph_autofusion.testing import example_feeds, export_onnx
+
+    original = load_onnx(export_onnx(name, source))
+    model = load_onnx(export_onnx(name, source))
+    rules = builtin_rules()
+    report = match_rules(model.graph, RuleSet(tuple(rules.get(n) for n in rule_names)))
+    applied = apply_matches(model, report.kept, native=True)
+    errors = [a.error for a in applied if a.error]
+    assert not errors, errors
+    verify(model)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    feeds = example_feeds("resnet50" if name == "resnet50_bn" else name)
+    outs = []
+    for m in (original, model):
+        session = ort.InferenceSession(
+            to_onnx(m).SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+        wanted = {i.name for i in session.get_inputs()}
+        outs.append(session.run(None, {k: v for k, v in feeds.items() if k in wanted}))
+    for after, before in zip(outs[1], outs[0]):
+        np.testing.assert_allclose(after, before, rtol=rtol, atol=rtol * np.abs(before).max())
+    return model.graph.op_histogram()
+
+
+def native_runs_in_onnxruntime(
+    rule: FusionRule, text: str, *, expect_op: str, rtol: float = 1e-4, atol: float = 1e-4
+) -> None:
+    """Rewrite ``text`` with ``rule``'s native form, check that ``expect_op`` appears, and that
+    onnxruntime (contrib-operator conventions) computes what the reference interpreter computes
+    on the original graph."""
+    import onnxruntime as ort
+
+    from graph_autofusion.frontend.onnx_frontend import to_onnx
+
+    model = parse_model(text)
+    feeds = random_feeds(model.graph, 0)
+    expected = run_model(parse_model(text), feeds)
+    apply_matches(model, match_rules(model.graph, RuleSet((rule,))).kept, native=True)
+    assert any(n.op_type == expect_op for n in model.graph.nodes), fused_ops(model)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    session = ort.InferenceSession(
+        to_onnx(model).SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    for got, value in zip(session.run(None, feeds), model.graph.outputs):
+        np.testing.assert_allclose(got, expected[value.name], rtol=rtol, atol=atol)

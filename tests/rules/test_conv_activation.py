@@ -6,7 +6,11 @@ import pytest
 
 from graph_autofusion.patterns.library.conv_activation import RULE
 from graph_autofusion.patterns.matcher import Reason
-from graph_autofusion.testing.rules import check_no_match, check_rule
+from graph_autofusion.testing.rules import (
+    check_no_match,
+    check_rule,
+    native_runs_in_onnxruntime,
+)
 
 GRAPH = """
 graph g(%x: f32[2,3,8,8]{extra_in}) -> ({outs}) {{
@@ -72,36 +76,9 @@ def test_activation_of_a_matmul_is_not_this_rule():
     check_no_match(RULE, text, reason=Reason.OP_MISMATCH)
 
 
-def _onnxruntime_agrees(text: str) -> None:
-    """The native rewrite runs in onnxruntime (contrib conventions) with the same numbers."""
-    ort = pytest.importorskip("onnxruntime")
-    import numpy as np
-
-    from graph_autofusion.frontend.onnx_export import to_onnx
-    from graph_autofusion.ir.text import parse_model
-    from graph_autofusion.patterns.candidates import apply_matches, match_rules
-    from graph_autofusion.patterns.rules import RuleSet
-    from graph_autofusion.runtime.interpreter import run_model
-    from graph_autofusion.testing.rules import random_feeds
-
-    model = parse_model(text)
-    feeds = random_feeds(model.graph, 0)
-    expected = run_model(parse_model(text), feeds)
-    apply_matches(model, match_rules(model.graph, RuleSet((RULE,))).kept, native=True)
-    assert any(n.op_type == "FusedConv" for n in model.graph.nodes)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
-    session = ort.InferenceSession(
-        to_onnx(model).SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
-    for got, value in zip(session.run(None, feeds), model.graph.outputs):
-        np.testing.assert_allclose(got, expected[value.name], rtol=1e-4, atol=1e-4)
-
-
 @pytest.mark.parametrize("act", sorted(ACTS))
 def test_native_form_runs_in_onnxruntime(act):
-    _onnxruntime_agrees(graph(ACTS[act][0]))
+    native_runs_in_onnxruntime(RULE, expect_op="FusedConv", text=graph(ACTS[act][0]))
 
 
 @pytest.mark.slow

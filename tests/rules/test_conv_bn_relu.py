@@ -6,7 +6,12 @@ import pytest
 
 from graph_autofusion.patterns.library.conv_bn_relu import RULE
 from graph_autofusion.patterns.matcher import Reason
-from graph_autofusion.testing.rules import check_no_match, check_rule
+from graph_autofusion.testing.rules import (
+    check_no_match,
+    check_rule,
+    native_runs_in_onnxruntime,
+    zoo_native_rewrite,
+)
 
 GRAPH = """
 graph g(%x: {x_t}) -> ({outs}) {{
@@ -85,36 +90,9 @@ def test_non_constant_mean_is_rejected():
     check_no_match(RULE, text, reason=Reason.NOT_CONST)
 
 
-def _onnxruntime_agrees(text: str) -> None:
-    """The native rewrite runs in onnxruntime (contrib conventions) with the same numbers."""
-    ort = pytest.importorskip("onnxruntime")
-    import numpy as np
-
-    from graph_autofusion.frontend.onnx_export import to_onnx
-    from graph_autofusion.ir.text import parse_model
-    from graph_autofusion.patterns.candidates import apply_matches, match_rules
-    from graph_autofusion.patterns.rules import RuleSet
-    from graph_autofusion.runtime.interpreter import run_model
-    from graph_autofusion.testing.rules import random_feeds
-
-    model = parse_model(text)
-    feeds = random_feeds(model.graph, 0)
-    expected = run_model(parse_model(text), feeds)
-    apply_matches(model, match_rules(model.graph, RuleSet((RULE,))).kept, native=True)
-    assert any(n.op_type == "FusedConv" for n in model.graph.nodes)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
-    session = ort.InferenceSession(
-        to_onnx(model).SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
-    for got, value in zip(session.run(None, feeds), model.graph.outputs):
-        np.testing.assert_allclose(got, expected[value.name], rtol=1e-4, atol=1e-4)
-
-
 @pytest.mark.parametrize("kind", sorted(CONVS))
 def test_native_form_runs_in_onnxruntime(kind):
-    _onnxruntime_agrees(graph(kind))
+    native_runs_in_onnxruntime(RULE, expect_op="FusedConv", text=graph(kind))
 
 
 @pytest.mark.slow
@@ -136,43 +114,10 @@ def test_zoo_models(model, source, count):
     assert zoo_matches(RULE, model, source) == count
 
 
-def _zoo_native_agrees(model_name: str, source: str, rule_names: tuple[str, ...]) -> dict:
-    """Rewrite a zoo model natively with ``rule_names``; onnxruntime gives the same logits."""
-    ort = pytest.importorskip("onnxruntime")
-    import numpy as np
-
-    from graph_autofusion.frontend.onnx_export import to_onnx
-    from graph_autofusion.frontend.onnx_frontend import load_onnx
-    from graph_autofusion.ir.verify import verify
-    from graph_autofusion.patterns.candidates import apply_matches, match_rules
-    from graph_autofusion.patterns.library import builtin_rules
-    from graph_autofusion.testing import export_onnx
-
-    original = load_onnx(export_onnx(model_name, source))
-    model = load_onnx(export_onnx(model_name, source))
-    rules = builtin_rules()
-    report = match_rules(model.graph, type(rules)(tuple(rules.get(n) for n in rule_names)))
-    applied = apply_matches(model, report.kept, native=True)
-    assert not [a.error for a in applied if a.error]
-    verify(model)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
-    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
-    outs = []
-    for m in (original, model):
-        session = ort.InferenceSession(
-            to_onnx(m).SerializeToString(), options, providers=["CPUExecutionProvider"]
-        )
-        outs.append(session.run(None, {"pixel_values": x})[0])
-    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-4, atol=1e-4 * np.abs(outs[0]).max())
-    return model.graph.op_histogram()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("source", ["dynamo", "torchscript"])
 def test_zoo_resnet50_bn_native_rewrite_runs_in_onnxruntime(source):
     # chained matches: each FusedConv reads the previous rewrite's output
-    ops = _zoo_native_agrees("resnet50_bn", source, ("conv_bn_relu", "conv_bn"))
+    ops = zoo_native_rewrite("resnet50_bn", source, ("conv_bn_relu", "conv_bn"))
     assert ops["com.microsoft::FusedConv"] == 33 and ops["Conv"] == 20
     assert "BatchNormalization" not in ops
