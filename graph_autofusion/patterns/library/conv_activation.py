@@ -20,7 +20,7 @@ from graph_autofusion.patterns.library._conv_common import (
 from graph_autofusion.patterns.matcher import const_value
 from graph_autofusion.patterns.pattern import MatchContext, PatternBuilder
 from graph_autofusion.patterns.rewrite import RewriteContext
-from graph_autofusion.patterns.rules import FusionRule
+from graph_autofusion.patterns.rules import EPILOGUE_THRESHOLD, FusionRule
 
 #: Activations with no parameter inputs.
 SIMPLE = ("Relu", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid")
@@ -51,6 +51,9 @@ RULE = FusionRule(
     pattern=_p.op(*SIMPLE)(_conv, _label="act") | _p.Clip(_conv, _label="act", _exact=False),
     fuse_pattern="FusedConv",
     priority=102,
+    # The native form keeps the contraction as it is and removes the epilogue's memory
+    # pass: the saving is small next to the contraction's time, but any saving counts.
+    benefit_threshold=EPILOGUE_THRESHOLD,
     presets=("cnn",),
     checks=(clip_bounds_constant,),
     rewrite=_rewrite,

@@ -18,7 +18,7 @@ from graph_autofusion.patterns.library._conv_common import (
 from graph_autofusion.patterns.matcher import const_value
 from graph_autofusion.patterns.pattern import MatchContext, PatternBuilder
 from graph_autofusion.patterns.rewrite import RewriteContext
-from graph_autofusion.patterns.rules import FusionRule
+from graph_autofusion.patterns.rules import EPILOGUE_THRESHOLD, FusionRule
 
 
 def residual_same_shape(ctx: MatchContext) -> str | None:
@@ -50,6 +50,9 @@ RULE = FusionRule(
     pattern=_p.Relu(_p.Add(conv(_p), _p.var("z"), _label="add")),
     fuse_pattern="FusedConv",
     priority=106,
+    # The native form keeps the contraction as it is and removes the epilogue's memory
+    # pass: the saving is small next to the contraction's time, but any saving counts.
+    benefit_threshold=EPILOGUE_THRESHOLD,
     presets=("cnn",),
     checks=(residual_same_shape,),
     rewrite=_rewrite,

@@ -20,7 +20,7 @@ from graph_autofusion.patterns.library._conv_common import (
 )
 from graph_autofusion.patterns.pattern import Pattern, PatternBuilder
 from graph_autofusion.patterns.rewrite import RewriteContext
-from graph_autofusion.patterns.rules import FusionRule
+from graph_autofusion.patterns.rules import EPILOGUE_THRESHOLD, FusionRule
 
 
 def conv_bn_pattern(p: PatternBuilder) -> Pattern:
@@ -42,6 +42,9 @@ RULE = FusionRule(
     pattern=conv_bn_pattern(_p),
     fuse_pattern="ConvBatchNorm",
     priority=104,
+    # The native form keeps the contraction as it is and removes the epilogue's memory
+    # pass: the saving is small next to the contraction's time, but any saving counts.
+    benefit_threshold=EPILOGUE_THRESHOLD,
     presets=("cnn",),
     checks=(bn_single_output,),
     rewrite=rewrite_folded_conv,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from graph_autofusion.patterns.library._conv_common import batch_norm, bn_single_output
 from graph_autofusion.patterns.library.conv_bn import rewrite_folded_conv
 from graph_autofusion.patterns.pattern import MatchContext, PatternBuilder
-from graph_autofusion.patterns.rules import FusionRule
+from graph_autofusion.patterns.rules import EPILOGUE_THRESHOLD, FusionRule
 
 
 def is_depthwise(ctx: MatchContext) -> str | None:
@@ -41,6 +41,9 @@ RULE = FusionRule(
     ),
     fuse_pattern="DepthwiseConvBatchNorm",
     priority=108,
+    # The native form keeps the contraction as it is and removes the epilogue's memory
+    # pass: the saving is small next to the contraction's time, but any saving counts.
+    benefit_threshold=EPILOGUE_THRESHOLD,
     presets=("cnn",),
     checks=(bn_single_output, is_depthwise),
     rewrite=rewrite_folded_conv,
