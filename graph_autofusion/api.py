@@ -168,9 +168,19 @@ class GraphAutoFusion:
         return estimate_benefit(self.analyze(**kwargs))
 
     # ------------------------------------------------------------------ fusing
-    def fuse(self, *, safe_mode: bool | None = None, check_speed: bool = True, progress=None):
+    def fuse(
+        self,
+        *,
+        safe_mode: bool | None = None,
+        check_speed: bool = True,
+        progress=None,
+        **options: Any,
+    ):
         """Fuse for onnxruntime: the planned fusions with a runtime-native form, each verified
-        in safe mode (on by default); returns the fused IR :class:`Model`."""
+        in safe mode (on by default); returns the fused IR :class:`Model`.
+
+        ``options`` go to :func:`graph_autofusion.pipeline.fuse_model` (``speed_margin``,
+        ``cosine_floor``, ``e2e_cosine_floor``, ``mc_samples``)."""
         from graph_autofusion.pipeline import fuse_model
 
         self.result = fuse_model(
@@ -183,6 +193,7 @@ class GraphAutoFusion:
             strategy=self.strategy,
             check_speed=check_speed,
             progress=progress,
+            **options,
         )
         return self.result.model
 

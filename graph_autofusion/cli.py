@@ -94,7 +94,9 @@ def _progress_bar(total_hint: str):
     def update(stage: str, i: int, n: int) -> None:
         bar = bars.get(stage)
         if bar is None:
-            bar = bars[stage] = tqdm(total=n, desc=f"{total_hint}: {stage}", leave=False)
+            bar = bars[stage] = tqdm(
+                total=n, desc=f"{total_hint}: {stage}", leave=False, disable=None
+            )
         bar.n = i + 1
         bar.refresh()
         if i + 1 >= n:
@@ -149,20 +151,21 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
     gaf = GraphAutoFusion(args.original, sample_inputs=_load_feeds(args.inputs))
     res = gaf.verify_precision(args.fused, args.original)
-    if args.json:
-        print(json.dumps(res, indent=2, default=float))
-    else:
-        for name, v in res["outputs"].items():
-            print(
-                f"%{name}: cosine {v['cosine']:.9f}, max abs {v['max_abs']:.3g}, "
-                f"max rel {v['max_rel']:.3g}"
-            )
-        worst = sorted(res["layers"].items(), key=lambda kv: kv[1]["cosine"])[:5]
-        if worst:
-            print("least similar intermediate values (same name in both models):")
-            for name, v in worst:
-                print(f"  %{name}: cosine {v['cosine']:.9f}, max abs {v['max_abs']:.3g}")
     ok = res["cosine"] >= args.cosine
+    if args.json:
+        res["passed"], res["floor"] = ok, args.cosine
+        print(json.dumps(res, indent=2, default=float))
+        return 0 if ok else 1
+    for name, v in res["outputs"].items():
+        print(
+            f"%{name}: cosine {v['cosine']:.9f}, max abs {v['max_abs']:.3g}, "
+            f"max rel {v['max_rel']:.3g}"
+        )
+    worst = sorted(res["layers"].items(), key=lambda kv: kv[1]["cosine"])[:5]
+    if worst:
+        print("least similar intermediate values (same name in both models):")
+        for name, v in worst:
+            print(f"  %{name}: cosine {v['cosine']:.9f}, max abs {v['max_abs']:.3g}")
     print(
         f"{'PASS' if ok else 'FAIL'}: worst output cosine {res['cosine']:.9f} (floor {args.cosine})"
     )

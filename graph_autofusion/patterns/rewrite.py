@@ -226,6 +226,21 @@ def fuse_match(
             new.dtype = old.dtype
         if new.shape is None:
             new.shape = old.shape
+    # One value cannot carry two names: a value that replaces a second output (or a value from
+    # outside the rewrite that replaces a read output) gets an Identity carrying the old name.
+    own = {id(o) for n in new_nodes for o in n.outputs}
+    seen: set[int] = set()
+    for i, (old, new) in enumerate(zip(match.outputs, new_values)):
+        if new is old:
+            continue
+        if (id(new) in seen or id(new) not in own) and (old.users or graph.is_output(old)):
+            ident = graph.make_node(
+                "Identity", [new], name=f"{rule_name or fused_op}/Identity", before=match.root
+            )
+            ident.outputs[0].dtype, ident.outputs[0].shape = old.dtype, old.shape
+            new_nodes.append(ident)
+            new_values[i] = ident.outputs[0]
+        seen.add(id(new))
     replaced = model.meta.setdefault("replaced_values", {})
     for old, new in zip(match.outputs, new_values):
         graph.replace_all_uses_with(old, new)

@@ -76,7 +76,7 @@ class SafeFusionReport:
                 lines.append(f"  {b.key}: [{b.code}] {b.message}")
             if len(r.rolled_back) > limit:
                 lines.append(f"  ... {len(r.rolled_back) - limit} more")
-        byrule = Counter(n.rule for n in r.not_lowered)
+        byrule = Counter(n.rule for n in r.not_lowered if n.code == "no-native-form")
         if byrule:
             lines.append(
                 "no onnxruntime-native form (left unfused): "
