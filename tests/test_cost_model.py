@@ -377,6 +377,13 @@ def test_ort_profile_parses_per_node_times():
     ] + [{"cat": "Session", "name": "model_run", "dur": 1000}]
     samples, ops = parse_profile(events, warmup=1)
     assert samples == {"a": [5.0, 7.0, 6.0]} and ops == {"a": "Add"}
+    # the trimmed mean keeps the sub-microsecond fraction a median of whole-us samples loses
+    from graph_autofusion.runtime.ort_profile import trimmed_mean
+
+    assert trimmed_mean([3, 4, 3, 4, 3, 40, 3, 3, 4, 3]) == pytest.approx(3.25)
+    assert trimmed_mean([9.0]) == 9.0
+    tm = prof.node_trimmed_mean_us()
+    assert set(tm) == {"mm", "relu"} and all(t <= max(prof.samples[k]) for k, t in tm.items())
 
 
 def test_transpose_behind_a_view_is_strided_and_shape_inputs_are_not_accesses():
@@ -396,3 +403,88 @@ def test_transpose_behind_a_view_is_strided_and_shape_inputs_are_not_accesses():
     assert after.strided_factor == pytest.approx(cm.STRIDED_ACCESS_FACTOR, rel=1e-3)
     # fusing a view into a Transpose saves one launch only
     assert fc.time_before_s - fc.time_after_s == pytest.approx(p.launch_overhead_s(), rel=1e-6)
+
+
+def test_per_op_type_dispatch_overhead_from_the_profile():
+    """A profile's measured ``op_overhead_us`` prices each operator type's dispatch; types
+    it does not list, and a fused kernel, pay ``launch_overhead_us``."""
+    import dataclasses
+
+    m = parse_model(
+        """
+        graph g(%x: f32[4,16]) -> (%z, %s) {
+          init %shape: i64[2] = [16, 4]
+          %r: f32[16,4] = Reshape(%x, %shape) @reshape
+          %y: f32[16,4] = Relu(%r) @relu
+          %z: f32[16,4] = Neg(%y) @neg
+          %s: i64[2] = Shape(%x) @shape
+        }
+        """
+    )
+    base = profile(overhead_us=1.0)
+    table = {"Reshape": 0.25, "Relu": 3.0, "Shape": 0.5}
+    p = dataclasses.replace(base, op_overhead_us=table)
+    reshape, relu, neg, shape = m.graph.nodes
+    # views and metadata ops cost their own type's overhead only
+    assert kernel_cost(reshape, p).time_s == pytest.approx(0.25e-6)
+    assert kernel_cost(shape, p).time_s == pytest.approx(0.5e-6)
+    # a kernel with work: the roofline term plus its type's overhead
+    r_base, r = kernel_cost(relu, base), kernel_cost(relu, p)
+    assert r.overhead_s == pytest.approx(3e-6)
+    assert r.time_s - r_base.time_s == pytest.approx(2e-6)
+    # not in the table: the launch overhead
+    assert kernel_cost(neg, p).overhead_s == pytest.approx(1e-6)
+    assert cm.dispatch_overhead_s(p, "Neg") == cm.dispatch_overhead_s(base, "Relu") == 1e-6
+    # a duck-typed profile without the attribute still works
+    assert cm.dispatch_overhead_s(type("P", (), {"launch_overhead_s": lambda s: 7e-6})()) == 7e-6
+    # fusing: before = each kernel with its own overhead, after = one launch overhead
+    fc = fusion_cost([reshape, relu, neg], p)
+    assert fc.kernels[-1].overhead_s == pytest.approx(1e-6)
+    before = sum(k.time_s for k in fc.kernels[:-1])
+    assert fc.time_before_s == pytest.approx(before)
+    # overheads 0.25 + 3 + 1 us instead of 3 x 1 us
+    assert before == pytest.approx(
+        sum(kernel_cost(n, base).time_s for n in (reshape, relu, neg)) + 1.25e-6
+    )
+
+
+def test_measured_knee_overlap_and_batched_gemms():
+    """A calibrated profile's GEMM knee and compute/memory overlap change the contraction
+    time as documented; a batched MatMul pays the knee once per batch item."""
+    import dataclasses
+
+    m = parse_model(
+        """
+        graph g(%x: f32[16,2048], %a: f32[8,16,64], %b: f32[8,64,16]) -> (%y, %z) {
+          init %w: f32[2048,2048] = zeros
+          %y: f32[16,2048] = MatMul(%x, %w) @mm
+          %z: f32[8,16,16] = MatMul(%a, %b) @bmm
+        }
+        """
+    )
+    mm, bmm = m.graph.nodes
+    assert cm.gemm_count(mm) == 1 and cm.gemm_count(bmm) == 8
+    base = profile(kind="cpu", bw_gbs=40.0, gflops=400.0, overhead_us=0.2)
+    c0 = kernel_cost(mm, base)
+    # shipped-style profile: 4 us knee, full overlap (the plain roofline)
+    f = 2 * 16 * 2048 * 2048
+    assert c0.compute_s == pytest.approx((f + 400e9 * 4e-6) / (0.9 * 400e9))
+    assert c0.time_s == pytest.approx(max(c0.compute_s, c0.memory_s) + 0.2e-6)
+    knee = dataclasses.replace(base, extra={"contraction_half_time_us": 0.1})
+    c1 = kernel_cost(mm, knee)
+    assert c1.compute_s == pytest.approx((f + 400e9 * 0.1e-6) / (0.9 * 400e9))
+    # the batched MatMul: 8 GEMMs of 32 KFLOP, each paying the knee
+    fb = 2 * 8 * 16 * 64 * 16
+    assert kernel_cost(bmm, knee).compute_s == pytest.approx(
+        (fb + 8 * 400e9 * 0.1e-6) / (0.9 * 400e9)
+    )
+    # no overlap: compute and memory add up; half overlap: half the smaller term is added
+    for ov in (0.0, 0.5):
+        p = dataclasses.replace(base, extra={"compute_memory_overlap": ov})
+        c = kernel_cost(mm, p)
+        lo, hi = sorted((c.compute_s, c.memory_s))
+        assert c.time_s == pytest.approx(hi + (1 - ov) * lo + 0.2e-6)
+        assert cm.roofline_time(c.compute_s, c.memory_s, p) == pytest.approx(hi + (1 - ov) * lo)
+    # an out-of-range value is ignored (the plain roofline)
+    bad = dataclasses.replace(base, extra={"compute_memory_overlap": 1.5})
+    assert cm.compute_memory_overlap(bad) == 1.0

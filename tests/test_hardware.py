@@ -154,6 +154,10 @@ def test_user_file_found_by_name_in_hardware_dir(hw_dir):
         (lambda d: d.update(peak_gflops={"f32": -3}), "peak_gflops", "positive"),
         (lambda d: d["sources"].update(bandwidth="x"), "sources", "names no profile key"),
         (lambda d: d.update(extra={"l3": [1, 2]}), "extra", "numbers, strings"),
+        (lambda d: d.update(op_overhead_us=[0.2]), "op_overhead_us", "must be a mapping"),
+        (lambda d: d.update(op_overhead_us={"Shape": 0}), "op_overhead_us", "positive"),
+        (lambda d: d.update(op_overhead_us={"Slice": "fast"}), "op_overhead_us", "positive"),
+        (lambda d: d.update(op_overhead_us={"": 0.3}), "op_overhead_us", "operator type"),
     ],
 )
 def test_malformed_profile_names_file_key_and_problem(tmp_path, mutate, key, problem):
@@ -245,6 +249,31 @@ def test_save_to_unwritable_place_is_a_hardware_error(tmp_path):
         save_profile(load_profile("a100"), blocker / "p.yaml")
 
 
+def test_shipped_profiles_have_no_op_table_and_fall_back_to_launch_overhead():
+    for name in SHIPPED_PROFILES:
+        p = load_profile(name)
+        assert p.op_overhead_us == {}
+        assert p.op_overhead_s("Slice") == p.launch_overhead_s()
+        assert "op_overhead_us" not in p.to_dict()
+
+
+def test_op_overhead_table_round_trips_and_is_used_per_type(tmp_path):
+    data = _valid()
+    data["op_overhead_us"] = {"Shape": 0.14, "Where": 0.61}
+    data["sources"]["op_overhead_us"] = "measured: test"
+    p = load_profile(_write(tmp_path / "ops.yaml", data))
+    assert p.op_overhead_us == {"Shape": 0.14, "Where": 0.61}
+    assert p.op_overhead_s("Where") == pytest.approx(0.61e-6)
+    assert p.op_overhead_s("Shape") == pytest.approx(0.14e-6)
+    # an operator type not in the table, or none, costs the generic launch overhead
+    assert p.op_overhead_s("Gemm") == p.launch_overhead_s()
+    assert p.op_overhead_s() == p.launch_overhead_s()
+    save_profile(p, tmp_path / "again.yaml")
+    again = load_profile(tmp_path / "again.yaml")
+    assert again == p
+    assert "  op overhead (us)    Shape 0.14, Where 0.61" in again.summary_lines()
+
+
 def test_host_uses_cached_file(hw_dir):
     hw_dir.mkdir()
     data = _valid()
@@ -276,6 +305,18 @@ def test_quick_calibration_is_sane_and_cached(hw_dir):
     assert 0.01 <= p.launch_overhead_us <= 1000
     assert p.cores >= 1 and p.local_memory_kb > 0
     for key in ("memory_bandwidth_gbs", "peak_gflops.f32", "launch_overhead_us"):
+        assert p.sources[key].startswith("measured")
+    # onnxruntime is installed: the fp32 peak is its own MatMul's, and every operator type of
+    # the dispatch table was measured (positive, sub-100-us on any sane machine)
+    assert "onnxruntime" in p.sources["peak_gflops.f32"]
+    assert 0 < p.extra["peak_cpu_share"] <= p.cores + 0.5
+    table = p.op_overhead_us
+    assert {"Shape", "Gather", "Concat", "Slice", "Where", "Transpose", "MatMul"} <= set(table)
+    assert all(0 < v < 100 for v in table.values())
+    assert p.sources["op_overhead_us"].startswith("measured")
+    assert 0 < p.extra["contraction_half_time_us"] < 100
+    assert 0 <= p.extra["compute_memory_overlap"] <= 1
+    for key in ("extra.contraction_half_time_us", "extra.compute_memory_overlap"):
         assert p.sources[key].startswith("measured")
     save_profile(p, hw_dir / "host.yaml")
     assert load_profile("host") == p

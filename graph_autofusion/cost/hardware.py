@@ -21,6 +21,8 @@ Schema (one YAML mapping; see ``docs/hardware.md`` for the table)::
     l1_kb: 192                      # optional, KiB
     l2_kb: 40960                    # optional, KiB
     extra: {...}                    # optional, free-form scalars (Ascend L0A/L0B/L0C ...)
+    op_overhead_us: {Shape: 0.14}   # optional, microseconds per dispatch by operator type
+                                    # (an op type not listed costs launch_overhead_us)
     sources: {memory_bandwidth_gbs: "..."}   # field -> where the number comes from
 
 Loading validates everything: required keys, types, positive numbers, no unknown keys. Errors
@@ -84,6 +86,7 @@ _OPTIONAL: dict[str, type | tuple[type, ...]] = {
     "l1_kb": (int, float),
     "l2_kb": (int, float),
     "extra": dict,
+    "op_overhead_us": dict,
     "sources": dict,
     "schema_version": int,
 }
@@ -139,6 +142,9 @@ class HardwareProfile:
         l2_kb: Ascend L2 total, GPU L2 total, CPU L2 per core (KiB).
         extra: Free-form additional facts (Ascend L0A/L0B/L0C sizes, CPU L3, frequencies).
         sources: Field name (or ``peak_gflops.f16``, ``extra.l0_a_kb``) -> where it comes from.
+        op_overhead_us: Operator type (``Shape``, ``Slice`` ...) -> fixed cost of dispatching
+            one such operator, microseconds; measured per type by the host calibration. Empty
+            in shipped profiles: every operator then costs ``launch_overhead_us``.
     """
 
     name: str
@@ -154,6 +160,7 @@ class HardwareProfile:
     l2_kb: float | None = None
     extra: dict = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
+    op_overhead_us: dict[str, float] = field(default_factory=dict)
 
     def bandwidth_bytes_per_s(self) -> float:
         """Main-memory bandwidth in bytes per second."""
@@ -174,6 +181,12 @@ class HardwareProfile:
     def launch_overhead_s(self) -> float:
         """Per-launch / per-dispatch overhead in seconds."""
         return float(self.launch_overhead_us) * 1e-6
+
+    def op_overhead_s(self, op_type: str | None = None) -> float:
+        """Dispatch overhead of one ``op_type`` operator in seconds: its ``op_overhead_us``
+        entry when the profile has one, else :meth:`launch_overhead_s`."""
+        us = (self.op_overhead_us or {}).get(op_type) if op_type else None
+        return float(us if us is not None else self.launch_overhead_us) * 1e-6
 
     def local_memory_bytes(self) -> int:
         """On-chip working memory per core in bytes (KiB x 1024)."""
@@ -199,6 +212,8 @@ class HardwareProfile:
             out["l2_kb"] = _num(self.l2_kb)
         if self.extra:
             out["extra"] = dict(self.extra)
+        if self.op_overhead_us:
+            out["op_overhead_us"] = {k: _num(v) for k, v in self.op_overhead_us.items()}
         if self.sources:
             out["sources"] = dict(self.sources)
         return out
@@ -228,6 +243,9 @@ class HardwareProfile:
             lines.append(f"  l2                  {self.l2_kb:g} KiB")
         for k, v in self.extra.items():
             lines.append(f"  extra.{k:<14} {v}")
+        if self.op_overhead_us:
+            per_op = ", ".join(f"{k} {v:g}" for k, v in self.op_overhead_us.items())
+            lines.append(f"  op overhead (us)    {per_op}")
         if self.sources:
             lines.append("  sources:")
             lines.extend(f"    {k}: {v}" for k, v in self.sources.items())
@@ -303,6 +321,11 @@ def _validate(data: Any, where: str, lines: dict[str, int]) -> None:
     for k, v in (data.get("extra") or {}).items():
         if not isinstance(k, str) or not (_is_number(v) or isinstance(v, (str, bool))):
             fail("extra", f"entry {k!r}: values must be numbers, strings or booleans")
+    for k, v in (data.get("op_overhead_us") or {}).items():
+        if not isinstance(k, str) or not k.strip():
+            fail("op_overhead_us", f"entry {k!r}: keys must be operator type names")
+        if not _is_number(v) or not v > 0:
+            fail("op_overhead_us", f"entry {k!r}: must be a positive number (us), got {v!r}")
     sources = data.get("sources") or {}
     if not isinstance(sources, dict):
         fail("sources", "must be a mapping")
@@ -329,6 +352,7 @@ def _from_dict(data: dict[str, Any]) -> HardwareProfile:
         l2_kb=None if data.get("l2_kb") is None else float(data["l2_kb"]),
         extra=dict(data.get("extra") or {}),
         sources={str(k): str(v) for k, v in (data.get("sources") or {}).items()},
+        op_overhead_us={str(k): float(v) for k, v in (data.get("op_overhead_us") or {}).items()},
     )
 
 

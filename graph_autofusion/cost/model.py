@@ -1,8 +1,10 @@
 """Cost model (F8): roofline time per kernel, before/after costs of a fusion, verdicts.
 
 Kernel time
-    ``time = max(compute, memory) + launch overhead`` (roofline plus overhead), where
+    ``time = max(compute, memory) + overhead`` (roofline plus overhead), where
     ``compute = flops / (peak x efficiency)`` and ``memory = bytes x access factor / bandwidth``.
+    The overhead is the profile's measured dispatch cost of the operator's type
+    (``op_overhead_us``, see :func:`dispatch_overhead_s`), else its ``launch_overhead_us``.
     FLOPs come from :func:`graph_autofusion.catalog.cost.node_flops`; bytes from
     :func:`~graph_autofusion.catalog.cost.node_bytes` with these corrections, chosen after what
     onnxruntime's CPU kernels do:
@@ -17,12 +19,22 @@ Kernel time
 Compute efficiency (the same curve on every profile, not fitted per model)
     A contraction (``MatMul``, ``Gemm``, ``Conv`` and their fused forms, RNN cells) reaches
     ``e(F) = CONTRACTION_MAX_EFFICIENCY x F / (F + F_half)`` of peak, where
-    ``F_half = peak x CONTRACTION_HALF_TIME_S``: a GEMM whose ideal compute time is
-    ``CONTRACTION_HALF_TIME_S`` (4 us) runs at half the sustainable efficiency (0.9). Small GEMMs
-    are dominated by packing, edge tiles and thread start; expressing the knee as a time makes
-    it scale with the device. Other operators run on the vector units at ``VECTOR_EFFICIENCY``
+    ``F_half = peak x half_time`` and ``F`` is the work of one GEMM: a batched ``MatMul`` runs
+    one GEMM per batch item, a ``Conv`` one per image and group, a recurrent cell one per time
+    step and direction (:func:`gemm_count`), each paying the knee. A GEMM whose ideal compute
+    time is ``half_time`` runs at half the sustainable efficiency (0.9); equivalently each GEMM
+    costs ``F / (0.9 x peak) + half_time / 0.9``. Small GEMMs are dominated by packing, edge
+    tiles and thread start; expressing the knee as a time makes it scale with the device.
+    ``half_time`` is the profile's measured ``extra.contraction_half_time_us`` (host
+    calibration) or ``CONTRACTION_HALF_TIME_S`` (4 us). Other operators run on the vector units at ``VECTOR_EFFICIENCY``
     (0.1) of the FMA peak: one FLOP per loaded element, no FMA pairing, and transcendental
     functions (``Exp``, ``Erf``, ``Pow``) that expand into many instructions.
+
+Overlap of compute and memory traffic
+    ``max(compute, memory)`` assumes the two overlap fully. A calibrated host profile may
+    measure how far they do (``extra.compute_memory_overlap``, from a weight-streaming GEMM in
+    onnxruntime); the kernel time is then ``max + (1 - overlap) x min``
+    (:func:`roofline_time`). Shipped profiles: 1 (the plain roofline).
 
 Cache-resident activations
     A tensor produced by a kernel of the same run (an activation, not a weight or a model
@@ -244,16 +256,68 @@ def _dtype_key(node: Node) -> str:
     return "f32"
 
 
-def contraction_efficiency(flops: float, peak_flops_per_s: float) -> float:
-    """Fraction of peak a contraction of ``flops`` reaches (see the module docstring)."""
-    f_half = peak_flops_per_s * CONTRACTION_HALF_TIME_S
+def contraction_efficiency(
+    flops: float, peak_flops_per_s: float, half_time_s: float | None = None
+) -> float:
+    """Fraction of peak one GEMM of ``flops`` reaches (see the module docstring).
+
+    ``half_time_s``: the knee (default :data:`CONTRACTION_HALF_TIME_S`; a calibrated host
+    profile measures its own, :func:`contraction_half_time_s`).
+    """
+    half = CONTRACTION_HALF_TIME_S if half_time_s is None else half_time_s
+    f_half = peak_flops_per_s * half
     return CONTRACTION_MAX_EFFICIENCY * flops / (flops + f_half) if flops > 0 else 1.0
 
 
-def _compute_time(flops: int, contraction_flops: int, peak: float) -> float:
+def contraction_half_time_s(profile: Any) -> float:
+    """The efficiency curve's knee on ``profile``: its measured
+    ``extra.contraction_half_time_us`` (host calibration) when present, else
+    :data:`CONTRACTION_HALF_TIME_S`."""
+    us = (getattr(profile, "extra", None) or {}).get("contraction_half_time_us")
+    if isinstance(us, (int, float)) and not isinstance(us, bool) and us > 0:
+        return float(us) * 1e-6
+    return CONTRACTION_HALF_TIME_S
+
+
+def gemm_count(node: Node) -> int:
+    """How many separate GEMMs one contraction kernel runs: a batched ``MatMul`` one per
+    batch item (the broadcast leading dims of its output), a ``Conv`` one per image and group,
+    a recurrent cell one per time step and direction; otherwise 1."""
+    op = node.op_type
+    out = node.outputs[0] if node.outputs else None
+    shape = out.shape if out is not None else None
+    if shape is None or any(not isinstance(d, int) for d in shape):
+        return 1
+    if op in ("MatMul", "FusedMatMul", "MatMulInteger") and len(shape) > 2:
+        return max(1, _prod(shape[:-2]))
+    if op in ("Conv", "FusedConv", "ConvTranspose") and shape:
+        return max(1, int(shape[0]) * int(node.attr("group") or 1))
+    if op in ("LSTM", "GRU", "RNN") and len(shape) >= 2:
+        x = node.inputs[0] if node.inputs else None
+        steps = x.shape[0] if x is not None and x.shape and isinstance(x.shape[0], int) else 1
+        return max(1, int(steps) * int(shape[1]))
+    return 1
+
+
+def _prod(dims: Sequence[int]) -> int:
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n
+
+
+def _compute_time(
+    flops: int,
+    contraction_flops: int,
+    peak: float,
+    gemms: int = 1,
+    half_time_s: float | None = None,
+) -> float:
     t = 0.0
     if contraction_flops:
-        t += contraction_flops / (peak * contraction_efficiency(contraction_flops, peak))
+        per_gemm = contraction_flops / max(gemms, 1)
+        eff = contraction_efficiency(per_gemm, peak, half_time_s)
+        t += contraction_flops / (peak * eff)
     rest = flops - contraction_flops
     if rest > 0:
         t += rest / (peak * VECTOR_EFFICIENCY)
@@ -299,13 +363,45 @@ def _read_bytes(node: Node) -> tuple[int, int] | None:
     return total, count
 
 
+def compute_memory_overlap(profile: Any) -> float:
+    """How far a kernel's compute hides its memory traffic on ``profile``, in [0, 1]: the
+    measured ``extra.compute_memory_overlap`` (host calibration), else 1 (perfect overlap,
+    the plain roofline)."""
+    v = (getattr(profile, "extra", None) or {}).get("compute_memory_overlap")
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0:
+        return float(v)
+    return 1.0
+
+
+def roofline_time(compute: float, memory: float, profile: Any) -> float:
+    """``max(compute, memory) + (1 - overlap) x min(compute, memory)``: the roofline when
+    compute and memory traffic overlap fully (``overlap`` 1, every shipped profile), their
+    sum when they do not (see :func:`compute_memory_overlap`)."""
+    overlap = compute_memory_overlap(profile)
+    return max(compute, memory) + (1.0 - overlap) * min(compute, memory)
+
+
+def dispatch_overhead_s(profile: Any, op_type: str | None = None) -> float:
+    """Fixed cost of dispatching one ``op_type`` kernel on ``profile``, seconds.
+
+    The profile's measured per-type entry (``op_overhead_us``, host calibration) when it has
+    one for ``op_type``, else its ``launch_overhead_us``. A fused kernel (``op_type`` None)
+    pays ``launch_overhead_us``.
+    """
+    table = getattr(profile, "op_overhead_us", None) or {}
+    us = table.get(op_type) if op_type else None
+    if us is None:
+        return profile.launch_overhead_s()
+    return float(us) * 1e-6
+
+
 def kernel_cost(node: Node, profile: Any) -> KernelCost:
     """Roofline cost of ``node`` run as its own kernel on ``profile``.
 
     ``node`` must carry concrete shapes (a shadow node from
     :class:`~graph_autofusion.cost.shapes.ShapeBinding`, or a graph with static shapes).
     """
-    overhead = profile.launch_overhead_s()
+    overhead = dispatch_overhead_s(profile, node.op_type)
     if node.op_type in FREE_OPS:
         return KernelCost(0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, "overhead")
     if node.op_type in VIEW_OPS and node.domain in ("", "ai.onnx"):
@@ -326,9 +422,10 @@ def kernel_cost(node: Node, profile: Any) -> KernelCost:
         factor = STRIDED_ACCESS_FACTOR
     peak = profile.peak_flops_per_s(_dtype_key(node))
     contraction = flops if node.op_type in CONTRACTION_OPS else 0
-    compute = _compute_time(flops, contraction, peak)
+    gemms = gemm_count(node) if contraction else 1
+    compute = _compute_time(flops, contraction, peak, gemms, contraction_half_time_s(profile))
     memory = _memory_time(node_reads(node), list(node.outputs), factor, profile)
-    time = max(compute, memory) + overhead
+    time = roofline_time(compute, memory, profile) + overhead
     bound = max((compute, "compute"), (memory, "memory"), (overhead, "overhead"))[1]
     return KernelCost(
         flops, read, written, accesses, compute, memory, overhead, time, bound, factor
@@ -478,6 +575,7 @@ def _fused_kernel(io: GroupIO, profile: Any) -> tuple[KernelCost, int | None]:
     """One kernel for the whole group; returns its cost and the group's FLOPs."""
     flops = 0
     contraction = 0
+    gemms = 0
     for n in io.nodes:
         if n.op_type in FREE_OPS or (n.op_type in VIEW_OPS and n.domain in ("", "ai.onnx")):
             continue
@@ -488,6 +586,7 @@ def _fused_kernel(io: GroupIO, profile: Any) -> tuple[KernelCost, int | None]:
         flops += f
         if n.op_type in CONTRACTION_OPS:
             contraction += f
+            gemms += gemm_count(n)
     read = 0
     factor_read = 0.0
     reads: list[tuple[Value, int]] = []
@@ -527,7 +626,9 @@ def _fused_kernel(io: GroupIO, profile: Any) -> tuple[KernelCost, int | None]:
         ), flops
     dt = _dtype_key(io.nodes[0]) if io.nodes else "f32"
     peak = profile.peak_flops_per_s(dt)
-    compute = _compute_time(flops, contraction, peak)
+    compute = _compute_time(
+        flops, contraction, peak, max(gemms, 1), contraction_half_time_s(profile)
+    )
     strided = io.strided_inputs
     memory = _memory_time(
         reads,
@@ -535,7 +636,7 @@ def _fused_kernel(io: GroupIO, profile: Any) -> tuple[KernelCost, int | None]:
         lambda v: STRIDED_ACCESS_FACTOR if v.name in strided else 1.0,
         profile,
     )
-    time = max(compute, memory) + overhead
+    time = roofline_time(compute, memory, profile) + overhead
     bound = max((compute, "compute"), (memory, "memory"), (overhead, "overhead"))[1]
     factor = factor_read / read if read else 1.0
     return (
@@ -673,7 +774,11 @@ __all__ = [
     "STRIDED_ACCESS_FACTOR",
     "VECTOR_EFFICIENCY",
     "Verdict",
+    "compute_memory_overlap",
     "contraction_efficiency",
+    "contraction_half_time_s",
+    "dispatch_overhead_s",
+    "gemm_count",
     "fusion_cost",
     "group_io",
     "kernel_cost",
@@ -681,4 +786,5 @@ __all__ = [
     "model_costs",
     "node_reads",
     "predicted_total_s",
+    "roofline_time",
 ]
