@@ -488,3 +488,25 @@ def test_measured_knee_overlap_and_batched_gemms():
     # an out-of-range value is ignored (the plain roofline)
     bad = dataclasses.replace(base, extra={"compute_memory_overlap": 1.5})
     assert cm.compute_memory_overlap(bad) == 1.0
+
+
+def test_measured_per_element_rate_prices_operators_apart():
+    text = """
+    graph g(%x: f32[256,1024]) -> (%y) {
+      %s: f32[256,1024] = Sin(%x) @sin
+      %y: f32[256,1024] = Add(%s, %x) @add
+    }
+    """
+    model = parse_model(text)
+    flat = profile(kind="cpu", bw_gbs=1e6, gflops=1e6, overhead_us=0.0)
+    sin, add = nodes_of(model, "sin", "add")
+    # one FLOP rate: both cost the same compute
+    assert kernel_cost(sin, flat).compute_s == pytest.approx(kernel_cost(add, flat).compute_s)
+    import dataclasses
+
+    rated = dataclasses.replace(flat, extra={"op_ns_per_element": {"Sin": 1.2, "Add": 0.1}})
+    assert kernel_cost(sin, rated).compute_s == pytest.approx(256 * 1024 * 1.2e-9)
+    assert kernel_cost(add, rated).compute_s == pytest.approx(256 * 1024 * 0.1e-9)
+    # a fused kernel pays the same measured rates for its members
+    fused = cm._fused_kernel(cm.group_io([sin, add]), rated)[0]
+    assert fused.compute_s == pytest.approx(256 * 1024 * 1.3e-9)

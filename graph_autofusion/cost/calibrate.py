@@ -570,6 +570,120 @@ def read_caches() -> tuple[dict[str, float], str]:
     return found, "os.sysconf(SC_LEVEL*_CACHE_SIZE)"
 
 
+#: Operators whose per-element compute cost is measured (the roofline's single FLOP rate
+#: prices Sin, Erf or Softmax like Add; onnxruntime's kernels differ several-fold).
+THROUGHPUT_OPS = (
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Pow",
+    "Sqrt",
+    "Reciprocal",
+    "Neg",
+    "Tanh",
+    "Sigmoid",
+    "Erf",
+    "Relu",
+    "Sin",
+    "Cos",
+    "Exp",
+    "Log",
+    "Where",
+    "Max",
+    "Min",
+    "Equal",
+    "IsNaN",
+    "Cast",
+    "Softmax",
+    "ReduceMean",
+    "ReduceSum",
+    "ReduceMax",
+    "LayerNormalization",
+    "Transpose",
+    "Expand",
+    "Concat",
+    "Gather",
+    "Slice",
+    "Split",
+)
+
+
+def _throughput_specs(rows: int, cols: int) -> dict[str, tuple[list[np.ndarray], dict]]:
+    """One instance per operator of :data:`THROUGHPUT_OPS` on a ``rows x cols`` float tensor."""
+    from onnx import TensorProto
+
+    f32, i64 = np.float32, np.int64
+    rng = np.random.default_rng(0)
+    x = (rng.random((rows, cols), dtype=f32) + 0.5).astype(f32)
+    y = (rng.random((rows, cols), dtype=f32) + 0.5).astype(f32)
+    last = np.array([-1], i64)
+    specs: dict[str, tuple[list[np.ndarray], dict]] = {}
+    for op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Equal"):
+        specs[op] = ([x, y], {})
+    for op in (
+        "Sqrt",
+        "Reciprocal",
+        "Neg",
+        "Tanh",
+        "Sigmoid",
+        "Erf",
+        "Relu",
+        "Sin",
+        "Cos",
+        "Exp",
+        "Log",
+        "IsNaN",
+    ):
+        specs[op] = ([x], {})
+    specs["Pow"] = ([x, np.array(2.0, f32)], {})
+    specs["Where"] = ([x > 1.0, x, y], {})
+    specs["Cast"] = ([x], {"to": TensorProto.FLOAT16})
+    specs["Softmax"] = ([x], {"axis": -1})
+    for op in ("ReduceMean", "ReduceSum"):
+        specs[op] = ([x, last], {"keepdims": 1})
+    specs["ReduceMax"] = ([x, last], {"keepdims": 1})
+    specs["LayerNormalization"] = ([x, np.ones(cols, f32), np.zeros(cols, f32)], {"axis": -1})
+    specs["Transpose"] = ([x], {"perm": [1, 0]})
+    specs["Expand"] = ([x[:1], np.array([rows, cols], i64)], {})
+    specs["Concat"] = ([x[: rows // 2], x[rows // 2 :]], {"axis": 0})
+    specs["Gather"] = ([x, np.arange(rows, dtype=i64)], {"axis": 0})
+    specs["Slice"] = ([x, *(np.array([v], i64) for v in (0, cols // 2, 1, 1))], {})
+    specs["Split"] = ([x, np.array([cols // 2, cols // 2], i64)], {"axis": 1, "_outputs": 2})
+    return specs
+
+
+def measure_op_throughput(quick: bool = True) -> tuple[dict[str, float], str] | None:
+    """Compute cost per output element of each operator type in onnxruntime, nanoseconds.
+
+    Per operator: best-of-R time of 12 independent copies on a 64 x 1024 float32 tensor
+    (256 KiB, cache resident, so the rate is the kernel's and not DRAM's) minus 12 copies on a
+    1 x 16 tensor (the dispatch part), per copy and element.
+    """
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    rows, cols, copies = 64, 1024, 12
+    repeats = 7 if quick else 25
+    feed = {"x": np.zeros(1, dtype=np.float32)}
+    big, tiny = _throughput_specs(rows, cols), _throughput_specs(2, 16)
+    out: dict[str, float] = {}
+    for op in THROUGHPUT_OPS:
+        times = []
+        for specs in (big, tiny):
+            inputs, attrs = specs[op]
+            sess = _ort_session(_copies_model(op, inputs, attrs, copies))
+            times.append(_best_time(lambda sess=sess: sess.run(None, feed), repeats))
+        per_copy = max(times[0] - times[1], 0.0) / copies
+        out[op] = round(max(per_copy / (rows * cols) * 1e9, 0.001), 4)
+    return out, (
+        f"measured: onnxruntime {ort.__version__}, ORT_DISABLE_ALL, intra_op_num_threads="
+        f"{_cores()}; per operator, best-of-{repeats} time of {copies} copies on a "
+        f"{rows}x{cols} float32 tensor minus {copies} copies on a 2x16 one, per copy and element"
+    )
+
+
 def calibrate_host(quick: bool = True) -> HardwareProfile:
     """Measure this machine and return its ``host`` profile (quick: a few seconds).
 
@@ -615,6 +729,10 @@ def calibrate_host(quick: bool = True) -> HardwareProfile:
         "calibration": "quick" if quick else "full",
         "calibrated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    throughput = measure_op_throughput(quick)
+    if throughput is not None:
+        extra["op_ns_per_element"] = throughput[0]
+        sources["extra.op_ns_per_element"] = throughput[1]
     if knee is not None:
         extra["contraction_half_time_us"] = knee[0]
         sources["extra.contraction_half_time_us"] = knee[1]

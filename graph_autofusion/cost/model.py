@@ -395,6 +395,25 @@ def dispatch_overhead_s(profile: Any, op_type: str | None = None) -> float:
     return float(us) * 1e-6
 
 
+def _elements(node: Node) -> int | None:
+    sizes = [v.numel() for v in (*node.inputs[:1], *node.outputs[:1]) if v is not None]
+    if not sizes or any(n is None for n in sizes):
+        return None
+    return max(sizes)
+
+
+def element_time_s(node: Node, profile: Any) -> float | None:
+    """Measured compute time of a non-contraction node: its element count times the profile's
+    calibrated ``extra.op_ns_per_element[op_type]`` (``None`` when the profile has none for it;
+    the roofline's FLOP rate applies then)."""
+    table = (getattr(profile, "extra", None) or {}).get("op_ns_per_element") or {}
+    ns = table.get(node.op_type)
+    if ns is None or node.op_type in CONTRACTION_OPS:
+        return None
+    n = _elements(node)
+    return None if n is None else n * float(ns) * 1e-9
+
+
 def kernel_cost(node: Node, profile: Any) -> KernelCost:
     """Roofline cost of ``node`` run as its own kernel on ``profile``.
 
@@ -424,6 +443,9 @@ def kernel_cost(node: Node, profile: Any) -> KernelCost:
     contraction = flops if node.op_type in CONTRACTION_OPS else 0
     gemms = gemm_count(node) if contraction else 1
     compute = _compute_time(flops, contraction, peak, gemms, contraction_half_time_s(profile))
+    measured = element_time_s(node, profile)
+    if measured is not None:
+        compute = measured
     memory = _memory_time(node_reads(node), list(node.outputs), factor, profile)
     time = roofline_time(compute, memory, profile) + overhead
     bound = max((compute, "compute"), (memory, "memory"), (overhead, "overhead"))[1]
@@ -576,6 +598,8 @@ def _fused_kernel(io: GroupIO, profile: Any) -> tuple[KernelCost, int | None]:
     flops = 0
     contraction = 0
     gemms = 0
+    measured_s = 0.0  # calibrated per-element time of nodes the profile has a rate for
+    measured_flops = 0
     for n in io.nodes:
         if n.op_type in FREE_OPS or (n.op_type in VIEW_OPS and n.domain in ("", "ai.onnx")):
             continue
@@ -587,6 +611,11 @@ def _fused_kernel(io: GroupIO, profile: Any) -> tuple[KernelCost, int | None]:
         if n.op_type in CONTRACTION_OPS:
             contraction += f
             gemms += gemm_count(n)
+        else:
+            t = element_time_s(n, profile)
+            if t is not None:
+                measured_s += t
+                measured_flops += f
     read = 0
     factor_read = 0.0
     reads: list[tuple[Value, int]] = []
@@ -626,8 +655,8 @@ def _fused_kernel(io: GroupIO, profile: Any) -> tuple[KernelCost, int | None]:
         ), flops
     dt = _dtype_key(io.nodes[0]) if io.nodes else "f32"
     peak = profile.peak_flops_per_s(dt)
-    compute = _compute_time(
-        flops, contraction, peak, max(gemms, 1), contraction_half_time_s(profile)
+    compute = measured_s + _compute_time(
+        flops - measured_flops, contraction, peak, max(gemms, 1), contraction_half_time_s(profile)
     )
     strided = io.strided_inputs
     memory = _memory_time(
