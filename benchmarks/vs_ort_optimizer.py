@@ -1,0 +1,714 @@
+"""Graph AutoFusion against onnxruntime's transformers optimizer, side by side in onnxruntime.
+
+The peer a user would pick today for transformer graphs on onnxruntime is
+``onnxruntime.transformers.optimizer.optimize_model`` (model types ``bert`` and ``gpt2``; for
+the Llama models ``gpt2``, which fuses the same as ``qwen3`` there, see
+``/work/shared/research/baselines.md``). For every zoo model, exporter and input shape this
+script builds three models and times them in one process, interleaved round-robin:
+
+* ``original``: the cached zoo export;
+* ``peer``: ``optimize_model(path, model_type, num_heads, hidden_size)`` with its defaults
+  (a failure is recorded with its error, never hidden);
+* ``ours``: ``GraphAutoFusion(path, preset, sample_inputs=feeds).fuse()`` with its defaults
+  (safe mode on), decided on the same inputs that are timed, then ``save()``.
+
+Each is run in onnxruntime (CPU, ``intra_op_num_threads=2``, ``inter_op_num_threads=1``) at
+``ORT_ENABLE_BASIC`` and ``ORT_ENABLE_ALL``: warm-up, then ``--runs`` rounds, each round runs
+every variant once (the order rotates each round). Reported per variant: median, min, max,
+p10, p90 (ms); ratios ours/peer and ours/original of the medians. Fused operators are counted
+by type in each model file (the operator types that are not in the original export's standard
+set: ``com.microsoft`` contrib operators and ``SimplifiedLayerNormalization``), with the
+peer's own ``get_fused_operator_statistics()`` and our safe-fusion report (fused, rolled back
+by reason). A one-node kernel timing (``--kernels``) checks the claims safe mode makes when it
+rolls a fusion back as slower.
+
+Run (about 20 minutes on the 2-vCPU machine)::
+
+    .venv/bin/python benchmarks/vs_ort_optimizer.py
+    .venv/bin/python benchmarks/vs_ort_optimizer.py --models bert --shapes 1x16 --runs 20
+
+Writes ``benchmarks/results/vs_ort_optimizer.json`` and ``vs_ort_optimizer.md``. Each
+(model, exporter) runs in its own process (one model per process, as in the baselines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+# model -> (peer model_type, num_heads, hidden_size, our preset)
+MODELS: dict[str, tuple[str, int, int, str]] = {
+    "bert": ("bert", 12, 768, "transformer"),
+    "gpt2": ("gpt2", 12, 768, "transformer"),
+    "llama": ("gpt2", 8, 512, "llm"),
+    "llama_gqa": ("gpt2", 8, 512, "llm"),
+    "minilm": ("bert", 12, 384, "transformer"),
+}
+DEFAULT_MODELS = ("bert", "gpt2", "llama", "llama_gqa", "minilm")
+DEFAULT_SHAPES = ("1x16", "1x128")
+EXTRA_SHAPES = {"bert": ("8x128",)}  # added with --extra
+LEVELS = ("basic", "all")
+VARIANTS = ("original", "peer", "ours")
+# standard operators that count as fused when a tool creates them
+FUSED_STANDARD = {"SimplifiedLayerNormalization", "RMSNormalization"}
+ROUND_BUDGET_S = 4.0  # timed seconds per (shape, level) before more rounds stop being added
+# fused operators that cover the same source pattern family (coverage is also checked per family)
+FAMILIES = {
+    "RMSNorm family (Skip + plain SimplifiedLayerNormalization)": (
+        "SkipSimplifiedLayerNormalization",
+        "SimplifiedLayerNormalization",
+    ),
+    "Gelu-with-bias family (BiasGelu, FastGelu)": ("BiasGelu", "FastGelu"),
+}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------- helpers
+def op_counts(proto) -> dict[str, int]:
+    """Node count by ``domain::op_type`` (plain op type for the ONNX domain)."""
+    c: Counter[str] = Counter()
+    for n in proto.graph.node:
+        dom = n.domain if n.domain not in ("", "ai.onnx") else ""
+        c[f"{dom}::{n.op_type}" if dom else n.op_type] += 1
+    return dict(sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def fused_counts(counts: dict[str, int], original: dict[str, int]) -> dict[str, int]:
+    """Fused operator types: non-ONNX-domain ops and fused standard ops, net of the original."""
+    out = {}
+    for k, v in counts.items():
+        if "::" in k or k in FUSED_STANDARD:
+            d = v - original.get(k, 0)
+            if d > 0:
+                out[k.split("::")[-1]] = d
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def session(path: str, level: str, threads: int = 2):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[level]
+    so.log_severity_level = 3
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def stats_ms(ts: list[float]) -> dict[str, float]:
+    a = np.asarray(ts) * 1e3
+    return {
+        "median": float(np.median(a)),
+        "min": float(a.min()),
+        "max": float(a.max()),
+        "p10": float(np.percentile(a, 10)),
+        "p90": float(np.percentile(a, 90)),
+        "n": int(a.size),
+    }
+
+
+def time_side_by_side(
+    paths: dict[str, str], feeds: dict[str, np.ndarray], level: str, warmup: int, runs: int
+) -> dict[str, Any]:
+    """Sessions of every variant loaded together; warm-up, then ``runs`` rotating rounds."""
+    import gc
+
+    sessions = {}
+    load_s = {}
+    for k, p in paths.items():
+        t = time.perf_counter()
+        sessions[k] = session(p, level)
+        load_s[k] = time.perf_counter() - t
+    ins = {
+        k: {i.name: feeds[i.name] for i in s.get_inputs() if i.name in feeds}
+        for k, s in sessions.items()
+    }
+    outs = {}
+    t = time.perf_counter()
+    for _ in range(warmup):
+        for k, s in sessions.items():
+            outs[k] = s.run(None, ins[k])
+    per_round = (time.perf_counter() - t) / max(1, warmup)
+    # at least ``runs`` rounds; more (up to 5x) while they fit in ``ROUND_BUDGET_S``
+    runs = max(runs, min(5 * runs, int(ROUND_BUDGET_S / max(per_round, 1e-6))))
+    names = list(sessions)
+    times: dict[str, list[float]] = {k: [] for k in names}
+    gc.collect()
+    gc.disable()
+    try:
+        for r in range(runs):
+            order = names[r % len(names) :] + names[: r % len(names)]
+            for k in order:
+                t = time.perf_counter()
+                sessions[k].run(None, ins[k])
+                times[k].append(time.perf_counter() - t)
+    finally:
+        gc.enable()
+    res: dict[str, Any] = {k: stats_ms(v) for k, v in times.items()}
+    res["session_load_s"] = load_s
+    ref = outs.get("original")
+    if ref is not None:
+        res["max_abs_diff_vs_original"] = {
+            k: float(
+                max(
+                    np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)))
+                    for a, b in zip(o, ref, strict=False)
+                    if np.shape(a) == np.shape(b)
+                )
+            )
+            for k, o in outs.items()
+            if k != "original"
+        }
+    del sessions
+    gc.collect()
+    return res
+
+
+# ---------------------------------------------------------------------------- one model
+def run_peer(path: Path, name: str, out_path: str, orig_counts: dict[str, int]) -> dict[str, Any]:
+    from onnxruntime.transformers.optimizer import MODEL_TYPES, optimize_model
+
+    model_type, heads, hidden, _ = MODELS[name]
+    info: dict[str, Any] = {
+        "model_type": model_type,
+        "num_heads": heads,
+        "hidden_size": hidden,
+        "default_opt_level": MODEL_TYPES[model_type][2],
+    }
+    t = time.perf_counter()
+    try:
+        opt = optimize_model(str(path), model_type=model_type, num_heads=heads, hidden_size=hidden)
+        stats = opt.get_fused_operator_statistics()
+        info["fused_operator_statistics"] = {k: int(v) for k, v in stats.items() if v}
+        try:
+            info["is_fully_optimized"] = bool(opt.is_fully_optimized())
+        except Exception as exc:  # noqa: BLE001 - recorded, not fatal
+            info["is_fully_optimized"] = f"{type(exc).__name__}: {exc}"
+        opt.save_model_to_file(out_path)
+        import onnx
+
+        proto = onnx.load(out_path)
+        info["op_counts"] = op_counts(proto)
+        info["fused_by_type"] = fused_counts(info["op_counts"], orig_counts)
+        info["nodes"] = len(proto.graph.node)
+        info["ok"] = True
+    except Exception as exc:  # noqa: BLE001 - a peer failure is a result
+        info["ok"] = False
+        info["error"] = f"{type(exc).__name__}: {exc}"
+        info["traceback_tail"] = traceback.format_exc().strip().splitlines()[-6:]
+    info["optimize_s"] = time.perf_counter() - t
+    return info
+
+
+def run_ours(
+    path: Path, name: str, feeds, out_path: str, orig_counts: dict[str, int]
+) -> dict[str, Any]:
+    import onnx
+
+    from graph_autofusion.api import GraphAutoFusion
+
+    preset = MODELS[name][3]
+    t = time.perf_counter()
+    gaf = GraphAutoFusion(str(path), preset=preset, sample_inputs=feeds)
+    gaf.fuse()
+    fuse_s = time.perf_counter() - t
+    gaf.save(out_path)
+    rep = gaf.safe_fusion_report().to_dict()
+    patterns = {r.name: r.fuse_pattern for r in gaf.rules}
+    rolled: Counter[str] = Counter()
+    rolled_ops: Counter[str] = Counter()
+    rolled_msgs: dict[str, str] = {}
+    for b in rep["rolled_back"]:
+        rolled[f"{b['rule']}:{b['code']}"] += 1
+        rolled_ops[patterns.get(b["rule"], b["rule"])] += 1
+        rolled_msgs.setdefault(f"{b['rule']}:{b['code']}", b["message"])
+    proto = onnx.load(out_path)
+    counts = op_counts(proto)
+    return {
+        "preset": preset,
+        "fuse_s": fuse_s,
+        "candidates": rep["candidates"],
+        "planned": rep["planned"],
+        "fused": rep["fused"],
+        "fused_ops": rep["fused_ops"],
+        "skipped": rep["skipped"],
+        "rolled_back": len(rep["rolled_back"]),
+        "rolled_back_by_rule_reason": dict(rolled),
+        "rolled_back_fuse_patterns": dict(rolled_ops),
+        "rolled_back_example_message": rolled_msgs,
+        "estimated_improvement": rep["estimated_improvement"],
+        "measured_improvement": rep["measured_improvement"],
+        "end_to_end_passed": all(
+            bool(v.get("passed", True))
+            for v in (rep.get("end_to_end") or {}).values()
+            if isinstance(v, dict)
+        ),
+        "timings_s": rep["timings_s"],
+        "notes": rep["notes"],
+        "op_counts": counts,
+        "fused_by_type": fused_counts(counts, orig_counts),
+        "nodes": len(proto.graph.node),
+    }
+
+
+def worker(name: str, exporter: str, shapes: list[str], warmup: int, runs: int) -> dict[str, Any]:
+    import onnx
+
+    from graph_autofusion.testing import example_feeds, export_onnx
+
+    out: dict[str, Any] = {"model": name, "exporter": exporter, "load_start": os.getloadavg()}
+    path = export_onnx(name, exporter)
+    out["path"] = str(path)
+    orig = onnx.load(str(path))
+    orig_counts = op_counts(orig)
+    out["original"] = {"nodes": len(orig.graph.node), "op_counts": orig_counts}
+    del orig
+    with tempfile.TemporaryDirectory(prefix="gaf_vs_ort_") as tmp:
+        peer_path = os.path.join(tmp, "peer.onnx")
+        log(f"{name}/{exporter}: peer optimize_model")
+        out["peer"] = run_peer(path, name, peer_path, orig_counts)
+        log(
+            f"{name}/{exporter}: peer ok={out['peer']['ok']} "
+            f"{out['peer'].get('fused_by_type') or out['peer'].get('error')}"
+        )
+        out["shapes"] = {}
+        for shape in shapes:
+            batch, seq = (int(x) for x in shape.split("x"))
+            feeds = example_feeds(name, seq_len=seq, batch=batch)
+            ours_path = os.path.join(tmp, f"ours_{shape}.onnx")
+            log(f"{name}/{exporter}/{shape}: GraphAutoFusion.fuse")
+            ours = run_ours(path, name, feeds, ours_path, orig_counts)
+            log(f"{name}/{exporter}/{shape}: ours {ours['fused_by_type']} ({ours['fuse_s']:.1f}s)")
+            paths = {"original": str(path), "ours": ours_path}
+            if out["peer"]["ok"]:
+                paths["peer"] = peer_path
+            paths = {k: paths[k] for k in VARIANTS if k in paths}
+            entry: dict[str, Any] = {"ours": ours, "levels": {}}
+            for level in LEVELS:
+                log(f"{name}/{exporter}/{shape}/{level}: timing {list(paths)}")
+                res = time_side_by_side(paths, feeds, level, warmup, runs)
+                med = {k: res[k]["median"] for k in paths}
+                res["ratio_ours_over_original"] = med["ours"] / med["original"]
+                res["ratio_min_ours_over_original"] = res["ours"]["min"] / res["original"]["min"]
+                if "peer" in med:
+                    res["ratio_ours_over_peer"] = med["ours"] / med["peer"]
+                    res["ratio_peer_over_original"] = med["peer"] / med["original"]
+                    res["ratio_min_ours_over_peer"] = res["ours"]["min"] / res["peer"]["min"]
+                res["load_after"] = os.getloadavg()
+                entry["levels"][level] = res
+                log(
+                    f"{name}/{exporter}/{shape}/{level}: "
+                    + ", ".join(f"{k} {v:.2f}ms" for k, v in med.items())
+                )
+            out["shapes"][shape] = entry
+    out["load_end"] = os.getloadavg()
+    return out
+
+
+# ---------------------------------------------------------------------------- kernel checks
+def kernel_checks(runs: int = 400) -> list[dict[str, Any]]:
+    """One-node onnxruntime timings of the fused operators against their unfused forms, on the
+    zoo's shapes (checks safe mode's ``slower`` rollbacks independently)."""
+    import onnxruntime  # noqa: F401
+    from onnx import TensorProto, helper, numpy_helper
+
+    def model(nodes, inputs, inits):
+        g = helper.make_graph(
+            nodes,
+            "k",
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+            [numpy_helper.from_array(v, k) for k, v in inits.items()],
+        )
+        m = helper.make_model(
+            g, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("com.microsoft", 1)]
+        )
+        return m.SerializeToString()
+
+    ms = "com.microsoft"
+    cases = []
+    for b, s, h in ((1, 16, 768), (1, 128, 768), (8, 128, 768), (1, 16, 384), (1, 128, 384)):
+        shp = [b, s, h]
+        inits = {"g": np.ones(h, np.float32), "be": np.zeros(h, np.float32)}
+        cases.append(
+            (
+                f"SkipLayerNormalization vs Add+LayerNormalization {b}x{s}x{h}",
+                model(
+                    [
+                        helper.make_node("Add", ["x", "r"], ["t"]),
+                        helper.make_node("LayerNormalization", ["t", "g", "be"], ["y"], axis=-1),
+                    ],
+                    [("x", shp), ("r", shp)],
+                    inits,
+                ),
+                model(
+                    [
+                        helper.make_node(
+                            "SkipLayerNormalization", ["x", "r", "g", "be"], ["y"], domain=ms
+                        )
+                    ],
+                    [("x", shp), ("r", shp)],
+                    inits,
+                ),
+                {"x": shp, "r": shp},
+            )
+        )
+    for b, s in ((1, 16), (1, 128)):
+        shp = [b, s, 512]
+        inits = {"g": np.ones(512, np.float32)}
+        cases.append(
+            (
+                f"SkipSimplifiedLayerNormalization vs Add+SimplifiedLayerNormalization {b}x{s}x512",
+                model(
+                    [
+                        helper.make_node("Add", ["x", "r"], ["t"]),
+                        helper.make_node(
+                            "SimplifiedLayerNormalization", ["t", "g"], ["y"], axis=-1
+                        ),
+                    ],
+                    [("x", shp), ("r", shp)],
+                    inits,
+                ),
+                model(
+                    [
+                        helper.make_node(
+                            "SkipSimplifiedLayerNormalization", ["x", "r", "g"], ["y"], domain=ms
+                        )
+                    ],
+                    [("x", shp), ("r", shp)],
+                    inits,
+                ),
+                {"x": shp, "r": shp},
+            )
+        )
+    for b, s in ((1, 16), (1, 128)):
+        shp = [b, s, 3072]
+        inits = {"bias": np.full(3072, 0.1, np.float32)}
+        cases.append(
+            (
+                f"BiasGelu vs Add+Gelu {b}x{s}x3072",
+                model(
+                    [
+                        helper.make_node("Add", ["x", "bias"], ["t"]),
+                        helper.make_node("Gelu", ["t"], ["y"]),
+                    ],
+                    [("x", shp)],
+                    inits,
+                ),
+                model(
+                    [helper.make_node("BiasGelu", ["x", "bias"], ["y"], domain=ms)],
+                    [("x", shp)],
+                    inits,
+                ),
+                {"x": shp},
+            )
+        )
+    rng = np.random.default_rng(0)
+    out = []
+    for label, unfused, fused, shapes in cases:
+        feeds = {k: rng.standard_normal(v).astype(np.float32) for k, v in shapes.items()}
+        for threads in (2, 1):
+            ss = {
+                "unfused": session_bytes(unfused, threads),
+                "fused": session_bytes(fused, threads),
+            }
+            ys = {k: s.run(None, feeds)[0] for k, s in ss.items()}
+            n = runs if shapes["x"][0] * shapes["x"][1] <= 128 else max(50, runs // 4)
+            ts: dict[str, list[float]] = {k: [] for k in ss}
+            for _ in range(20):
+                for s in ss.values():
+                    s.run(None, feeds)
+            for _ in range(n):
+                for k, s in ss.items():
+                    t = time.perf_counter()
+                    s.run(None, feeds)
+                    ts[k].append(time.perf_counter() - t)
+            med = {k: 1e6 * statistics.median(v) for k, v in ts.items()}
+            out.append(
+                {
+                    "case": label,
+                    "threads": threads,
+                    "level": "basic",
+                    "unfused_us": med["unfused"],
+                    "fused_us": med["fused"],
+                    "fused_over_unfused": med["fused"] / med["unfused"],
+                    "max_abs_diff": float(np.max(np.abs(ys["fused"] - ys["unfused"]))),
+                }
+            )
+            log(
+                f"kernel {label} t{threads}: unfused {med['unfused']:.1f}us "
+                f"fused {med['fused']:.1f}us"
+            )
+    return out
+
+
+def session_bytes(model: bytes, threads: int):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    # BASIC: ENABLE_ALL would itself fuse Add+LayerNormalization into SkipLayerNormalization
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+
+# ---------------------------------------------------------------------------- report
+def coverage(peer: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
+    """Per fused type the peer creates: the peer's count, ours kept, ours matched (kept plus
+    rolled back by safe mode)."""
+    rows = {}
+    rolled = {k.split("::")[-1]: v for k, v in ours.get("rolled_back_fuse_patterns", {}).items()}
+    for op, n in (peer.get("fused_by_type") or {}).items():
+        kept = ours["fused_by_type"].get(op, 0)
+        rows[op] = {"peer": n, "ours_kept": kept, "ours_matched": kept + rolled.get(op, 0)}
+    for fam, ops in FAMILIES.items():
+        n = sum((peer.get("fused_by_type") or {}).get(o, 0) for o in ops)
+        if n and sum(1 for o in ops if (peer.get("fused_by_type") or {}).get(o)) > 0:
+            kept = sum(ours["fused_by_type"].get(o, 0) for o in ops)
+            rows[fam] = {
+                "peer": n,
+                "ours_kept": kept,
+                "ours_matched": kept + sum(rolled.get(o, 0) for o in ops),
+            }
+    return rows
+
+
+def fmt_counts(d: dict[str, int] | None) -> str:
+    if not d:
+        return "none"
+    return ", ".join(f"{k} {v}" for k, v in d.items())
+
+
+def fmt_ms(s: dict[str, float] | None) -> str:
+    if not s:
+        return "n/a"
+    return f"{s['median']:.2f} [{s['p10']:.2f}-{s['p90']:.2f}]"
+
+
+def markdown(data: dict[str, Any]) -> str:
+    env = data["environment"]
+    lines = [
+        "# Graph AutoFusion vs onnxruntime.transformers.optimizer (CPU)",
+        "",
+        f"Generated by `benchmarks/vs_ort_optimizer.py` on {data['date']} "
+        f"({env['cpus']} CPUs, onnxruntime {env['onnxruntime']}, {env['threads']} intra-op "
+        f"threads, inter-op 1). Times in ms: median [p10-p90] of at least {data['runs']} runs "
+        f"(more, up to 5x, for fast models; min/max and n in the JSON) after "
+        f"{data['warmup']} warm-ups, the three variants interleaved round-robin in one process "
+        f"per model. Ratios are of medians. Load average at start {data['load_start']}, at "
+        f"end {data['load_end']} (other jobs shared the machine; differences under ~5% are "
+        f"noise). Commit {data.get('git', {}).get('head', '?')[:10]}"
+        f"{' with uncommitted library changes' if data.get('git', {}).get('dirty') else ''}.",
+        "",
+        "Fused counts are the operator types each tool's output file has that the export did "
+        "not (contrib ops and SimplifiedLayerNormalization), before onnxruntime's own session "
+        "fusions. Ours: safe mode on, default settings, decided on the timed shape.",
+        "",
+        "Ratios are of the medians (the JSON also has ratios of the minimums; on a shared "
+        "machine single fast outliers make those unreliable).",
+        "",
+        "| model | exporter | shape | level | original | peer | ours | ours/peer | "
+        "ours/original | peer fused | ours fused | ours rolled back |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in data["results"]:
+        if "error" in r and "shapes" not in r:
+            lines.append(
+                f"| {r['model']} | {r['exporter']} | | | worker failed: {r['error']} "
+                "| | | | | | | |"
+            )
+            continue
+        peer = r["peer"]
+        pf = fmt_counts(peer.get("fused_by_type")) if peer["ok"] else f"FAILED: {peer['error']}"
+        for shape, e in r["shapes"].items():
+            ours = e["ours"]
+            rb = fmt_counts(ours["rolled_back_by_rule_reason"])
+            for level, t in e["levels"].items():
+                rop = t.get("ratio_ours_over_peer")
+                lines.append(
+                    f"| {r['model']} | {r['exporter']} | b{shape.replace('x', ' s')} | {level} "
+                    f"| {fmt_ms(t.get('original'))} | {fmt_ms(t.get('peer'))} "
+                    f"| {fmt_ms(t.get('ours'))} | "
+                    f"{'n/a' if rop is None else f'{rop:.3f}'} | "
+                    f"{t['ratio_ours_over_original']:.3f} | {pf} | "
+                    f"{fmt_counts(ours['fused_by_type'])} | {rb} |"
+                )
+    lines += ["", "## Pattern coverage (fused operators the peer creates)", ""]
+    lines += [
+        "| model | exporter | shape | fused op | peer | ours kept | ours matched (kept + "
+        "rolled back by safe mode) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in data["results"]:
+        if "shapes" not in r:
+            continue
+        for shape, e in r["shapes"].items():
+            cov = e.get("coverage") or {}
+            if not r["peer"]["ok"]:
+                lines.append(f"| {r['model']} | {r['exporter']} | {shape} | (peer failed) | | | |")
+            for op, c in cov.items():
+                lines.append(
+                    f"| {r['model']} | {r['exporter']} | {shape} | {op} | {c['peer']} | "
+                    f"{c['ours_kept']} | {c['ours_matched']} |"
+                )
+    lines += ["", "## Peer's own statistics (`get_fused_operator_statistics`)", ""]
+    lines += [
+        "| model | exporter | statistics | is_fully_optimized | optimize s |",
+        "|---|---|---|---|---|",
+    ]
+    for r in data["results"]:
+        if "peer" not in r:
+            continue
+        p = r["peer"]
+        stats = fmt_counts(p.get("fused_operator_statistics")) if p["ok"] else p["error"]
+        lines.append(
+            f"| {r['model']} | {r['exporter']} | {stats} | {p.get('is_fully_optimized', '')} "
+            f"| {p['optimize_s']:.1f} |"
+        )
+    if data.get("kernels"):
+        lines += [
+            "",
+            "## One-node kernel timings (onnxruntime CPU, ORT_ENABLE_BASIC, µs, median)",
+            "",
+            "| case | threads | unfused | fused | fused/unfused |",
+            "|---|---|---|---|---|",
+        ]
+        for k in data["kernels"]:
+            lines.append(
+                f"| {k['case']} | {k['threads']} | {k['unfused_us']:.1f} | {k['fused_us']:.1f} "
+                f"| {k['fused_over_unfused']:.2f} |"
+            )
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _git_state() -> dict[str, Any]:
+    """The commit measured, and whether library files differed from it (read-only git)."""
+
+    def git(*a: str) -> str:
+        try:
+            return subprocess.run(
+                ["git", *a], cwd=ROOT, capture_output=True, text=True, check=False
+            ).stdout.strip()
+        except OSError:
+            return ""
+
+    return {"head": git("rev-parse", "HEAD"), "dirty": git("status", "--short", "graph_autofusion")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default=",".join(DEFAULT_MODELS))
+    ap.add_argument("--exporters", default="dynamo,torchscript")
+    ap.add_argument("--shapes", default=",".join(DEFAULT_SHAPES), help="BxS list, e.g. 1x16")
+    ap.add_argument("--extra", action="store_true", help="also BERT b8 s128")
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--no-kernels", action="store_true")
+    ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--render", action="store_true", help="rewrite the .md from the .json")
+    ap.add_argument("--worker", nargs=2, metavar=("MODEL", "EXPORTER"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker-json", help=argparse.SUPPRESS)
+    ap.add_argument("--kernels-json", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.runs < 20:
+        log("note: fewer than 20 runs requested")
+
+    if args.render:
+        out = Path(args.out)
+        data = json.loads((out / "vs_ort_optimizer.json").read_text())
+        (out / "vs_ort_optimizer.md").write_text(markdown(data))
+        return
+    if args.kernels_json:
+        Path(args.kernels_json).write_text(json.dumps(kernel_checks()))
+        return
+    if args.worker:
+        name, exporter = args.worker
+        shapes = args.shapes.split(",")
+        data = worker(name, exporter, shapes, args.warmup, args.runs)
+        Path(args.worker_json).write_text(json.dumps(data, default=str))
+        return
+
+    import onnxruntime
+
+    start = time.time()
+    data: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "runs": args.runs,
+        "warmup": args.warmup,
+        "load_start": [round(x, 2) for x in os.getloadavg()],
+        "environment": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "onnxruntime": onnxruntime.__version__,
+            "threads": 2,
+            "machine": platform.processor() or platform.machine(),
+        },
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "git": _git_state(),
+        "results": [],
+    }
+    with tempfile.TemporaryDirectory(prefix="gaf_vs_ort_main_") as tmp:
+        for name in args.models.split(","):
+            shapes = args.shapes.split(",")
+            if args.extra:
+                shapes += [s for s in EXTRA_SHAPES.get(name, ()) if s not in shapes]
+            for exporter in args.exporters.split(","):
+                jpath = os.path.join(tmp, f"{name}-{exporter}.json")
+                cmd = [
+                    sys.executable, __file__, "--worker", name, exporter,
+                    "--worker-json", jpath, "--shapes", ",".join(shapes),
+                    "--runs", str(args.runs), "--warmup", str(args.warmup),
+                ]  # fmt: skip
+                t = time.perf_counter()
+                proc = subprocess.run(cmd, cwd=ROOT, check=False)
+                if proc.returncode == 0 and os.path.exists(jpath):
+                    r = json.loads(Path(jpath).read_text())
+                    for e in r["shapes"].values():
+                        e["coverage"] = coverage(r["peer"], e["ours"]) if r["peer"]["ok"] else {}
+                else:
+                    r = {"model": name, "exporter": exporter, "error": f"rc {proc.returncode}"}
+                r["wall_s"] = time.perf_counter() - t
+                data["results"].append(r)
+                log(f"{name}/{exporter} done in {r['wall_s']:.0f}s")
+        if not args.no_kernels:
+            kpath = os.path.join(tmp, "kernels.json")
+            subprocess.run([sys.executable, __file__, "--kernels-json", kpath], check=False)
+            if os.path.exists(kpath):
+                data["kernels"] = json.loads(Path(kpath).read_text())
+    data["load_end"] = [round(x, 2) for x in os.getloadavg()]
+    data["wall_s"] = time.time() - start
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "vs_ort_optimizer.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
+    (out / "vs_ort_optimizer.md").write_text(markdown(data))
+    log(f"wrote {out / 'vs_ort_optimizer.md'} in {data['wall_s']:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
