@@ -177,6 +177,7 @@ def fuse_model(
         strategy=strategy,
         clustering=False,
         accept_maybe=safe_mode and check_speed,  # safe mode times the close calls
+        native_target=True,
     )
     timings["analyze"] = time.perf_counter() - t
     t = time.perf_counter()

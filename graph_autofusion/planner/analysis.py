@@ -403,6 +403,7 @@ def cost_candidates(
     *,
     benefit_threshold: float = DEFAULT_BENEFIT_THRESHOLD,
     accept_maybe: bool = False,
+    native_target: bool = False,
 ) -> list[PlanCandidate]:
     """Stage 3: a :class:`PlanCandidate` per candidate, ``payload = (candidate, FusionCost)``.
 
@@ -434,6 +435,16 @@ def cost_candidates(
         legal = fc.verdict == Verdict.FUSE or (
             accept_maybe and fc.verdict == Verdict.MAYBE and saving > 0
         )
+        if (
+            native_target
+            and fc.verdict == Verdict.SKIP_LOCAL_MEMORY_OVERFLOW
+            and saving > 0
+            and isinstance(c, RuleMatch)
+            and c.rule.rewrite is not None
+        ):
+            # the runtime's own kernel computes the fused operator: no tile of ours has to
+            # fit the local memory
+            legal = True
         code, message = ("", "") if legal else (fc.verdict.value, fc.reason)
         twin = rule_sets.get(frozenset(nodes)) if isinstance(c, Cluster) else None
         if twin is not None:
@@ -556,6 +567,7 @@ def analyze_model(
     seed: int = 0,
     time_budget_s: float = 10.0,
     accept_maybe: bool = False,
+    native_target: bool = False,
 ) -> AnalysisReport:
     """Cost every fusion candidate of ``model`` on ``profile`` and plan the fusions.
 
@@ -576,6 +588,8 @@ def analyze_model(
         model_name: Display name (defaults to the graph's name).
         seed, time_budget_s: Evolutionary search seed and time budget (seconds).
         accept_maybe: Plan ``maybe`` candidates too (the caller measures them).
+        native_target: Fusions become the runtime's own operators (onnxruntime): a rule
+            match with a native rewrite is not refused for local-memory overflow.
 
     Raises:
         ValueError: unknown strategy.
@@ -601,7 +615,12 @@ def analyze_model(
     timings["candidates"] = time.perf_counter() - t
     t = time.perf_counter()
     pcs = cost_candidates(
-        found, profile, binding, benefit_threshold=benefit_threshold, accept_maybe=accept_maybe
+        found,
+        profile,
+        binding,
+        benefit_threshold=benefit_threshold,
+        accept_maybe=accept_maybe,
+        native_target=native_target,
     )
     timings["cost"] = time.perf_counter() - t
     t = time.perf_counter()
