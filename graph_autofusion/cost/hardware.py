@@ -319,6 +319,12 @@ def _validate(data: Any, where: str, lines: dict[str, int]) -> None:
         if not isinstance(dt, str) or not _is_number(v) or not v > 0:
             fail("peak_gflops", f"entry {dt!r}: must be a positive number, got {v!r}")
     for k, v in (data.get("extra") or {}).items():
+        if k == "op_ns_per_element":
+            if not isinstance(v, dict) or not all(
+                isinstance(op, str) and _is_number(ns) and ns > 0 for op, ns in v.items()
+            ):
+                fail("extra", "entry 'op_ns_per_element': must map operator names to positive ns")
+            continue
         if not isinstance(k, str) or not (_is_number(v) or isinstance(v, (str, bool))):
             fail("extra", f"entry {k!r}: values must be numbers, strings or booleans")
     for k, v in (data.get("op_overhead_us") or {}).items():
