@@ -158,6 +158,8 @@ def test_user_file_found_by_name_in_hardware_dir(hw_dir):
         (lambda d: d.update(op_overhead_us={"Shape": 0}), "op_overhead_us", "positive"),
         (lambda d: d.update(op_overhead_us={"Slice": "fast"}), "op_overhead_us", "positive"),
         (lambda d: d.update(op_overhead_us={"": 0.3}), "op_overhead_us", "operator type"),
+        (lambda d: d.update(extra={"op_ns_per_element": {"Sin": -1}}), "extra", "positive ns"),
+        (lambda d: d.update(extra={"op_ns_per_element": [1.0]}), "extra", "positive ns"),
     ],
 )
 def test_malformed_profile_names_file_key_and_problem(tmp_path, mutate, key, problem):
