@@ -129,6 +129,8 @@ def lower_onnxruntime(work: Model, chosen: Sequence[Any]) -> Lowering:
                 NotLowered(key, rule.name, LowerReason.ERROR, f"{type(exc).__name__}: {exc}")
             )
             continue
+        # an exported output nobody reads may be dropped by the rewrite: verify what remains
+        outputs = [o for o in outputs if work.graph.has_value_name(o)]
         result.lowered.append(
             Lowered(
                 key,

@@ -658,7 +658,9 @@ def measure_op_throughput(quick: bool = True) -> tuple[dict[str, float], str] | 
 
     Per operator: best-of-R time of 12 independent copies on a 64 x 1024 float32 tensor
     (256 KiB, cache resident, so the rate is the kernel's and not DRAM's) minus 12 copies on a
-    1 x 16 tensor (the dispatch part), per copy and element.
+    2 x 16 tensor (the dispatch part), per copy and element of the 64 x 1024 input (for most of
+    these operators also the output's size; the cost model counts a reduction's input
+    elements and every other operator's output elements).
     """
     try:
         import onnxruntime as ort

@@ -396,10 +396,11 @@ def dispatch_overhead_s(profile: Any, op_type: str | None = None) -> float:
 
 
 def _elements(node: Node) -> int | None:
-    sizes = [v.numel() for v in (*node.inputs[:1], *node.outputs[:1]) if v is not None]
-    if not sizes or any(n is None for n in sizes):
-        return None
-    return max(sizes)
+    """Elements a kernel computes: its output's, or a reduction's input's (the per-element
+    rates are calibrated per output element, per input element for reductions)."""
+    if node.op_type.startswith("Reduce") and node.inputs and node.inputs[0] is not None:
+        return node.inputs[0].numel()
+    return node.outputs[0].numel() if node.outputs else None
 
 
 def element_time_s(node: Node, profile: Any) -> float | None:
