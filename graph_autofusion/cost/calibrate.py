@@ -572,41 +572,12 @@ def read_caches() -> tuple[dict[str, float], str]:
 
 #: Operators whose per-element compute cost is measured (the roofline's single FLOP rate
 #: prices Sin, Erf or Softmax like Add; onnxruntime's kernels differ several-fold).
-THROUGHPUT_OPS = (
-    "Add",
-    "Sub",
-    "Mul",
-    "Div",
-    "Pow",
-    "Sqrt",
-    "Reciprocal",
-    "Neg",
-    "Tanh",
-    "Sigmoid",
-    "Erf",
-    "Relu",
-    "Sin",
-    "Cos",
-    "Exp",
-    "Log",
-    "Where",
-    "Max",
-    "Min",
-    "Equal",
-    "IsNaN",
-    "Cast",
-    "Softmax",
-    "ReduceMean",
-    "ReduceSum",
-    "ReduceMax",
-    "LayerNormalization",
-    "Transpose",
-    "Expand",
-    "Concat",
-    "Gather",
-    "Slice",
-    "Split",
-)
+_BINARY_OPS = ("Add", "Sub", "Mul", "Div", "Max", "Min", "Equal")
+_UNARY_OPS = ("Sqrt", "Reciprocal", "Neg", "Tanh", "Sigmoid", "Erf", "Relu", "Sin", "Cos", "Exp")
+_UNARY_OPS += ("Log", "IsNaN")
+_OTHER_OPS = ("Pow", "Where", "Cast", "Softmax", "ReduceMean", "ReduceSum", "ReduceMax")
+_OTHER_OPS += ("LayerNormalization", "Transpose", "Expand", "Concat", "Gather", "Slice", "Split")
+THROUGHPUT_OPS = (*_BINARY_OPS, *_UNARY_OPS, *_OTHER_OPS)
 
 
 def _throughput_specs(rows: int, cols: int) -> dict[str, tuple[list[np.ndarray], dict]]:
@@ -619,22 +590,9 @@ def _throughput_specs(rows: int, cols: int) -> dict[str, tuple[list[np.ndarray],
     y = (rng.random((rows, cols), dtype=f32) + 0.5).astype(f32)
     last = np.array([-1], i64)
     specs: dict[str, tuple[list[np.ndarray], dict]] = {}
-    for op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Equal"):
+    for op in _BINARY_OPS:
         specs[op] = ([x, y], {})
-    for op in (
-        "Sqrt",
-        "Reciprocal",
-        "Neg",
-        "Tanh",
-        "Sigmoid",
-        "Erf",
-        "Relu",
-        "Sin",
-        "Cos",
-        "Exp",
-        "Log",
-        "IsNaN",
-    ):
+    for op in _UNARY_OPS:
         specs[op] = ([x], {})
     specs["Pow"] = ([x, np.array(2.0, f32)], {})
     specs["Where"] = ([x > 1.0, x, y], {})
