@@ -131,44 +131,61 @@ def stats_ms(ts: list[float]) -> dict[str, float]:
     }
 
 
+#: Sessions per variant: on this 2-vCPU machine a session with 2 intra-op threads lands in a
+#: fast or a slow mode for its whole life (e.g. 9 vs 14 ms for the same small graph), so each
+#: variant is timed over several sessions, used in turn, and the samples pooled.
+SESSIONS_PER_VARIANT = 3
+
+
 def time_side_by_side(
     paths: dict[str, str], feeds: dict[str, np.ndarray], level: str, warmup: int, runs: int
 ) -> dict[str, Any]:
-    """Sessions of every variant loaded together; warm-up, then ``runs`` rotating rounds."""
+    """``SESSIONS_PER_VARIANT`` sessions of every variant loaded together; warm-up, then
+    ``runs`` rounds, each running every variant once (order rotating) on the round's session."""
     import gc
 
-    sessions = {}
+    sessions: dict[str, list[Any]] = {}
     load_s = {}
     for k, p in paths.items():
         t = time.perf_counter()
-        sessions[k] = session(p, level)
-        load_s[k] = time.perf_counter() - t
+        sessions[k] = [session(p, level) for _ in range(SESSIONS_PER_VARIANT)]
+        load_s[k] = (time.perf_counter() - t) / SESSIONS_PER_VARIANT
     ins = {
-        k: {i.name: feeds[i.name] for i in s.get_inputs() if i.name in feeds}
+        k: {i.name: feeds[i.name] for i in s[0].get_inputs() if i.name in feeds}
         for k, s in sessions.items()
     }
     outs = {}
     t = time.perf_counter()
     for _ in range(warmup):
-        for k, s in sessions.items():
-            outs[k] = s.run(None, ins[k])
-    per_round = (time.perf_counter() - t) / max(1, warmup)
+        for k, ss in sessions.items():
+            for s in ss:
+                outs[k] = s.run(None, ins[k])
+    per_round = (time.perf_counter() - t) / max(1, warmup * SESSIONS_PER_VARIANT)
     # at least ``runs`` rounds; more (up to 5x) while they fit in ``ROUND_BUDGET_S``
     runs = max(runs, min(5 * runs, int(ROUND_BUDGET_S / max(per_round, 1e-6))))
     names = list(sessions)
     times: dict[str, list[float]] = {k: [] for k in names}
+    per_session: dict[str, list[list[float]]] = {
+        k: [[] for _ in range(SESSIONS_PER_VARIANT)] for k in names
+    }
     gc.collect()
     gc.disable()
     try:
         for r in range(runs):
             order = names[r % len(names) :] + names[: r % len(names)]
+            j = r % SESSIONS_PER_VARIANT
             for k in order:
                 t = time.perf_counter()
-                sessions[k].run(None, ins[k])
-                times[k].append(time.perf_counter() - t)
+                sessions[k][j].run(None, ins[k])
+                dt = time.perf_counter() - t
+                times[k].append(dt)
+                per_session[k][j].append(dt)
     finally:
         gc.enable()
     res: dict[str, Any] = {k: stats_ms(v) for k, v in times.items()}
+    res["session_medians_ms"] = {
+        k: [float(np.median(v) * 1e3) if v else None for v in per_session[k]] for k in names
+    }
     res["session_load_s"] = load_s
     ref = outs.get("original")
     if ref is not None:
@@ -519,7 +536,7 @@ def markdown(data: dict[str, Any]) -> str:
         f"({env['cpus']} CPUs, onnxruntime {env['onnxruntime']}, {env['threads']} intra-op "
         f"threads, inter-op 1). Times in ms: median [p10-p90] of at least {data['runs']} runs "
         f"(more, up to 5x, for fast models; min/max and n in the JSON) after "
-        f"{data['warmup']} warm-ups, the three variants interleaved round-robin in one process "
+        f"{data['warmup']} warm-ups, the three variants interleaved round-robin, each over {SESSIONS_PER_VARIANT} sessions used in turn, in one process "
         f"per model. Ratios are of medians. Load average at start {data['load_start']}, at "
         f"end {data['load_end']} (other jobs shared the machine; differences under ~5% are "
         f"noise). Commit {data.get('git', {}).get('head', '?')[:10]}"
