@@ -116,6 +116,9 @@ def session(path: str, level: str, threads: int = 2):
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[level]
     so.log_severity_level = 3
+    # Several sessions live side by side here; spinning worker threads of idle sessions would
+    # steal the 2 cores from the one being timed (bimodal, order-dependent timings).
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
 
@@ -131,10 +134,11 @@ def stats_ms(ts: list[float]) -> dict[str, float]:
     }
 
 
-#: Sessions per variant: on this 2-vCPU machine a session with 2 intra-op threads lands in a
-#: fast or a slow mode for its whole life (e.g. 9 vs 14 ms for the same small graph), so each
-#: variant is timed over several sessions, used in turn, and the samples pooled.
-SESSIONS_PER_VARIANT = 3
+#: Sessions per variant, used in turn and their samples pooled, so that no variant's result
+#: hangs on one session's thread placement. Worker threads do not spin between runs
+#: (``session.intra_op.allow_spinning = 0``): idle sessions' spinning threads otherwise take the
+#: 2 cores from the session being timed, which made small models' timings bimodal.
+SESSIONS_PER_VARIANT = 2
 
 
 def time_side_by_side(
@@ -536,7 +540,7 @@ def markdown(data: dict[str, Any]) -> str:
         f"({env['cpus']} CPUs, onnxruntime {env['onnxruntime']}, {env['threads']} intra-op "
         f"threads, inter-op 1). Times in ms: median [p10-p90] of at least {data['runs']} runs "
         f"(more, up to 5x, for fast models; min/max and n in the JSON) after "
-        f"{data['warmup']} warm-ups, the three variants interleaved round-robin, each over {SESSIONS_PER_VARIANT} sessions used in turn, in one process "
+        f"{data['warmup']} warm-ups, the three variants interleaved round-robin, each over {SESSIONS_PER_VARIANT} sessions used in turn (intra-op threads not spinning between runs), in one process "
         f"per model. Ratios are of medians. Load average at start {data['load_start']}, at "
         f"end {data['load_end']} (other jobs shared the machine; differences under ~5% are "
         f"noise). Commit {data.get('git', {}).get('head', '?')[:10]}"
