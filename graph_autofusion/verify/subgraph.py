@@ -38,6 +38,9 @@ def _session(model: Any, level: str = "disable", threads: int = 2) -> Any:
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.log_severity_level = 3
+    # sessions are timed side by side: idle sessions' spinning worker threads would take the
+    # cores from the one being timed
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if isinstance(model, str | Path):
         src: Any = str(model)
     elif isinstance(model, Model):
