@@ -137,7 +137,17 @@ def _lower(
         by_key = {candidate_key(k.rule.name, k.match.root): k for k in kept}
         chosen = [by_key[k] for k in keys if k in by_key]
     lowering = lower_onnxruntime(work, chosen)
+    _drop_unused_initializers(work)
     return lowering, [low.key for low in lowering.lowered]
+
+
+def _drop_unused_initializers(model: Model) -> None:
+    """Initializers a native rewrite replaced (a folded weight, a flattened bias) and nothing
+    reads any more; other dead code is left as the user wrote it."""
+    g = model.graph
+    for name in [k for k, v in g.initializers.items() if not v.users and not g.is_output(v)]:
+        if not any(v.name == name for v in g.inputs):
+            g.remove_initializer(name)
 
 
 def fuse_model(
