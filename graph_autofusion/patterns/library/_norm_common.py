@@ -90,21 +90,10 @@ def layernorm_last_axis(ctx: MatchContext) -> str | None:
 
 # ----------------------------------------------------------------------------- rewrites
 def bound(ctx: RewriteContext, name: str) -> Value | None:
-    """The value bound to ``name``, as the matched nodes read it *now*.
-
-    ``ctx.value`` returns the binding made at match time; when an earlier rewrite in the same
-    pass replaced that value (chained residual norms: one match's exported sum is the next
-    one's input), the binding is a dangling value. Rewrites keep the old value names, so the
-    live value is the matched nodes' input of the same name.
-    """
-    v = ctx.match.values.get(name)
-    if v is None:
-        return None
-    for node in ctx.match.nodes:
-        for inp in node.inputs:
-            if inp is not None and inp.name == v.name:
-                return inp
-    return v
+    """The value bound to ``name`` as it is now (``ctx.value`` follows values an earlier
+    rewrite replaced: chained residual norms, one match's exported sum is the next one's
+    input), or ``None`` when the pattern did not bind it."""
+    return ctx.value(name) if name in ctx.match.values else None
 
 
 def require_vector(value: Value, what: str, size=None) -> None:

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from graph_autofusion.patterns.library.gelu_erf import gelu_erf_pattern
 from graph_autofusion.patterns.library.gelu_tanh import gelu_tanh_pattern
-from graph_autofusion.patterns.library.matmul_bias import bias_var, const_data, last_axis_bias
+from graph_autofusion.patterns.library.matmul_bias import bias_var, last_axis_bias
+from graph_autofusion.patterns.matcher import const_value
 from graph_autofusion.patterns.pattern import PatternBuilder
 from graph_autofusion.patterns.rewrite import RewriteContext, RewriteError
 from graph_autofusion.patterns.rules import EPILOGUE_THRESHOLD, FusionRule
@@ -43,7 +44,7 @@ def gelu_form(nodes) -> str:
 
 def _rewrite(ctx: RewriteContext):
     form = gelu_form(ctx.match.nodes)
-    bias = const_data(ctx.value("bias"))
+    bias = const_value(ctx.value("bias"))
     if "bias_gemm" in ctx.match.labels:
         gemm = ctx.label("bias_gemm")
         w = gemm.inputs[1]
@@ -64,7 +65,7 @@ def _rewrite(ctx: RewriteContext):
     if "reshape" in ctx.match.labels:
         node = ctx.label("reshape")
         out, n = node.outputs[0], bias.size
-        target = const_data(node.inputs[1])
+        target = const_value(node.inputs[1])
         last = out.shape[-1] if out.shape else None
         if not isinstance(last, int) and target is not None and target.size:
             last = int(target.reshape(-1)[-1])

@@ -21,23 +21,8 @@ from graph_autofusion.patterns.rewrite import RewriteContext, RewriteError
 from graph_autofusion.patterns.rules import FusionRule
 
 
-def const_data(value: Value) -> np.ndarray | None:
-    """Constant data of ``value``, looking through ``Identity`` nodes."""
-    seen = 0
-    while value is not None and seen < 8:
-        data = const_value(value)
-        if data is not None:
-            return data
-        p = value.producer
-        if p is None or p.op_type != "Identity" or p.domain not in ("", "ai.onnx"):
-            return None
-        value = p.inputs[0]
-        seen += 1
-    return None
-
-
 def _is_const(value: Value) -> str | None:
-    return None if const_data(value) is not None else f"%{value.name} is not a constant"
+    return None if const_value(value) is not None else f"%{value.name} is not a constant"
 
 
 def bias_var(p: PatternBuilder, name: str = "bias") -> VarPattern:
@@ -80,7 +65,7 @@ def check_bias(ctx: MatchContext, bias: str = "bias", label: str = "bias_add") -
         w = mm.inputs[1]
         if w.rank is not None and w.rank >= 2 and not mm.attrs.get("transB", 0):
             values.append(w)
-    return last_axis_bias(const_data(ctx.values[bias]), *values)
+    return last_axis_bias(const_value(ctx.values[bias]), *values)
 
 
 def _rewrite(ctx: RewriteContext):
@@ -90,7 +75,7 @@ def _rewrite(ctx: RewriteContext):
         raise RewriteError(
             f"MatMul of rank-{x.rank} by rank-{w.rank} operands has no exact Gemm form"
         )
-    bias = const_data(ctx.value("bias"))
+    bias = const_value(ctx.value("bias"))
     assert bias is not None
     b = ctx.add_constant("gemm_bias", bias.reshape(-1))
     attrs = dict(mm.attrs) if mm.op_type == "Gemm" else {}

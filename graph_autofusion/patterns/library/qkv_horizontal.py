@@ -47,22 +47,8 @@ ACTIVATIONS = frozenset(
 )
 
 
-def constant_data(value: Value) -> np.ndarray | None:
-    """Constant data of ``value``, also through ``Identity`` nodes (the TorchScript exporter
-    deduplicates equal initializers into ``Identity(first)``)."""
-    for _ in range(4):
-        data = const_value(value)
-        if data is not None:
-            return data
-        node = value.producer
-        if node is None or node.op_type != "Identity":
-            return None
-        value = node.inputs[0]
-    return None
-
-
 def _constant(value: Value) -> str | None:
-    return None if constant_data(value) is not None else f"%{value.name} is not a constant"
+    return None if const_value(value) is not None else f"%{value.name} is not a constant"
 
 
 def projection_pattern(p: PatternBuilder, x: Pattern) -> Pattern:
@@ -89,7 +75,7 @@ def _branches(ctx: RewriteContext) -> int:
 
 def _rewrite(ctx: RewriteContext):
     n = _branches(ctx)
-    weights = [constant_data(ctx.value(f"b{i}.w")) for i in range(n)]
+    weights = [const_value(ctx.value(f"b{i}.w")) for i in range(n)]
     if any(w is None or w.ndim != 2 for w in weights):
         raise RewriteError("every branch weight must be a 2-D constant")
     if len({w.shape[0] for w in weights}) != 1 or len({w.dtype for w in weights}) != 1:
@@ -100,7 +86,7 @@ def _rewrite(ctx: RewriteContext):
         if f"b{i}.b" not in ctx.match.values:
             biases.append(None)
             continue
-        b = constant_data(ctx.value(f"b{i}.b"))
+        b = const_value(ctx.value(f"b{i}.b"))
         if b is None or b.ndim != 1 or b.shape[0] != width:
             raise RewriteError(f"branch {i}'s bias is not a 1-D constant of width {width}")
         biases.append(b)
