@@ -42,6 +42,7 @@ from typing import Any
 import yaml
 
 from graph_autofusion.errors import GraphAutoFusionError
+from graph_autofusion.yaml_util import load_yaml_with_nodes
 
 __all__ = [
     "HardwareError",
@@ -364,16 +365,7 @@ def _from_dict(data: dict[str, Any]) -> HardwareProfile:
 
 def parse_profile_text(text: str, path: str = "<string>") -> HardwareProfile:
     """Parse and validate profile YAML. Errors name ``path``, the line, the key and the problem."""
-    loader = yaml.SafeLoader(text)
-    try:
-        root = loader.get_single_node()
-        data = loader.construct_document(root) if root is not None else None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f", line {mark.line + 1}" if mark else ""
-        raise HardwareError(f"{path}{line}: not valid YAML: {getattr(e, 'problem', e)}") from None
-    finally:
-        loader.dispose()
+    root, data = load_yaml_with_nodes(text, path, HardwareError)
     lines: dict[str, int] = {"": 1}
     if isinstance(root, yaml.MappingNode):
         seen: set[str] = set()

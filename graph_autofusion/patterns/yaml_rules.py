@@ -31,13 +31,12 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import yaml
-
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.patterns.constraints import CONSTRAINTS
 from graph_autofusion.patterns.matcher import root_op_types
 from graph_autofusion.patterns.pattern import Pattern, PatternBuilder
 from graph_autofusion.patterns.rules import FusionRule, RuleSet
+from graph_autofusion.yaml_util import load_yaml_with_nodes
 
 REQUIRED = ("name", "fused_op", "pattern")
 OPTIONAL = {
@@ -181,16 +180,7 @@ def _rule_from_mapping(entry: Any, mark_line: int, path: str) -> FusionRule:
 
 def load_rule_text(text: str, path: str = "<string>") -> RuleSet:
     """Parse rule-file text. Raises :class:`RuleFileError` naming ``path``, line and problem."""
-    loader = yaml.SafeLoader(text)
-    try:
-        root = loader.get_single_node()
-        data = loader.construct_document(root) if root is not None else None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f", line {mark.line + 1}" if mark else ""
-        raise RuleFileError(f"{path}{line}: not valid YAML: {getattr(e, 'problem', e)}") from None
-    finally:
-        loader.dispose()
+    root, data = load_yaml_with_nodes(text, path, RuleFileError)
     if not isinstance(data, dict) or "rules" not in data or not isinstance(data["rules"], list):
         raise RuleFileError(f"{path}, line 1: the file must be a mapping with a 'rules' list")
     rules_node = next(v for k, v in root.value if k.value == "rules")
