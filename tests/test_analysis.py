@@ -327,3 +327,35 @@ def test_cli_html_is_written_atomically(onnx_file, tmp_path, capsys):
     assert "<table>" in page and "rule:matmul_bias" in page and page.rstrip().endswith("</html>")
     assert os.listdir(dest.parent) == ["report.html"]  # no temp file left behind
     assert "HTML report written" in capsys.readouterr().err
+
+
+def test_analysis_prices_a_rule_by_its_native_operator():
+    """Calibrated native-kernel rates decide: a rule whose runtime operator measured slow is
+    skipped as estimated slower; the same group is fused when its native kernel is fast."""
+    import dataclasses
+
+    m = parse_model(
+        """
+        graph g(%x: f32[128,768], %r: f32[128,768]) -> (%y) {
+          init %g: f32[768] = zeros
+          init %b: f32[768] = zeros
+          %s: f32[128,768] = Add(%x, %r) @add
+          %y: f32[128,768] = LayerNormalization<axis=-1>(%s, %g, %b) @ln
+        }
+        """
+    )
+    rules = RuleSet((builtin_rules().get("skip_layernorm"),))
+    assert rules.get("skip_layernorm").native_op == "SkipLayerNormalization"
+    base = profile("cpuish", local_kb=4096)
+    rates = {"Add": 0.1, "LayerNormalization": 0.2}
+    slow = dataclasses.replace(
+        base, extra={"op_ns_per_element": {**rates, "SkipLayerNormalization": 2.0}}
+    )
+    fast = dataclasses.replace(
+        base, extra={"op_ns_per_element": {**rates, "SkipLayerNormalization": 0.05}}
+    )
+    (on_slow,) = by_source(analyze_model(m, rules, slow, clustering=False), "rule:skip_layernorm")
+    (on_fast,) = by_source(analyze_model(m, rules, fast, clustering=False), "rule:skip_layernorm")
+    assert not on_slow.chosen and on_slow.code == "skip-low-benefit"
+    assert "estimated slower" in on_slow.message and on_slow.cost.saving < 0
+    assert on_fast.chosen and on_fast.cost.saving > 0.2

@@ -510,3 +510,43 @@ def test_measured_per_element_rate_prices_operators_apart():
     # a fused kernel pays the same measured rates for its members
     fused = cm._fused_kernel(cm.group_io([sin, add]), rated)[0]
     assert fused.compute_s == pytest.approx(256 * 1024 * 1.3e-9)
+
+
+SKIP_LN = """
+graph g(%x: f32[128,768], %r: f32[128,768], %g: f32[768], %b: f32[768]) -> (%y) {
+  %s: f32[128,768] = Add(%x, %r) @add
+  %y: f32[128,768] = LayerNormalization<axis=-1>(%s, %g, %b) @ln
+}
+"""
+
+
+def test_native_operator_rate_prices_the_fused_kernel():
+    """A runtime-native fused operator costs what calibration measured for it, not the sum of
+    its pieces' rates: a slow contrib kernel makes the fusion a measured loss."""
+    import dataclasses
+
+    model = parse_model(SKIP_LN)
+    rates = {"Add": 0.1, "LayerNormalization": 0.2}
+    base = profile(kind="cpu", bw_gbs=1e6, gflops=1e6, overhead_us=0.5, local_kb=4096)
+    p = dataclasses.replace(base, extra={"op_ns_per_element": rates})
+    n = 128 * 768
+    pieces = fusion_cost(model.graph.nodes, p)
+    assert pieces.kernels[-1].compute_s == pytest.approx(n * 0.3e-9)
+    # no calibrated rate for the native operator: the members' rates, as before
+    same = fusion_cost(model.graph.nodes, p, native_op="SkipLayerNormalization")
+    assert same.time_after_s == pytest.approx(pieces.time_after_s)
+    slow = dataclasses.replace(
+        p, extra={"op_ns_per_element": {**rates, "SkipLayerNormalization": 2.0}}
+    )
+    fc = fusion_cost(model.graph.nodes, slow, native_op="SkipLayerNormalization")
+    assert fc.kernels[-1].compute_s == pytest.approx(n * 2.0e-9)
+    assert fc.saving < 0 and fc.verdict == Verdict.SKIP_LOW_BENEFIT
+    assert "measured SkipLayerNormalization kernel is estimated slower" in fc.reason
+    fast = dataclasses.replace(
+        p, extra={"op_ns_per_element": {**rates, "SkipLayerNormalization": 0.1}}
+    )
+    fc = fusion_cost(model.graph.nodes, fast, native_op="SkipLayerNormalization")
+    assert fc.kernels[-1].compute_s == pytest.approx(n * 0.1e-9)
+    assert fc.verdict == Verdict.FUSE
+    # a contraction's cost stays the roofline's
+    assert cm.native_rate_ns(slow, "MatMul") is None

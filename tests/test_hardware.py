@@ -316,6 +316,11 @@ def test_quick_calibration_is_sane_and_cached(hw_dir):
     assert {"Shape", "Gather", "Concat", "Slice", "Where", "Transpose", "MatMul"} <= set(table)
     assert all(0 < v < 100 for v in table.values())
     assert p.sources["op_overhead_us"].startswith("measured")
+    # the fused operators the native rewrites emit are measured like their pieces
+    rates = p.extra["op_ns_per_element"]
+    from graph_autofusion.cost.calibrate import NATIVE_OPS
+
+    assert set(NATIVE_OPS) <= set(rates) and all(rates[op] > 0 for op in NATIVE_OPS)
     assert 0 < p.extra["contraction_half_time_us"] < 100
     assert 0 <= p.extra["compute_memory_overlap"] <= 1
     for key in ("extra.contraction_half_time_us", "extra.compute_memory_overlap"):

@@ -594,8 +594,25 @@ def group_io(nodes: Sequence[Node], binding: ShapeBinding | None = None) -> Grou
     return GroupIO(list(nodes), list(inputs.values()), outputs, inter, strided, meta)
 
 
-def _fused_kernel(io: GroupIO, profile: Any) -> tuple[KernelCost, int | None]:
-    """One kernel for the whole group; returns its cost and the group's FLOPs."""
+def native_rate_ns(profile: Any, op_type: str | None) -> float | None:
+    """The profile's calibrated per-element rate of the runtime operator ``op_type`` (ns), or
+    ``None`` (no calibration for it, or a contraction, whose cost the roofline prices)."""
+    if not op_type or op_type in CONTRACTION_OPS:
+        return None
+    table = (getattr(profile, "extra", None) or {}).get("op_ns_per_element") or {}
+    ns = table.get(op_type)
+    return None if ns is None else float(ns)
+
+
+def _fused_kernel(
+    io: GroupIO, profile: Any, native_op: str | None = None
+) -> tuple[KernelCost, int | None]:
+    """One kernel for the whole group; returns its cost and the group's FLOPs.
+
+    With ``native_op`` (the runtime operator a native rewrite turns the group into) and a
+    calibrated rate for it, the group's non-contraction compute is that operator's measured
+    time on the group's largest output instead of the sum of its members' rates.
+    """
     flops = 0
     contraction = 0
     gemms = 0
@@ -656,6 +673,12 @@ def _fused_kernel(io: GroupIO, profile: Any) -> tuple[KernelCost, int | None]:
         ), flops
     dt = _dtype_key(io.nodes[0]) if io.nodes else "f32"
     peak = profile.peak_flops_per_s(dt)
+    rate = native_rate_ns(profile, native_op)
+    if rate is not None:
+        out_elements = [v.numel() for v in io.outputs]
+        if out_elements and all(e is not None for e in out_elements):
+            measured_s = max(out_elements) * rate * 1e-9
+            measured_flops = flops - contraction
     compute = measured_s + _compute_time(
         flops - measured_flops, contraction, peak, max(gemms, 1), contraction_half_time_s(profile)
     )
@@ -681,6 +704,7 @@ def fusion_cost(
     *,
     binding: ShapeBinding | None = None,
     benefit_threshold: float = DEFAULT_BENEFIT_THRESHOLD,
+    native_op: str | None = None,
 ) -> FusionCost:
     """Cost of fusing ``nodes`` (a rule match's ``match.nodes`` or a cluster) into one kernel.
 
@@ -690,6 +714,9 @@ def fusion_cost(
         binding: Concrete shapes (:func:`~graph_autofusion.cost.shapes.bind_shapes`); without
             it the nodes' own shapes are used and must be static.
         benefit_threshold: Minimum relative saving for ``fuse``.
+        native_op: The runtime operator the group becomes (a rule's
+            :attr:`~graph_autofusion.patterns.rules.FusionRule.native_op`): its calibrated
+            per-element rate, when the profile has one, prices the fused kernel.
     """
     nodes = list(dict.fromkeys(nodes))
     if nodes and all(n.graph is not None and n.graph is nodes[0].graph for n in nodes):
@@ -697,7 +724,7 @@ def fusion_cost(
         nodes.sort(key=graph.position)
     io = group_io(nodes, binding)
     kernels = [kernel_cost(n, profile) for n in io.nodes]
-    after, flops = _fused_kernel(io, profile)
+    after, flops = _fused_kernel(io, profile, native_op)
     capacity = profile.local_memory_bytes()
     before_known = all(k.time_s is not None for k in kernels)
     t_before = sum(k.time_s for k in kernels) if before_known else None
@@ -734,6 +761,13 @@ def fusion_cost(
             f"saves {saving:.1%} ({_fmt_t(t_before)} -> {_fmt_t(t_after)}), HBM accesses "
             f"{acc_before} -> {after.hbm_accesses}, tile {list(plan.tile)} uses "
             f"{_kib(plan.working_set_bytes)} of {_kib(capacity)} on {profile.name}"
+        )
+    elif saving < 0:
+        verdict = Verdict.SKIP_LOW_BENEFIT
+        how = f"the measured {native_op} kernel" if native_rate_ns(profile, native_op) else "it"
+        reason = (
+            f"fused, {how} is estimated slower than its pieces ({_fmt_t(t_before)} -> "
+            f"{_fmt_t(t_after)}, {-saving:.1%} more) on {profile.name}"
         )
     else:
         verdict = Verdict.SKIP_LOW_BENEFIT

@@ -66,6 +66,9 @@ class FusionRule:
             that replace the match's outputs, in order; without it the match becomes one call
             of a local function holding the matched nodes.
         fused_domain: Domain of the fused operator a native rewrite creates (report only).
+        native_op: Operator type the native rewrite mainly emits (default: ``fuse_pattern``
+            for a rule with a rewrite). The cost model prices the fused kernel with the
+            hardware profile's calibrated rate for it when the profile has one.
     """
 
     name: str
@@ -84,6 +87,7 @@ class FusionRule:
     min_branches: int = 2
     rewrite: Callable | None = None
     fused_domain: str = ""
+    native_op: str = ""
 
     def __post_init__(self) -> None:
         if self.pattern is None:
@@ -98,6 +102,8 @@ class FusionRule:
                 object.__setattr__(self, "fuse_pattern", f"{self.op1}{self.op2}")
         if not self.fuse_pattern:
             object.__setattr__(self, "fuse_pattern", self.name)
+        if not self.native_op and self.rewrite is not None:
+            object.__setattr__(self, "native_op", self.fuse_pattern)
 
     def __add__(self, other: FusionRule | RuleSet) -> RuleSet:
         return RuleSet((self,)) + other

@@ -428,7 +428,12 @@ def cost_candidates(
         else:
             key = f"cluster#{n_clusters}@{c.nodes[-1].name}"
             n_clusters += 1
-        fc = fusion_cost(nodes, profile, binding=binding, benefit_threshold=thr)
+        native_op = (
+            c.rule.native_op if isinstance(c, RuleMatch) and c.rule.rewrite is not None else None
+        )
+        fc = fusion_cost(
+            nodes, profile, binding=binding, benefit_threshold=thr, native_op=native_op
+        )
         saving = 0.0
         if fc.time_before_s is not None and fc.time_after_s is not None:
             saving = fc.time_before_s - fc.time_after_s

@@ -65,6 +65,7 @@ RULE = FusionRule(
     "layernorm_add",
     pattern=_p.Add(layernorm_node(_p, _p.var("x")), _p.var("addend"), _label="add"),
     fuse_pattern="LayerNormAdd",
+    native_op="LayerNormalization",
     priority=170,
     presets=("transformer",),
     checks=(layernorm_last_axis,),

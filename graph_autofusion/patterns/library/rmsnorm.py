@@ -88,6 +88,7 @@ RULE = FusionRule(
     "rmsnorm",
     pattern=rmsnorm_pattern(_p, _p.var("x")),
     fuse_pattern="RMSNorm",
+    native_op="SkipSimplifiedLayerNormalization",
     priority=180,
     presets=("llm",),
     checks=(reduces_last_axis("reduce"),),
