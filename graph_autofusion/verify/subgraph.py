@@ -30,7 +30,10 @@ class SafetyCheckError(RuntimeError):
 
 
 # ----------------------------------------------------------------------------- ORT plumbing
-def _session(model: Any, level: str = "disable", threads: int = 2) -> Any:
+def _session(model: Any, level: str = "disable", threads: int = 2, spinning: bool = False) -> Any:
+    """An onnxruntime CPU session. ``spinning``: let idle worker threads spin (onnxruntime's
+    default, what deployments run); off by default because sessions here are often used side by
+    side, and an idle session's spinning threads take the cores from the one being timed."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -38,9 +41,7 @@ def _session(model: Any, level: str = "disable", threads: int = 2) -> Any:
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.log_severity_level = 3
-    # sessions are timed side by side: idle sessions' spinning worker threads would take the
-    # cores from the one being timed
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     if isinstance(model, str | Path):
         src: Any = str(model)
     elif isinstance(model, Model):
