@@ -19,6 +19,11 @@ Steps:
    matching is deterministic), and the check repeats until nothing fails.
 4. **End to end**: the whole fused model against the original on the sample inputs. If that
    fails, every fusion is rolled back and the original is returned (reported).
+
+Before step 1, ``Reshape`` target shapes that exporters compute at run time
+(``Shape -> Gather -> Unsqueeze -> Concat``) are folded into constants where a symbolic proof
+allows (:mod:`graph_autofusion.patterns.shape_folding`; ``fold_shapes=False`` turns it off).
+The analysis, the lowering and every rollback start from that folded copy.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from graph_autofusion.codegen.onnxruntime import (
     Lowered,
@@ -74,6 +81,7 @@ class FuseResult:
     feeds: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    shape_folding: Any = None  # patterns.shape_folding.ShapeFolding, when it ran
 
     @property
     def fused(self) -> list[Lowered]:
@@ -110,6 +118,11 @@ class FuseResult:
             "measured_improvement": self.measured_improvement(),
             "end_to_end": self.end_to_end,
             "safe_mode": self.safe_mode,
+            "shape_folding": (
+                {k: v for k, v in self.shape_folding.to_dict().items() if k != "folded"}
+                if self.shape_folding is not None
+                else None
+            ),
         }
 
     def measured_improvement(self) -> float | None:
@@ -165,9 +178,11 @@ def fuse_model(
     speed_margin: float = 1.10,
     mc_samples: int = 8,
     progress: Callable[[str, int, int], None] | None = None,
+    fold_shapes: bool = True,
 ) -> FuseResult:
     """Fuse ``original`` for onnxruntime (see the module docstring). ``original`` is not
-    modified."""
+    modified. ``fold_shapes``: first fold provable ``Reshape`` shape computations into
+    constants (:mod:`graph_autofusion.patterns.shape_folding`)."""
     from graph_autofusion.planner.analysis import analyze_model
     from graph_autofusion.verify.inputs import generate_inputs
 
@@ -178,6 +193,19 @@ def fuse_model(
     feeds = dict(feeds) if feeds is not None else generate_inputs(original)
     t = time.perf_counter()
     work = clone_model(original)
+    folding = None
+    if fold_shapes:
+        from graph_autofusion.patterns.shape_folding import fold_reshape_shapes
+
+        folding = fold_reshape_shapes(work)
+        if folding.folded and safe_mode:
+            problem = _check_folding(original, work, feeds, e2e_cosine_floor)
+            if problem:
+                notes.append(f"shape folding rolled back: {problem}")
+                work, folding = clone_model(original), None
+        timings["fold_shapes"] = time.perf_counter() - t
+        t = time.perf_counter()
+    base = clone_model(work) if folding is not None and folding.folded else original
     analysis = analyze_model(
         work,
         native,
@@ -207,6 +235,7 @@ def fuse_model(
     result = FuseResult(
         work, original, analysis, lowering.lowered, not_lowered, safe_mode=safe_mode, feeds=feeds
     )
+    result.shape_folding = folding
     if not safe_mode:
         result.timings = timings
         return result
@@ -258,7 +287,7 @@ def fuse_model(
             r = checked[low.key]
             result.rolled_back.append(RolledBack(low.key, low.rule, r.code, r.message, r))
         keys = [k for k in keys if k not in failed]
-        fresh = clone_model(original)
+        fresh = clone_model(base)
         lowering, keys = _lower(fresh, native, keys, None)
         result.model = fresh
         result.lowered = lowering.lowered
@@ -272,17 +301,53 @@ def fuse_model(
     e2e = end_to_end(original, to_onnx(result.model), feeds, cosine_floor=e2e_cosine_floor)
     result.end_to_end = e2e
     if not _e2e_passed(e2e):
-        notes.append("the end-to-end comparison failed: every fusion rolled back")
+        notes.append(
+            "the end-to-end comparison failed: every fusion (and the shape folding) rolled back"
+        )
         for low in result.lowered:
             result.rolled_back.append(
                 RolledBack(low.key, low.rule, "end-to-end", "the whole fused model differs")
             )
         result.model = clone_model(original)
         result.lowered = []
+        result.shape_folding = None
     timings["end_to_end"] = time.perf_counter() - t
     result.timings = timings
     result.notes = notes
     return result
+
+
+def _check_folding(
+    original: Model, folded: Model, feeds: Mapping[str, Any], cosine_floor: float
+) -> str:
+    """Safe mode's check of the shape folding: the folded model against the original on the
+    sample inputs and on inputs with other symbolic dims (batch 2, sequence 7), where the
+    original runs on them. Returns what failed, or ``""``."""
+    from graph_autofusion.frontend.onnx_frontend import to_onnx
+    from graph_autofusion.verify.compare import compare_tensors
+    from graph_autofusion.verify.inputs import generate_inputs
+    from graph_autofusion.verify.subgraph import _run, _session
+
+    sets = [("the sample inputs", dict(feeds))]
+    other = generate_inputs(original, seed=1, batch=2, seq_len=7)
+    if any(np.shape(other[k]) != np.shape(v) for k, v in feeds.items() if k in other):
+        sets.append(("inputs of batch 2, sequence 7", other))
+    a, b = _session(to_onnx(original)), _session(to_onnx(folded))
+    for what, arrays in sets:
+        try:
+            want = _run(a, arrays)
+        except Exception:  # noqa: BLE001 - the original may not take other dims: nothing to compare
+            continue
+        try:
+            got = _run(b, arrays)
+        except Exception as exc:  # noqa: BLE001
+            return f"the folded model fails on {what}: {type(exc).__name__}: {exc}"
+        for name, ref in want.items():
+            if name not in got or np.shape(got[name]) != np.shape(ref):
+                return f"output {name} has another shape on {what}"
+            if compare_tensors(got[name], ref)["cosine"] < cosine_floor:
+                return f"output {name} differs on {what}"
+    return ""
 
 
 def _e2e_passed(e2e: Mapping[str, Any]) -> bool:

@@ -45,6 +45,9 @@ class SafeFusionReport:
             {"key": n.key, "rule": n.rule, "code": n.code, "message": n.message}
             for n in r.not_lowered
         ]
+        data["folded_reshapes"] = (
+            r.shape_folding.to_dict()["folded"] if r.shape_folding is not None else []
+        )
         data["timings_s"] = r.timings
         data["notes"] = r.notes
         return data
@@ -61,6 +64,14 @@ class SafeFusionReport:
         if s["fused_ops"]:
             lines.append(
                 "fused operators: " + ", ".join(f"{k} x{v}" for k, v in s["fused_ops"].items())
+            )
+        sf = s.get("shape_folding")
+        if sf and sf["reshapes_folded"]:
+            removed = ", ".join(f"{k} {v}" for k, v in sorted(sf["nodes_removed_by_op"].items()))
+            lines.append(
+                f"shape plumbing folded: {sf['reshapes_folded']} Reshape target shapes made "
+                f"constant, {sf['nodes_removed']} nodes removed"
+                + (f" ({removed})" if removed else "")
             )
         if s["skipped"]:
             lines.append(

@@ -1,0 +1,340 @@
+"""Fold a ``Reshape``'s computed target shape into a constant (the shape-plumbing fusion).
+
+Exporters spell ``x.view(b, s, heads, -1)`` as a small integer program that runs on every
+call: ``Shape(x) -> Gather(i) -> Unsqueeze -> Concat -> Reshape`` (TorchScript), or
+``Shape(x, start, end) -> Concat`` and ``Slice(Shape(y))`` (dynamo). Each of those nodes is a
+kernel dispatch in onnxruntime (2-5 us apiece in a real graph on this machine), and a Llama
+layer has several of them. onnxruntime's transformer optimizer folds them too (its
+``FusionReshape``).
+
+The fold is proven symbolically, never from one sample: every entry of the target shape is
+evaluated over the model's symbolic dims (``batch``, ``seq``, ``unk__3`` ...) through
+``Shape``, ``Gather``, ``Slice``, ``Unsqueeze``, ``Squeeze``, ``Concat``, ``Cast``,
+``Identity`` and constants. The entry becomes:
+
+* its integer when it is a constant;
+* ``0`` ("copy the input's dim", ``allowzero=0`` only) when it is the very symbol the reshaped
+  input has at the same position;
+* ``-1`` ("infer") for at most one entry that is neither, when no constant entry is ``-1``
+  already.
+
+Otherwise the ``Reshape`` is left alone. A folded ``Reshape`` that provably returns its input
+unchanged (same rank; every entry a copy, the input's own static dim, or the single -1) is
+removed and its readers read the input. The shape nodes that no longer feed anything are
+removed; nothing else changes, and graph input and output names are kept.
+
+Symbols come from onnxruntime's symbolic shape inference where it runs (:func:`symbolic_shapes`,
+the inference onnxruntime's own optimizer relies on), else from the model's value shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from graph_autofusion.ir.core import Graph, Model, Node, Value
+from graph_autofusion.patterns.matcher import const_value
+
+__all__ = ["FoldedReshape", "ShapeFolding", "fold_reshape_shapes"]
+
+#: Operators of the integer shape programs the evaluator follows.
+SHAPE_OPS = frozenset(
+    {"Shape", "Gather", "Slice", "Unsqueeze", "Squeeze", "Concat", "Cast", "Identity", "Constant"}
+)
+_INT_CASTS = {6, 7}  # TensorProto INT32, INT64
+
+Entry = int | str | None  # a known int, a symbolic dim, or unknown
+
+
+@dataclass
+class FoldedReshape:
+    node: str
+    before: list[str]  # the evaluated entries (symbols as names)
+    after: list[int]  # the constant shape written
+
+
+@dataclass
+class ShapeFolding:
+    """What :func:`fold_reshape_shapes` did."""
+
+    folded: list[FoldedReshape] = field(default_factory=list)
+    identities_removed: list[str] = field(default_factory=list)  # Reshapes that changed nothing
+    nodes_removed: int = 0  # shape-program nodes and identity Reshapes
+    nodes_removed_by_op: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            "reshapes_folded": len(self.folded),
+            "identity_reshapes_removed": len(self.identities_removed),
+            "nodes_removed": self.nodes_removed,
+            "nodes_removed_by_op": dict(self.nodes_removed_by_op),
+            "folded": [{"node": f.node, "before": f.before, "after": f.after} for f in self.folded],
+        }
+
+
+def symbolic_shapes(model: Model) -> dict[str, tuple[Entry, ...]]:
+    """Every value's symbolic shape by onnxruntime's symbolic shape inference (the one its
+    transformer optimizer uses): it carries the inputs' dim names through the graph, so two
+    values get the same symbol where the model's own (``unk__12`` vs ``batch``) do not.
+    Empty when it is unavailable or fails on this model; the IR's shapes are used then."""
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        from graph_autofusion.frontend.onnx_frontend import to_onnx
+
+        out = SymbolicShapeInference.infer_shapes(to_onnx(model), auto_merge=True)
+    except Exception:  # noqa: BLE001 - an optional refinement
+        return {}
+    if out is None:
+        return {}
+    shapes: dict[str, tuple[Entry, ...]] = {}
+    for vi in (*out.graph.value_info, *out.graph.input, *out.graph.output):
+        t = vi.type.tensor_type
+        if not t.HasField("shape"):
+            continue
+        dims: list[Entry] = []
+        for d in t.shape.dim:
+            if d.HasField("dim_value"):
+                dims.append(int(d.dim_value))
+            elif d.HasField("dim_param") and d.dim_param:
+                dims.append(str(d.dim_param))
+            else:
+                dims.append(None)
+        shapes[vi.name] = tuple(dims)
+    return shapes
+
+
+class _Eval:
+    """Symbolic values of 0-D / 1-D integer tensors: ``(entries, is_scalar)`` or ``None``."""
+
+    def __init__(self, shapes: dict[str, tuple[Entry, ...]] | None = None) -> None:
+        self.memo: dict[int, tuple[list[Entry], bool] | None] = {}
+        self.shapes = shapes or {}
+
+    def shape(self, v: Value | None) -> tuple[Entry, ...] | None:
+        """``v``'s symbolic shape: the symbolic inference's when it has one, else the IR's."""
+        if v is None:
+            return None
+        got = self.shapes.get(v.name)
+        if got is not None:
+            return got
+        return None if v.shape is None else tuple(v.shape)
+
+    def __call__(self, v: Value | None, depth: int = 0) -> tuple[list[Entry], bool] | None:
+        if v is None or depth > 32:
+            return None
+        key = id(v)
+        if key not in self.memo:
+            self.memo[key] = self._eval(v, depth)
+        return self.memo[key]
+
+    def _ints(self, v: Value | None) -> list[int] | None:
+        if v is None:
+            return None
+        c = const_value(v)
+        if c is None or c.dtype.kind not in "iu" or c.ndim > 1:
+            return None
+        return [int(x) for x in np.asarray(c).reshape(-1)]
+
+    def _eval(self, v: Value, depth: int) -> tuple[list[Entry], bool] | None:
+        c = const_value(v)
+        if c is not None:
+            if c.dtype.kind not in "iu" or c.ndim > 1:
+                return None
+            return [int(x) for x in np.asarray(c).reshape(-1)], c.ndim == 0
+        n = v.producer
+        if n is None or n.domain not in ("", "ai.onnx") or n.op_type not in SHAPE_OPS:
+            return None
+        if len(n.outputs) != 1 or n.outputs[0] is not v:
+            return None
+        op = n.op_type
+        if op == "Shape":
+            shape = self.shape(n.inputs[0])
+            if shape is None:
+                return None
+            dims: list[Entry] = [d if isinstance(d, int | str) else None for d in shape]
+            r = len(dims)
+            start = int(n.attr("start", 0))
+            end = n.attr("end", None)
+            end = r if end is None else int(end)
+            start = min(max(start + r if start < 0 else start, 0), r)
+            end = min(max(end + r if end < 0 else end, 0), r)
+            return dims[start:end], False
+        first = self(n.inputs[0], depth + 1) if n.inputs else None
+        if first is None:
+            return None
+        entries, scalar = first
+        if op == "Identity":
+            return first
+        if op == "Cast":
+            return first if int(n.attr("to", 0)) in _INT_CASTS else None
+        if op == "Gather":
+            if int(n.attr("axis", 0)) != 0 or scalar or len(n.inputs) < 2:
+                return None
+            idx = const_value(n.inputs[1]) if n.inputs[1] is not None else None
+            if idx is None or idx.dtype.kind not in "iu" or idx.ndim > 1:
+                return None
+            out = []
+            for i in np.asarray(idx).reshape(-1):
+                i = int(i) + (len(entries) if int(i) < 0 else 0)
+                if not 0 <= i < len(entries):
+                    return None
+                out.append(entries[i])
+            return out, idx.ndim == 0
+        if op == "Unsqueeze":
+            axes = self._ints(n.inputs[1]) if len(n.inputs) > 1 else n.attr("axes")
+            if scalar and axes is not None and list(axes) in ([0], [-1]):
+                return entries, False
+            return None
+        if op == "Squeeze":
+            axes = self._ints(n.inputs[1]) if len(n.inputs) > 1 else n.attr("axes")
+            if not scalar and len(entries) == 1 and (axes is None or list(axes) in ([0], [-1])):
+                return entries, True
+            return None
+        if op == "Concat":
+            if int(n.attr("axis", 0)) not in (0, -1):
+                return None
+            out = []
+            for x in n.inputs:
+                got = self(x, depth + 1)
+                if got is None or got[1]:
+                    return None
+                out.extend(got[0])
+            return out, False
+        if op == "Slice":
+            if scalar:
+                return None
+            starts, ends = self._ints(n.inputs[1]), self._ints(n.inputs[2])
+            axes = self._ints(n.inputs[3]) if len(n.inputs) > 3 and n.inputs[3] else [0]
+            steps = self._ints(n.inputs[4]) if len(n.inputs) > 4 and n.inputs[4] else [1]
+            if not (starts and ends and axes in ([0], [-1]) and steps == [1]):
+                return None
+            r = len(entries)
+            s, e = starts[0], ends[0]
+            s = min(max(s + r if s < 0 else s, 0), r)
+            e = min(max(e + r if e < 0 else e, 0), r)
+            return entries[s:e], False
+        return None
+
+
+def _constant_shape(
+    node: Node, entries: list[Entry], in_shape: tuple[Entry, ...] | None
+) -> list[int] | None:
+    """The constant equal to ``entries`` for this ``Reshape``, or ``None`` if not provable.
+
+    The result is meant for ``allowzero=0``. A node with ``allowzero=1`` qualifies when no
+    constant entry is 0 (then 0 never meant "copy", and a copied dim equals the symbol's value
+    even when that value is 0).
+    """
+    if int(node.attr("allowzero", 0)) != 0 and any(e == 0 for e in entries):
+        return None
+    out: list[int] = []
+    infer_at: list[int] = []
+    for i, e in enumerate(entries):
+        if isinstance(e, int):
+            out.append(e)
+        elif isinstance(e, str) and in_shape is not None and i < len(in_shape) and in_shape[i] == e:
+            out.append(0)
+        else:
+            out.append(-1)
+            infer_at.append(i)
+    if len(infer_at) > 1 or (infer_at and out.count(-1) > 1):
+        return None
+    return out
+
+
+def _is_identity(shape: list[int], in_shape: tuple[Entry, ...] | None) -> bool:
+    """``Reshape(x, shape)`` (``allowzero=0``) returns ``x`` unchanged: same rank, and every
+    entry copies (0) or equals the input's dim, but for at most one -1, which then must too."""
+    if in_shape is None or len(in_shape) != len(shape) or shape.count(-1) > 1:
+        return False
+    return all(c in (0, -1) or (isinstance(d, int) and c == d) for c, d in zip(shape, in_shape))
+
+
+def _dead_shape_nodes(graph: Graph, candidates: set[Node]) -> list[Node]:
+    """Shape-program nodes among ``candidates`` that nothing reads any more (transitively)."""
+    dead: list[Node] = []
+    gone: set[Node] = set()
+    changed = True
+    while changed:
+        changed = False
+        for n in candidates - gone:
+            if n.captures:
+                continue
+            if all(
+                not graph.is_output(o) and all(u in gone for u in o.user_nodes) for o in n.outputs
+            ):
+                gone.add(n)
+                dead.append(n)
+                changed = True
+    return dead
+
+
+def _program_nodes(v: Value, depth: int = 0) -> set[Node]:
+    n = v.producer
+    if n is None or n.op_type not in SHAPE_OPS or depth > 32:
+        return set()
+    out = {n}
+    for x in n.inputs:
+        if x is not None:
+            out |= _program_nodes(x, depth + 1)
+    return out
+
+
+def fold_reshape_shapes(model: Model, *, symbolic: bool = True) -> ShapeFolding:
+    """Rewrite every provable ``Reshape`` target shape of ``model``'s main graph to a constant
+    and remove the shape nodes left unused. Mutates ``model``; returns what it did.
+
+    ``symbolic``: refine the IR's shapes with onnxruntime's symbolic shape inference
+    (:func:`symbolic_shapes`)."""
+    graph = model.graph
+    ev = _Eval(symbolic_shapes(model) if symbolic else None)
+    report = ShapeFolding()
+    touched: set[Node] = set()
+    for node in list(graph.nodes):
+        if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx"):
+            continue
+        if len(node.inputs) < 2 or node.inputs[1] is None:
+            continue
+        target = node.inputs[1]
+        if const_value(target) is not None:
+            continue  # already constant
+        got = ev(target)
+        if got is None or got[1]:
+            continue
+        shape = _constant_shape(node, got[0], ev.shape(node.inputs[0]))
+        if shape is None:
+            continue
+        touched |= _program_nodes(target)
+        if _is_identity(shape, ev.shape(node.inputs[0])) and not graph.is_output(node.outputs[0]):
+            graph.replace_all_uses_with(node.outputs[0], node.inputs[0])
+            graph.remove_node(node)
+            report.identities_removed.append(node.name)
+            report.folded.append(
+                FoldedReshape(node.name, [str(e) if e is not None else "?" for e in got[0]], shape)
+            )
+            continue
+        name = graph.fresh_name(f"{node.name or 'reshape'}_shape")
+        const = graph.add_initializer(name, np.asarray(shape, dtype=np.int64))
+        node.set_input(1, const)
+        if "allowzero" in node.attrs:
+            node.attrs["allowzero"] = 0
+        report.folded.append(
+            FoldedReshape(node.name, [str(e) if e is not None else "?" for e in got[0]], shape)
+        )
+    dead = _dead_shape_nodes(graph, touched)
+    read = {x.name for n in dead for x in n.inputs if x is not None and x.is_const}
+    for n in dead:
+        report.nodes_removed_by_op[n.op_type] = report.nodes_removed_by_op.get(n.op_type, 0) + 1
+    if dead:
+        graph.remove_nodes(dead)
+    if report.identities_removed:
+        report.nodes_removed_by_op["Reshape"] = len(report.identities_removed)
+    report.nodes_removed = len(dead) + len(report.identities_removed)
+    inputs = {v.name for v in graph.inputs}
+    for k in sorted(read):
+        v = graph.initializers.get(k)
+        if v is not None and not v.users and not graph.is_output(v) and k not in inputs:
+            graph.remove_initializer(k)
+    return report

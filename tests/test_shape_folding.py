@@ -1,0 +1,185 @@
+"""Folding exporters' Reshape shape programs into constants (patterns/shape_folding.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from graph_autofusion.frontend.onnx_frontend import to_onnx
+from graph_autofusion.ir.text import parse_model, print_model
+from graph_autofusion.patterns.shape_folding import fold_reshape_shapes
+
+# TorchScript's spelling of x.view(b, s, 2, -1): Shape -> Gather -> Unsqueeze -> Concat
+TS_VIEW = """
+graph g(%x: f32[B,S,8]) -> (%y) {
+  init %i0: i64[] = [0]
+  init %i1: i64[] = [1]
+  init %ax: i64[1] = [0]
+  init %two: i64[1] = [2]
+  init %neg: i64[1] = [-1]
+  %sh: i64[3] = Shape(%x) @shape
+  %b: i64[] = Gather<axis=0>(%sh, %i0) @g0
+  %s: i64[] = Gather<axis=0>(%sh, %i1) @g1
+  %ub: i64[1] = Unsqueeze(%b, %ax) @u0
+  %us: i64[1] = Unsqueeze(%s, %ax) @u1
+  %t: i64[4] = Concat<axis=0>(%ub, %us, %two, %neg) @cat
+  %y: f32[B,S,2,4] = Reshape(%x, %t) @view
+}
+"""
+
+# dynamo's spelling: Shape with start/end, and allowzero=1
+DYNAMO_VIEW = """
+graph g(%x: f32[B,S,8], %ids: i64[B,S]) -> (%y) {
+  init %two: i64[1] = [2]
+  init %neg: i64[1] = [-1]
+  %b: i64[1] = Shape<start=0, end=1>(%ids) @sb
+  %s: i64[1] = Shape<start=1, end=2>(%ids) @ss
+  %t: i64[4] = Concat<axis=0>(%b, %s, %two, %neg) @cat
+  %y: f32[B,S,2,4] = Reshape<allowzero=1>(%x, %t) @view
+}
+"""
+
+
+def _ops(model):
+    return sorted(n.op_type for n in model.graph.nodes)
+
+
+def _run(proto, feeds):
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = {i.name for i in sess.get_inputs()}
+    return sess.run(None, {k: v for k, v in feeds.items() if k in names})
+
+
+def _feeds(b, s):
+    rng = np.random.default_rng(0)
+    return {
+        "x": rng.standard_normal((b, s, 8)).astype(np.float32),
+        "ids": np.zeros((b, s), np.int64),
+    }
+
+
+@pytest.mark.parametrize("text", [TS_VIEW, DYNAMO_VIEW], ids=["torchscript", "dynamo"])
+def test_view_program_folds_to_copy_dims_and_holds_for_every_shape(text):
+    original = parse_model(text)
+    model = parse_model(text)
+    rep = fold_reshape_shapes(model)
+    (f,) = rep.folded
+    assert f.node == "view" and f.before == ["B", "S", "2", "-1"] and f.after == [0, 0, 2, -1]
+    assert _ops(model) == ["Reshape"]  # the whole shape program is gone
+    assert rep.nodes_removed == len(original.graph.nodes) - 1
+    (view,) = model.graph.nodes
+    assert view.attr("allowzero", 0) == 0
+    proto = to_onnx(model)
+    onnx.checker.check_model(proto)
+    assert [o.name for o in proto.graph.output] == ["y"]
+    for b, s in ((1, 16), (3, 7), (2, 1)):  # a symbolic proof: any batch and sequence
+        feeds = _feeds(b, s)
+        (want,) = _run(to_onnx(original), feeds)
+        (got,) = _run(proto, feeds)
+        assert got.shape == want.shape == (b, s, 2, 4)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_shared_shape_nodes_stay_for_their_other_readers():
+    text = TS_VIEW.replace("-> (%y)", "-> (%y, %b)")
+    model = parse_model(text)
+    rep = fold_reshape_shapes(model)
+    assert len(rep.folded) == 1
+    assert {"Shape", "Gather"} <= set(_ops(model))  # %b is a graph output
+    assert rep.nodes_removed_by_op == {"Concat": 1, "Unsqueeze": 2, "Gather": 1}
+
+
+def test_unprovable_programs_are_left_alone():
+    # the dim comes from another position (S placed first): neither a copy nor the one -1
+    swapped = TS_VIEW.replace("%t: i64[4] = Concat<axis=0>(%ub, %us, %two, %neg)",
+                              "%t: i64[4] = Concat<axis=0>(%us, %ub, %two, %neg)")  # fmt: skip
+    swapped = swapped.replace("f32[B,S,2,4] = Reshape", "f32[S,B,2,4] = Reshape")
+    # a literal 0 with allowzero=1 (a zero-size dim, not a copy)
+    zero = DYNAMO_VIEW.replace("init %two: i64[1] = [2]", "init %two: i64[1] = [0]")
+    for text in (swapped, zero):
+        model = parse_model(text)
+        before = print_model(model)
+        rep = fold_reshape_shapes(model)
+        assert rep.folded == [] and rep.nodes_removed == 0
+        assert print_model(model) == before
+
+
+def test_a_single_unknown_dim_becomes_the_inferred_one():
+    # the sequence dim is unknown ("?"): it may become the one -1, unless a -1 is there already
+    text = TS_VIEW.replace("%x: f32[B,S,8]", "%x: f32[B,?,8]").replace(
+        "f32[B,S,2,4]", "f32[B,?,2,4]"
+    )
+    model = parse_model(text)
+    # on the IR's shapes alone: [B, ?, 2, -1] has two unknowns
+    assert fold_reshape_shapes(model, symbolic=False).folded == []
+    # onnxruntime's symbolic inference names the unknown dim (x_d1) on both sides: a copy
+    (f,) = fold_reshape_shapes(model).folded
+    assert f.before == ["B", "x_d1", "2", "-1"] and f.after == [0, 0, 2, -1]
+    text = text.replace("init %neg: i64[1] = [-1]", "init %neg: i64[1] = [4]")
+    model = parse_model(text)
+    (f,) = fold_reshape_shapes(model, symbolic=False).folded
+    assert f.before == ["B", "?", "2", "4"] and f.after == [0, -1, 2, 4]
+    feeds = _feeds(2, 5)
+    (want,) = _run(to_onnx(parse_model(text)), feeds)
+    (got,) = _run(to_onnx(model), feeds)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_reshape_that_changes_nothing_is_removed():
+    text = """
+    graph g(%x: f32[B,4,S,8]) -> (%y) {
+      init %i0: i64[] = [0]
+      init %i2: i64[] = [2]
+      init %ax: i64[1] = [0]
+      init %neg: i64[1] = [-1]
+      init %eight: i64[1] = [8]
+      %sh: i64[4] = Shape(%x) @shape
+      %b: i64[] = Gather<axis=0>(%sh, %i0) @g0
+      %s: i64[] = Gather<axis=0>(%sh, %i2) @g2
+      %ub: i64[1] = Unsqueeze(%b, %ax) @u0
+      %us: i64[1] = Unsqueeze(%s, %ax) @u2
+      %t: i64[4] = Concat<axis=0>(%ub, %neg, %us, %eight) @cat
+      %r: f32[B,4,S,8] = Reshape(%x, %t) @same
+      %y: f32[B,4,S,8] = Relu(%r) @relu
+    }
+    """
+    model = parse_model(text)
+    rep = fold_reshape_shapes(model)
+    assert rep.identities_removed == ["same"] and rep.folded[0].after == [0, -1, 0, 8]
+    assert _ops(model) == ["Relu"]
+    assert model.graph.nodes[0].inputs[0].name == "x"
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((2, 4, 3, 8)).astype(np.float32)}
+    (want,) = _run(to_onnx(parse_model(text)), feeds)
+    (got,) = _run(to_onnx(model), feeds)
+    np.testing.assert_array_equal(got, want)
+    # a graph output keeps its name: the Reshape stays, with a constant shape
+    kept = parse_model(text.replace("-> (%y)", "-> (%y, %r)"))
+    rep = fold_reshape_shapes(kept)
+    assert rep.identities_removed == [] and len(rep.folded) == 1
+    assert _ops(kept) == ["Relu", "Reshape"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama_gqa"])
+def test_zoo_exports_fold_and_match_onnxruntime_at_other_shapes(name, exporter):
+    from graph_autofusion.frontend.onnx_import import load_onnx
+    from graph_autofusion.testing import example_feeds, export_onnx
+
+    path = export_onnx(name, exporter)
+    model = load_onnx(path)
+    n0 = len(model.graph.nodes)
+    rep = fold_reshape_shapes(model)
+    assert rep.folded, "every export views Q/K/V per head"
+    assert len(model.graph.nodes) == n0 - rep.nodes_removed
+    proto = to_onnx(model)
+    onnx.checker.check_model(proto)
+    for batch, seq in ((1, 16), (2, 5)):
+        feeds = example_feeds(name, seq_len=seq, batch=batch)
+        want = _run(onnx.load(str(path)), feeds)
+        got = _run(proto, feeds)
+        for w, g in zip(want, got):
+            np.testing.assert_array_equal(g, w)
