@@ -259,7 +259,7 @@ def run_ours(
     fuse_s = time.perf_counter() - t
     gaf.save(out_path)
     rep = gaf.safe_fusion_report().to_dict()
-    patterns = {r.name: r.fuse_pattern for r in gaf.rules}
+    patterns = {r.name: r.native_op or r.fuse_pattern for r in gaf.rules}
     rolled: Counter[str] = Counter()
     rolled_ops: Counter[str] = Counter()
     rolled_msgs: dict[str, str] = {}
@@ -269,8 +269,43 @@ def run_ours(
         rolled_msgs.setdefault(f"{b['rule']}:{b['code']}", b["message"])
     proto = onnx.load(out_path)
     counts = op_counts(proto)
+    # every rule candidate (matched at all) by the runtime operator its rule lowers to, and
+    # why the ones not fused were left out
+    native_of = {r.name: r.native_op for r in gaf.rules if r.rewrite is not None}
+    lowered_as = {  # the contrib operator a lowering created (Gemm + Reshape + FastGelu: FastGelu)
+        low.key: ([o for o in low.fused_ops if "::" in o] or low.fused_ops)[-1].split("::")[-1]
+        for low in gaf.result.lowered
+        if low.fused_ops
+    }
+    matched: Counter[str] = Counter()
+    why_not: dict[str, Counter[str]] = {}
+    why_msg: dict[str, str] = {}
+    for c in gaf.result.analysis.candidates:
+        rule = c.source.split(":", 1)[1] if c.source.startswith("rule:") else None
+        if rule not in native_of:
+            continue
+        op = lowered_as.get(c.key, native_of[rule])  # bias_gelu lowers to FastGelu for tanh
+        matched[op] += 1
+        if not c.chosen:
+            why_not.setdefault(op, Counter())[c.code] += 1
+            why_msg.setdefault(f"{op}:{c.code}", c.message)
+    # the same plan on a GPU profile (planning and lowering only: no GPU here to time it)
+    gpu = GraphAutoFusion(str(path), preset=preset, sample_inputs=feeds, hardware="a100")
+    gpu.fuse(safe_mode=False)
+    gpu_ops: Counter[str] = Counter()
+    for low in gpu.result.lowered:
+        for op in low.fused_ops:
+            gpu_ops[op.split("::")[-1]] += 1
+    sf = gaf.result.shape_folding
     return {
         "preset": preset,
+        "matched_by_native_op": dict(matched),
+        "not_fused_by_native_op": {k: dict(v) for k, v in why_not.items()},
+        "not_fused_example_message": why_msg,
+        "a100_plan_fused_ops": dict(gpu_ops),
+        "shape_folding": (
+            {k: v for k, v in sf.to_dict().items() if k != "folded"} if sf is not None else None
+        ),
         "fuse_s": fuse_s,
         "candidates": rep["candidates"],
         "planned": rep["planned"],
@@ -504,18 +539,29 @@ def coverage(peer: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
     rolled back by safe mode)."""
     rows = {}
     rolled = {k.split("::")[-1]: v for k, v in ours.get("rolled_back_fuse_patterns", {}).items()}
+    matched = ours.get("matched_by_native_op", {})
+    gpu = ours.get("a100_plan_fused_ops", {})
+    why = ours.get("not_fused_by_native_op", {})
+
+    def row(n: int, ops: tuple[str, ...]) -> dict[str, Any]:
+        reasons: Counter[str] = Counter()
+        for o in ops:
+            reasons.update(why.get(o, {}))
+            reasons.update({f"rolled-back ({o})": rolled.get(o, 0)} if rolled.get(o) else {})
+        return {
+            "peer": n,
+            "ours_kept": sum(ours["fused_by_type"].get(o, 0) for o in ops),
+            "ours_matched": sum(matched.get(o, 0) for o in ops),
+            "ours_a100_plan": sum(gpu.get(o, 0) for o in ops),
+            "not_kept_because": dict(reasons),
+        }
+
     for op, n in (peer.get("fused_by_type") or {}).items():
-        kept = ours["fused_by_type"].get(op, 0)
-        rows[op] = {"peer": n, "ours_kept": kept, "ours_matched": kept + rolled.get(op, 0)}
+        rows[op] = row(n, (op,))
     for fam, ops in FAMILIES.items():
         n = sum((peer.get("fused_by_type") or {}).get(o, 0) for o in ops)
         if n and sum(1 for o in ops if (peer.get("fused_by_type") or {}).get(o)) > 0:
-            kept = sum(ours["fused_by_type"].get(o, 0) for o in ops)
-            rows[fam] = {
-                "peer": n,
-                "ours_kept": kept,
-                "ours_matched": kept + sum(rolled.get(o, 0) for o in ops),
-            }
+            rows[fam] = row(n, ops)
     return rows
 
 
@@ -581,9 +627,16 @@ def markdown(data: dict[str, Any]) -> str:
                 )
     lines += ["", "## Pattern coverage (fused operators the peer creates)", ""]
     lines += [
-        "| model | exporter | shape | fused op | peer | ours kept | ours matched (kept + "
-        "rolled back by safe mode) |",
-        "|---|---|---|---|---|---|---|",
+        "`ours matched`: candidates our rules found for that operator (whether fused or not); "
+        "`ours kept`: in the output on this host (cost model on the calibrated host profile, "
+        "then safe mode); `a100 plan`: what the same tool lowers when planning for the a100 "
+        "profile (no speed check: there is no GPU here); `why not kept`: reason codes of the "
+        "candidates left out on the host (see docs/reasons.md; `skip-low-benefit` with a "
+        "negative saving is a kernel measured slower than its pieces by calibration).",
+        "",
+        "| model | exporter | shape | fused op | peer | ours kept | ours matched | a100 plan "
+        "| why not kept (host) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["results"]:
         if "shapes" not in r:
@@ -591,11 +644,15 @@ def markdown(data: dict[str, Any]) -> str:
         for shape, e in r["shapes"].items():
             cov = e.get("coverage") or {}
             if not r["peer"]["ok"]:
-                lines.append(f"| {r['model']} | {r['exporter']} | {shape} | (peer failed) | | | |")
+                lines.append(
+                    f"| {r['model']} | {r['exporter']} | {shape} | (peer failed) | | | | | |"
+                )
             for op, c in cov.items():
                 lines.append(
                     f"| {r['model']} | {r['exporter']} | {shape} | {op} | {c['peer']} | "
-                    f"{c['ours_kept']} | {c['ours_matched']} |"
+                    f"{c['ours_kept']} | {c.get('ours_matched', '')} | "
+                    f"{c.get('ours_a100_plan', '')} | "
+                    f"{fmt_counts(c.get('not_kept_because')) if c.get('not_kept_because') else ''} |"
                 )
     lines += ["", "## Peer's own statistics (`get_fused_operator_statistics`)", ""]
     lines += [
