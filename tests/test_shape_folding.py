@@ -106,25 +106,91 @@ def test_unprovable_programs_are_left_alone():
         assert print_model(model) == before
 
 
-def test_a_single_unknown_dim_becomes_the_inferred_one():
-    # the sequence dim is unknown ("?"): it may become the one -1, unless a -1 is there already
+def test_an_unknown_dim_is_never_turned_into_a_new_minus_one():
+    # on the IR's shapes the sequence dim is unknown ("?"): a -1 for it would fail (or infer
+    # another size) on an empty tensor where the original's computed dim does not
     text = TS_VIEW.replace("%x: f32[B,S,8]", "%x: f32[B,?,8]").replace(
         "f32[B,S,2,4]", "f32[B,?,2,4]"
     )
-    model = parse_model(text)
-    # on the IR's shapes alone: [B, ?, 2, -1] has two unknowns
-    assert fold_reshape_shapes(model, symbolic=False).folded == []
-    # onnxruntime's symbolic inference names the unknown dim (x_d1) on both sides: a copy
-    (f,) = fold_reshape_shapes(model).folded
-    assert f.before == ["B", "x_d1", "2", "-1"] and f.after == [0, 0, 2, -1]
     text = text.replace("init %neg: i64[1] = [-1]", "init %neg: i64[1] = [4]")
+    assert fold_reshape_shapes(parse_model(text), symbolic=False).folded == []
+    # onnxruntime's symbolic inference names the unknown dim (x_d1) on both sides: a copy
     model = parse_model(text)
-    (f,) = fold_reshape_shapes(model, symbolic=False).folded
-    assert f.before == ["B", "?", "2", "4"] and f.after == [0, -1, 2, 4]
+    (f,) = fold_reshape_shapes(model).folded
+    assert f.before == ["B", "x_d1", "2", "4"] and f.after == [0, 0, 2, 4]
     feeds = _feeds(2, 5)
     (want,) = _run(to_onnx(parse_model(text)), feeds)
     (got,) = _run(to_onnx(model), feeds)
     np.testing.assert_array_equal(got, want)
+
+
+def test_symbols_equal_only_by_a_broadcast_guess_are_not_trusted():
+    """Add(x[B,S,56], m[B,T,56]) is valid with T = 1: S and T are not the same dim, so the
+    view of m by x's S must not become a copy of m's dim (or an identity)."""
+    text = """
+    graph g(%x: f32[B,S,56], %m: f32[B,T,56]) -> (%a, %z) {
+      init %neg: i64[1] = [-1]
+      %a: f32[B,S,56] = Add(%x, %m) @add
+      %bs: i64[2] = Shape<start=0, end=2>(%x) @shape
+      %t: i64[3] = Concat<axis=0>(%bs, %neg) @cat
+      %r = Reshape(%m, %t) @view
+      %z = Relu(%r) @relu
+    }
+    """
+    model = parse_model(text)
+    assert fold_reshape_shapes(model).folded == []
+    rng = np.random.default_rng(2)
+    feeds = {
+        "x": rng.standard_normal((2, 7, 56)).astype(np.float32),
+        "m": rng.standard_normal((2, 1, 56)).astype(np.float32),
+    }
+    want = _run(to_onnx(parse_model(text)), feeds)
+    got = _run(to_onnx(model), feeds)
+    assert got[1].shape == want[1].shape == (2, 7, 8)
+
+
+def _proto_model(nodes, inputs, inits, opset, listed=()):
+    from onnx import TensorProto, helper, numpy_helper
+
+    from graph_autofusion.frontend.onnx_import import load_onnx
+
+    vis = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs]
+    vis += [helper.make_tensor_value_info(n, TensorProto.INT64, [len(inits[n])]) for n in listed]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        vis,
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.asarray(v, np.int64), k) for k, v in inits.items()],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    proto.ir_version = 7
+    return load_onnx(proto)
+
+
+def test_opset9_slice_and_overridable_initializers_are_left_alone():
+    from onnx import helper
+
+    # Slice-1 keeps its bounds in attributes: not evaluated, and no crash
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Slice", ["s"], ["bs"], starts=[0], ends=[2], axes=[0]),
+        helper.make_node("Concat", ["bs", "neg"], ["t"], axis=0),
+        helper.make_node("Reshape", ["x", "t"], ["y"]),
+    ]
+    model = _proto_model(nodes, [("x", ["B", "S", 8])], {"neg": [-1]}, 9)
+    assert fold_reshape_shapes(model).folded == []
+    # an initializer also listed as a graph input can be fed another value: not a constant
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"], start=0, end=2),
+        helper.make_node("Concat", ["s", "heads", "neg"], ["t"], axis=0),
+        helper.make_node("Reshape", ["x", "t"], ["y"]),
+    ]
+    model = _proto_model(
+        nodes, [("x", ["B", "S", 8])], {"heads": [2], "neg": [-1]}, 18, listed=["heads"]
+    )
+    assert fold_reshape_shapes(model).folded == []
+    assert "heads" in [v.name for v in to_onnx(model).graph.input]
 
 
 def test_a_reshape_that_changes_nothing_is_removed():

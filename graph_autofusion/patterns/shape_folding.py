@@ -77,16 +77,31 @@ def symbolic_shapes(model: Model) -> dict[str, tuple[Entry, ...]]:
     """Every value's symbolic shape by onnxruntime's symbolic shape inference (the one its
     transformer optimizer uses): it carries the inputs' dim names through the graph, so two
     values get the same symbol where the model's own (``unk__12`` vs ``batch``) do not.
-    Empty when it is unavailable or fails on this model; the IR's shapes are used then."""
+
+    Run without ``auto_merge``: merging two symbols that meet in a broadcast is a guess (one
+    may be 1 at run time), so a symbol the inference only suggested merging is dropped
+    (unknown) rather than trusted. Driven step by step rather than through ``infer_shapes``,
+    which writes a debugging copy of the model into the working directory when some shape
+    stays unknown. Empty when it is unavailable or fails; the IR's shapes are used then."""
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
         from graph_autofusion.frontend.onnx_frontend import to_onnx
 
-        out = SymbolicShapeInference.infer_shapes(to_onnx(model), auto_merge=True)
+        proto = to_onnx(model)
+        if not any(o.domain in ("", "ai.onnx") and o.version >= 7 for o in proto.opset_import):
+            return {}
+        _weights_as_inputs(proto)  # the inference copies the model: keep the copies small
+        ssi = SymbolicShapeInference(2**31 - 1, False, False, 0)
+        ssi._preprocess(proto)
+        while ssi.run_:
+            ssi._infer_impl()
+        ssi._update_output_from_vi()
+        out = ssi.out_mp_
+        merged = {str(k) for k in ssi.suggested_merge_} | {
+            str(v) for v in ssi.suggested_merge_.values()
+        }
     except Exception:  # noqa: BLE001 - an optional refinement
-        return {}
-    if out is None:
         return {}
     shapes: dict[str, tuple[Entry, ...]] = {}
     for vi in (*out.graph.value_info, *out.graph.input, *out.graph.output):
@@ -97,7 +112,7 @@ def symbolic_shapes(model: Model) -> dict[str, tuple[Entry, ...]]:
         for d in t.shape.dim:
             if d.HasField("dim_value"):
                 dims.append(int(d.dim_value))
-            elif d.HasField("dim_param") and d.dim_param:
+            elif d.HasField("dim_param") and d.dim_param and d.dim_param not in merged:
                 dims.append(str(d.dim_param))
             else:
                 dims.append(None)
@@ -105,39 +120,80 @@ def symbolic_shapes(model: Model) -> dict[str, tuple[Entry, ...]]:
     return shapes
 
 
+def _weights_as_inputs(proto) -> None:
+    """Replace ``proto``'s large non-integer initializers by graph inputs of the same type and
+    shape: shape inference needs their shapes, and the values of small integer tensors only."""
+    from onnx import TensorProto, helper
+
+    keep, moved = [], []
+    listed = {i.name for i in proto.graph.input}
+    for init in proto.graph.initializer:
+        n = 1
+        for d in init.dims:
+            n *= d
+        if n > 64 and init.data_type not in (TensorProto.INT32, TensorProto.INT64):
+            if init.name not in listed:
+                moved.append(helper.make_tensor_value_info(init.name, init.data_type, init.dims))
+        else:
+            keep.append(init)
+    if moved:
+        del proto.graph.initializer[:]
+        proto.graph.initializer.extend(keep)
+        proto.graph.input.extend(moved)
+
+
 class _Eval:
     """Symbolic values of 0-D / 1-D integer tensors: ``(entries, is_scalar)`` or ``None``."""
 
-    def __init__(self, shapes: dict[str, tuple[Entry, ...]] | None = None) -> None:
-        self.memo: dict[int, tuple[list[Entry], bool] | None] = {}
+    def __init__(
+        self,
+        shapes: dict[str, tuple[Entry, ...]] | None = None,
+        overridable: frozenset[str] = frozenset(),
+    ) -> None:
+        self.memo: dict[Value, tuple[list[Entry], bool] | None] = {}
         self.shapes = shapes or {}
+        self.overridable = overridable  # initializers also listed as graph inputs
+        self.visited: set[Node] = set()  # nodes of the programs evaluated
+
+    def const(self, v: Value | None) -> np.ndarray | None:
+        """``v``'s constant value, unless a feed may override it."""
+        if v is None or v.name in self.overridable:
+            return None
+        c = const_value(v)
+        if c is not None and c.dtype.kind in "iu" and c.ndim <= 1:
+            n = v.producer
+            while n is not None and n.op_type in ("Constant", "Identity"):  # as const_value
+                self.visited.add(n)
+                n = n.inputs[0].producer if n.inputs and n.inputs[0] is not None else None
+            return c
+        return None
 
     def shape(self, v: Value | None) -> tuple[Entry, ...] | None:
-        """``v``'s symbolic shape: the symbolic inference's when it has one, else the IR's."""
+        """``v``'s symbolic shape from this evaluator's one source of symbols: the symbolic
+        inference's table when it has one (symbols of the two sources never mix), else the
+        IR's value shapes."""
         if v is None:
             return None
-        got = self.shapes.get(v.name)
-        if got is not None:
-            return got
+        if self.shapes:
+            return self.shapes.get(v.name)
         return None if v.shape is None else tuple(v.shape)
 
     def __call__(self, v: Value | None, depth: int = 0) -> tuple[list[Entry], bool] | None:
         if v is None or depth > 32:
             return None
-        key = id(v)
-        if key not in self.memo:
-            self.memo[key] = self._eval(v, depth)
-        return self.memo[key]
+        if v not in self.memo:
+            self.memo[v] = self._eval(v, depth)
+            if self.memo[v] is not None and v.producer is not None:
+                self.visited.add(v.producer)
+        return self.memo[v]
 
     def _ints(self, v: Value | None) -> list[int] | None:
-        if v is None:
-            return None
-        c = const_value(v)
-        if c is None or c.dtype.kind not in "iu" or c.ndim > 1:
-            return None
-        return [int(x) for x in np.asarray(c).reshape(-1)]
+        c = self.const(v)
+        return None if c is None else [int(x) for x in np.asarray(c).reshape(-1)]
 
     def _eval(self, v: Value, depth: int) -> tuple[list[Entry], bool] | None:
+        if v.name in self.overridable:
+            return None
         c = const_value(v)
         if c is not None:
             if c.dtype.kind not in "iu" or c.ndim > 1:
@@ -168,12 +224,13 @@ class _Eval:
         if op == "Identity":
             return first
         if op == "Cast":
-            return first if int(n.attr("to", 0)) in _INT_CASTS else None
+            to = n.attr("to", 0)
+            return first if isinstance(to, int) and to in _INT_CASTS else None
         if op == "Gather":
             if int(n.attr("axis", 0)) != 0 or scalar or len(n.inputs) < 2:
                 return None
-            idx = const_value(n.inputs[1]) if n.inputs[1] is not None else None
-            if idx is None or idx.dtype.kind not in "iu" or idx.ndim > 1:
+            idx = self.const(n.inputs[1])
+            if idx is None:
                 return None
             out = []
             for i in np.asarray(idx).reshape(-1):
@@ -203,7 +260,7 @@ class _Eval:
                 out.extend(got[0])
             return out, False
         if op == "Slice":
-            if scalar:
+            if scalar or len(n.inputs) < 3:  # Slice-1 keeps its bounds in attributes
                 return None
             starts, ends = self._ints(n.inputs[1]), self._ints(n.inputs[2])
             axes = self._ints(n.inputs[3]) if len(n.inputs) > 3 and n.inputs[3] else [0]
@@ -230,17 +287,15 @@ def _constant_shape(
     if int(node.attr("allowzero", 0)) != 0 and any(e == 0 for e in entries):
         return None
     out: list[int] = []
-    infer_at: list[int] = []
     for i, e in enumerate(entries):
         if isinstance(e, int):
             out.append(e)
         elif isinstance(e, str) and in_shape is not None and i < len(in_shape) and in_shape[i] == e:
             out.append(0)
         else:
-            out.append(-1)
-            infer_at.append(i)
-    if len(infer_at) > 1 or (infer_at and out.count(-1) > 1):
-        return None
+            # an entry neither constant nor a copy would need a new -1; a -1 fails (or infers
+            # another size) on an empty tensor where the original's computed dim does not
+            return None
     return out
 
 
@@ -271,17 +326,6 @@ def _dead_shape_nodes(graph: Graph, candidates: set[Node]) -> list[Node]:
     return dead
 
 
-def _program_nodes(v: Value, depth: int = 0) -> set[Node]:
-    n = v.producer
-    if n is None or n.op_type not in SHAPE_OPS or depth > 32:
-        return set()
-    out = {n}
-    for x in n.inputs:
-        if x is not None:
-            out |= _program_nodes(x, depth + 1)
-    return out
-
-
 def fold_reshape_shapes(model: Model, *, symbolic: bool = True) -> ShapeFolding:
     """Rewrite every provable ``Reshape`` target shape of ``model``'s main graph to a constant
     and remove the shape nodes left unused. Mutates ``model``; returns what it did.
@@ -289,9 +333,13 @@ def fold_reshape_shapes(model: Model, *, symbolic: bool = True) -> ShapeFolding:
     ``symbolic``: refine the IR's shapes with onnxruntime's symbolic shape inference
     (:func:`symbolic_shapes`)."""
     graph = model.graph
-    ev = _Eval(symbolic_shapes(model) if symbolic else None)
+    overridable = frozenset(graph.meta.get("onnx_initializer_inputs", {}))
+    # one proof uses one source of symbols: onnxruntime's inference first, then the IR's
+    evaluators = [_Eval(None, overridable)]
+    table = symbolic_shapes(model) if symbolic else {}
+    if table:
+        evaluators.insert(0, _Eval(table, overridable))
     report = ShapeFolding()
-    touched: set[Node] = set()
     for node in list(graph.nodes):
         if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx"):
             continue
@@ -300,30 +348,30 @@ def fold_reshape_shapes(model: Model, *, symbolic: bool = True) -> ShapeFolding:
         target = node.inputs[1]
         if const_value(target) is not None:
             continue  # already constant
-        got = ev(target)
-        if got is None or got[1]:
+        for ev in evaluators:
+            got = ev(target)
+            if got is None or got[1]:
+                continue
+            in_shape = ev.shape(node.inputs[0])
+            shape = _constant_shape(node, got[0], in_shape)
+            if shape is not None:
+                break
+        else:
             continue
-        shape = _constant_shape(node, got[0], ev.shape(node.inputs[0]))
-        if shape is None:
-            continue
-        touched |= _program_nodes(target)
-        if _is_identity(shape, ev.shape(node.inputs[0])) and not graph.is_output(node.outputs[0]):
+        report.folded.append(
+            FoldedReshape(node.name, [str(e) if e is not None else "?" for e in got[0]], shape)
+        )
+        if _is_identity(shape, in_shape) and not graph.is_output(node.outputs[0]):
             graph.replace_all_uses_with(node.outputs[0], node.inputs[0])
             graph.remove_node(node)
             report.identities_removed.append(node.name)
-            report.folded.append(
-                FoldedReshape(node.name, [str(e) if e is not None else "?" for e in got[0]], shape)
-            )
             continue
         name = graph.fresh_name(f"{node.name or 'reshape'}_shape")
         const = graph.add_initializer(name, np.asarray(shape, dtype=np.int64))
         node.set_input(1, const)
         if "allowzero" in node.attrs:
             node.attrs["allowzero"] = 0
-        report.folded.append(
-            FoldedReshape(node.name, [str(e) if e is not None else "?" for e in got[0]], shape)
-        )
-    dead = _dead_shape_nodes(graph, touched)
+    dead = _dead_shape_nodes(graph, set().union(*(ev.visited for ev in evaluators)))
     read = {x.name for n in dead for x in n.inputs if x is not None and x.is_const}
     for n in dead:
         report.nodes_removed_by_op[n.op_type] = report.nodes_removed_by_op.get(n.op_type, 0) + 1
@@ -333,7 +381,7 @@ def fold_reshape_shapes(model: Model, *, symbolic: bool = True) -> ShapeFolding:
         report.nodes_removed_by_op["Reshape"] = len(report.identities_removed)
     report.nodes_removed = len(dead) + len(report.identities_removed)
     inputs = {v.name for v in graph.inputs}
-    for k in sorted(read):
+    for k in sorted(read - overridable):
         v = graph.initializers.get(k)
         if v is not None and not v.users and not graph.is_output(v) and k not in inputs:
             graph.remove_initializer(k)
