@@ -249,3 +249,24 @@ def test_zoo_exports_fold_and_match_onnxruntime_at_other_shapes(name, exporter):
         got = _run(proto, feeds)
         for w, g in zip(want, got):
             np.testing.assert_array_equal(g, w)
+
+
+def test_only_merges_that_hold_for_every_accepted_input_are_used():
+    from graph_autofusion.patterns.shape_folding import _safe_merge
+
+    assert _safe_merge("Min(512, seq)", "seq") and _safe_merge("seq", "Min(seq, 512)")
+    assert not _safe_merge("S", "T")  # a broadcast: T may be 1
+    assert not _safe_merge("Min(512, seq)", "batch")
+    assert not _safe_merge("Min(0, seq)", "seq")
+
+
+@pytest.mark.slow
+def test_bert_torchscript_folds_every_head_view_through_the_position_slice_merge():
+    """BERT's position table is sliced to Min(512, seq) and added to the embeddings: the one
+    merge onnxruntime's inference makes is sound, so all 12 x 5 views fold."""
+    from graph_autofusion.frontend.onnx_import import load_onnx
+    from graph_autofusion.testing import export_onnx
+
+    model = load_onnx(export_onnx("bert", "torchscript"))
+    rep = fold_reshape_shapes(model)
+    assert len(rep.folded) == 60 and len(rep.identities_removed) == 12

@@ -29,6 +29,7 @@ the inference onnxruntime's own optimizer relies on), else from the model's valu
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -73,34 +74,61 @@ class ShapeFolding:
         }
 
 
+_MIN = re.compile(r"^Min\((\d+), (.+)\)$|^Min\((.+), (\d+)\)$")
+
+
+def _safe_merge(a: str, b: str) -> bool:
+    """Whether merging dims ``a`` and ``b`` (met in a broadcast) holds for every input the
+    model accepts: ``X`` and ``Min(c, X)`` with ``c >= 1`` (a sliced position table). They
+    differ only when ``X > c``, where the two cannot broadcast (neither is 1) and the original
+    fails, and one is 1 exactly when the other is."""
+    for x, y in ((a, b), (b, a)):
+        m = _MIN.match(x)
+        if m:
+            c, sym = (m.group(1), m.group(2)) if m.group(1) else (m.group(4), m.group(3))
+            if sym == y and int(c) >= 1:
+                return True
+    return False
+
+
+def _run_inference(proto, auto_merge: bool):
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    ssi = SymbolicShapeInference(2**31 - 1, auto_merge, False, 0)
+    ssi._preprocess(proto)  # works on its own copy of proto
+    while ssi.run_:
+        ssi._infer_impl()
+    ssi._update_output_from_vi()
+    return ssi
+
+
 def symbolic_shapes(model: Model) -> dict[str, tuple[Entry, ...]]:
     """Every value's symbolic shape by onnxruntime's symbolic shape inference (the one its
     transformer optimizer uses): it carries the inputs' dim names through the graph, so two
     values get the same symbol where the model's own (``unk__12`` vs ``batch``) do not.
 
-    Run without ``auto_merge``: merging two symbols that meet in a broadcast is a guess (one
-    may be 1 at run time), so a symbol the inference only suggested merging is dropped
-    (unknown) rather than trusted. Driven step by step rather than through ``infer_shapes``,
-    which writes a debugging copy of the model into the working directory when some shape
-    stays unknown. Empty when it is unavailable or fails; the IR's shapes are used then."""
+    Merging two symbols that meet in a broadcast (its ``auto_merge``) is a guess: one may be 1
+    at run time. The merged run is used only when every merge it made holds for every input the
+    model accepts (:func:`_safe_merge`: BERT's ``seq`` and ``Min(512, seq)``); otherwise the
+    run without merging, where a symbol the inference only suggested merging is dropped
+    (unknown) and the inference stops at the first such broadcast. Driven step by step rather
+    than through ``infer_shapes``, which writes a debugging copy of the model into the working
+    directory when some shape stays unknown. Empty when it is unavailable or fails; the IR's
+    shapes are used then."""
     try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
         from graph_autofusion.frontend.onnx_frontend import to_onnx
 
         proto = to_onnx(model)
         if not any(o.domain in ("", "ai.onnx") and o.version >= 7 for o in proto.opset_import):
             return {}
         _weights_as_inputs(proto)  # the inference copies the model: keep the copies small
-        ssi = SymbolicShapeInference(2**31 - 1, False, False, 0)
-        ssi._preprocess(proto)
-        while ssi.run_:
-            ssi._infer_impl()
-        ssi._update_output_from_vi()
+        ssi = _run_inference(proto, True)
+        merged: set[str] = set()
+        if not all(_safe_merge(str(k), str(v)) for k, v in ssi.suggested_merge_.items()):
+            ssi = _run_inference(proto, False)
+            merged = {str(k) for k in ssi.suggested_merge_}
+            merged |= {str(v) for v in ssi.suggested_merge_.values()}
         out = ssi.out_mp_
-        merged = {str(k) for k in ssi.suggested_merge_} | {
-            str(v) for v in ssi.suggested_merge_.values()
-        }
     except Exception:  # noqa: BLE001 - an optional refinement
         return {}
     shapes: dict[str, tuple[Entry, ...]] = {}
