@@ -229,6 +229,7 @@ def test_a_reshape_that_changes_nothing_is_removed():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("models")  # with the other zoo-model tests: one worker, bounded memory
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 @pytest.mark.parametrize("name", ["bert", "gpt2", "llama_gqa"])
 def test_zoo_exports_fold_and_match_onnxruntime_at_other_shapes(name, exporter):
@@ -261,6 +262,7 @@ def test_only_merges_that_hold_for_every_accepted_input_are_used():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("models")  # with the other zoo-model tests: one worker, bounded memory
 def test_bert_torchscript_folds_every_head_view_through_the_position_slice_merge():
     """BERT's position table is sliced to Min(512, seq) and added to the embeddings: the one
     merge onnxruntime's inference makes is sound, so all 12 x 5 views fold."""
