@@ -35,33 +35,12 @@ from graph_autofusion.testing import (
     EXPORTERS,
     example_feeds,
     export_onnx,
-    minilm_sentence_embeddings,
-    minilm_tokenize,
+    minilm_onnx_embeddings,
+    ort_outputs,
 )
 from graph_autofusion.verify.compare import compare_tensors
 
 OUT = Path(__file__).parent / "results" / "fuse_models.json"
-SENTENCES = (
-    "The quick brown fox jumps over the lazy dog.",
-    "A fast auburn fox leaps over a sleepy hound.",
-    "Operator fusion removes memory traffic between kernels.",
-    "It rained all day in the mountains.",
-)
-
-
-def feeds_name(name: str) -> str:
-    """The zoo model whose example inputs ``name`` takes (variants share their base's)."""
-    return "resnet50" if name == "resnet50_bn" else name
-
-
-def ort_outputs(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 2
-    opts.inter_op_num_threads = 1
-    sess = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    names = {i.name for i in sess.get_inputs()}
-    outs = sess.run(None, {k: v for k, v in feeds.items() if k in names})
-    return {o.name: a for o, a in zip(sess.get_outputs(), outs, strict=True)}
 
 
 def compare_outputs(orig: dict[str, np.ndarray], fused: dict[str, np.ndarray]) -> dict:
@@ -73,24 +52,14 @@ def compare_outputs(orig: dict[str, np.ndarray], fused: dict[str, np.ndarray]) -
     }
 
 
-def sentence_embeddings(proto: onnx.ModelProto) -> np.ndarray:
-    """MiniLM sentence embeddings of :data:`SENTENCES` computed with ``proto`` in onnxruntime."""
-    import torch
-
-    enc = minilm_tokenize(list(SENTENCES), seq_len=16)
-    feeds = {k: v.numpy() for k, v in enc.items()}
-    hidden = ort_outputs(proto, feeds)["last_hidden_state"]
-    return minilm_sentence_embeddings(torch.from_numpy(hidden), enc["attention_mask"]).numpy()
-
-
 def embedding_cosines(original: onnx.ModelProto, fused: onnx.ModelProto) -> list[float]:
-    a, b = sentence_embeddings(original), sentence_embeddings(fused)
+    a, b = minilm_onnx_embeddings(original), minilm_onnx_embeddings(fused)
     return [float(np.dot(x, y) / (np.linalg.norm(x) * np.linalg.norm(y))) for x, y in zip(a, b)]
 
 
 def measure(name: str, exporter: str, *, check_speed: bool, hardware: str) -> dict:
     path = export_onnx(name, exporter)
-    feeds = example_feeds(feeds_name(name))
+    feeds = example_feeds(name)
     t = time.perf_counter()
     gaf = GraphAutoFusion(path, preset="all", hardware=hardware, sample_inputs=feeds)
     gaf.fuse(check_speed=check_speed)
@@ -99,7 +68,9 @@ def measure(name: str, exporter: str, *, check_speed: bool, hardware: str) -> di
     original = onnx.load(str(path))
     fused = to_onnx(res.model)
     onnx.checker.check_model(fused)
-    cmp = compare_outputs(ort_outputs(original, feeds), ort_outputs(fused, feeds))
+    cmp = compare_outputs(
+        ort_outputs(original, feeds, threads=2), ort_outputs(fused, feeds, threads=2)
+    )
     row = {
         "model": name,
         "exporter": exporter,

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
-import torch
 
 from graph_autofusion import GraphAutoFusion
 from graph_autofusion.frontend.onnx_frontend import to_onnx
@@ -28,8 +26,8 @@ from graph_autofusion.testing import (
     EXPORTERS,
     example_feeds,
     export_onnx,
-    minilm_sentence_embeddings,
-    minilm_tokenize,
+    minilm_onnx_embeddings,
+    ort_outputs,
 )
 from graph_autofusion.verify.compare import compare_tensors
 
@@ -59,40 +57,13 @@ EXPECTED_OPS: dict[str, set[str]] = {
     "resnet50_bn": set(),
 }
 
-SENTENCES = (
-    "The quick brown fox jumps over the lazy dog.",
-    "A fast auburn fox leaps over a sleepy hound.",
-    "Operator fusion removes memory traffic between kernels.",
-    "It rained all day in the mountains.",
-)
-
-
-def feeds_name(name: str) -> str:
-    return "resnet50" if name == "resnet50_bn" else name
-
-
-def ort_outputs(proto: onnx.ModelProto, feeds) -> dict[str, np.ndarray]:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 2
-    opts.inter_op_num_threads = 1
-    sess = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    names = {i.name for i in sess.get_inputs()}
-    outs = sess.run(None, {k: v for k, v in feeds.items() if k in names})
-    return {o.name: a for o, a in zip(sess.get_outputs(), outs, strict=True)}
-
 
 def fuse(name: str, exporter: str) -> tuple[onnx.ModelProto, GraphAutoFusion]:
     path = export_onnx(name, exporter)
-    feeds = example_feeds(feeds_name(name))
+    feeds = example_feeds(name)
     gaf = GraphAutoFusion(path, preset="all", hardware=PROFILE, sample_inputs=feeds)
     gaf.fuse(check_speed=False)  # speed checks are slow and noisy; numerics stay on
     return onnx.load(str(path)), gaf
-
-
-def sentence_embeddings(proto: onnx.ModelProto) -> np.ndarray:
-    enc = minilm_tokenize(list(SENTENCES), seq_len=16)
-    hidden = ort_outputs(proto, {k: v.numpy() for k, v in enc.items()})["last_hidden_state"]
-    return minilm_sentence_embeddings(torch.from_numpy(hidden), enc["attention_mask"]).numpy()
 
 
 @pytest.mark.parametrize("exporter", EXPORTERS)
@@ -104,7 +75,8 @@ def test_fused_model_is_valid_and_matches_the_original(name, exporter, record_pr
     onnx.checker.check_model(fused)
 
     feeds = gaf.feeds()
-    want, got = ort_outputs(original, feeds), ort_outputs(fused, feeds)
+    want = ort_outputs(original, feeds, threads=2)
+    got = ort_outputs(fused, feeds, threads=2)
     assert set(got) == set(want)
     stats = {k: compare_tensors(got[k], v) for k, v in want.items()}
     cosine = min(s["cosine"] for s in stats.values())
@@ -130,7 +102,7 @@ def test_fused_model_is_valid_and_matches_the_original(name, exporter, record_pr
         assert not res.lowered and fused_ops == set()
 
     if name == "minilm":
-        a, b = sentence_embeddings(original), sentence_embeddings(fused)
+        a, b = minilm_onnx_embeddings(original), minilm_onnx_embeddings(fused)
         cos = np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
         record_property("sentence_cosines", cos.tolist())
         assert (cos >= 0.99999).all(), cos

@@ -16,7 +16,6 @@ import os
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 from graph_autofusion import GraphAutoFusion
@@ -31,6 +30,7 @@ from graph_autofusion.patterns.rewrite import RewriteError
 from graph_autofusion.patterns.rules import FusionRule
 from graph_autofusion.pipeline import fuse_model
 from graph_autofusion.report.fuse_report import SafeFusionReport
+from graph_autofusion.testing import ort_outputs
 from graph_autofusion.verify.inputs import generate_inputs
 
 MS = "com.microsoft"
@@ -82,13 +82,6 @@ WRONG = FusionRule(
 NEG_EXP_GENERIC = FusionRule(
     "neg_exp", op1="Neg", op2="Exp", fuse_pattern="NegExp", priority=10_000
 )
-
-
-def ort_outputs(proto: onnx.ModelProto, feeds) -> dict[str, np.ndarray]:
-    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    names = {i.name for i in sess.get_inputs()}
-    outs = sess.run(None, {k: v for k, v in feeds.items() if k in names})
-    return {o.name: a for o, a in zip(sess.get_outputs(), outs, strict=True)}
 
 
 def assert_same_outputs(original, fused, feeds, *, rtol=1e-4, atol=1e-5) -> None:

@@ -23,10 +23,12 @@ from graph_autofusion.testing.models import (
     export_info,
     export_onnx,
     export_path,
+    minilm_onnx_embeddings,
     minilm_path,
     minilm_sentence_embeddings,
     minilm_tokenize,
     model_spec,
+    ort_outputs,
     run_eager,
 )
 
@@ -44,9 +46,11 @@ __all__ = [
     "export_info",
     "export_onnx",
     "export_path",
+    "minilm_onnx_embeddings",
     "minilm_path",
     "minilm_sentence_embeddings",
     "minilm_tokenize",
     "model_spec",
+    "ort_outputs",
     "run_eager",
 ]

@@ -278,3 +278,55 @@ def example_feeds(name: str, *, seq_len: int = 16, batch: int = 1) -> dict[str, 
     Keys are the ONNX input names of every export of ``name``.
     """
     return {k: v.numpy() for k, v in example_inputs(name, seq_len=seq_len, batch=batch).items()}
+
+
+#: Sentences for MiniLM sentence-embedding checks: a paraphrase pair, then two unrelated ones.
+MINILM_CHECK_SENTENCES: tuple[str, ...] = (
+    "The quick brown fox jumps over the lazy dog.",
+    "A fast auburn fox leaps over a sleepy hound.",
+    "Operator fusion removes memory traffic between kernels.",
+    "It rained all day in the mountains.",
+)
+
+
+def ort_outputs(
+    model: Any, feeds: dict[str, np.ndarray], *, threads: int | None = None
+) -> dict[str, np.ndarray]:
+    """Run ``model`` (an ``onnx.ModelProto``, an IR ``Model`` or a path) once in onnxruntime's
+    CPU provider with its default graph optimizations and return its outputs by name.
+
+    ``feeds`` may hold more arrays than the model takes: only its inputs are passed.
+    ``threads``: intra-op threads (inter-op 1); onnxruntime's defaults when ``None``.
+    """
+    import onnx
+    import onnxruntime as ort
+
+    if isinstance(model, str | os.PathLike):
+        src: Any = os.fspath(model)
+    elif isinstance(model, onnx.ModelProto):
+        src = model.SerializeToString()
+    else:
+        from graph_autofusion.frontend.onnx_frontend import to_onnx
+
+        src = to_onnx(model).SerializeToString()
+    opts = ort.SessionOptions()
+    if threads is not None:
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
+    names = {i.name for i in sess.get_inputs()}
+    outs = sess.run(None, {k: v for k, v in feeds.items() if k in names})
+    return {o.name: a for o, a in zip(sess.get_outputs(), outs, strict=True)}
+
+
+def minilm_onnx_embeddings(
+    model: Any, sentences: tuple[str, ...] = MINILM_CHECK_SENTENCES, *, seq_len: int = 16
+) -> np.ndarray:
+    """MiniLM sentence embeddings (mean pooling, L2 norm) of ``sentences`` computed with an ONNX
+    export of MiniLM (``model`` as in :func:`ort_outputs`) in onnxruntime, 2 threads."""
+    from graph_autofusion.testing.builders import minilm_sentence_embeddings, minilm_tokenize
+
+    enc = minilm_tokenize(list(sentences), seq_len=seq_len)
+    feeds = {k: v.numpy() for k, v in enc.items()}
+    hidden = ort_outputs(model, feeds, threads=2)["last_hidden_state"]
+    return minilm_sentence_embeddings(torch.from_numpy(hidden), enc["attention_mask"]).numpy()

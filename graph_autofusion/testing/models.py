@@ -39,12 +39,15 @@ from graph_autofusion.testing.builders import (
 )
 from graph_autofusion.testing.export import (
     EXPORTERS,
+    MINILM_CHECK_SENTENCES,
     TORCHSCRIPT_OPSET,
     cache_dir,
     example_feeds,
     export_info,
     export_onnx,
     export_path,
+    minilm_onnx_embeddings,
+    ort_outputs,
 )
 from graph_autofusion.testing.specs import (
     ALL_NAMES,
@@ -62,6 +65,7 @@ from graph_autofusion.testing.specs import (
 __all__ = [
     "ALL_NAMES",
     "EXPORTERS",
+    "MINILM_CHECK_SENTENCES",
     "MINILM_EXAMPLE_SENTENCE",
     "MODEL_NAMES",
     "TORCHSCRIPT_OPSET",
@@ -81,10 +85,12 @@ __all__ = [
     "export_onnx",
     "export_path",
     "hf_config",
+    "minilm_onnx_embeddings",
     "minilm_path",
     "minilm_sentence_embeddings",
     "minilm_tokenize",
     "minilm_tokenizer",
     "model_spec",
+    "ort_outputs",
     "run_eager",
 ]

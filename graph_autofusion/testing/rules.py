@@ -167,7 +167,7 @@ def zoo_native_rewrite(
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
-    feeds = example_feeds("resnet50" if name == "resnet50_bn" else name)
+    feeds = example_feeds(name)  # resnet50_bn takes resnet50's inputs
     outs = []
     for m in (original, model):
         session = ort.InferenceSession(
