@@ -347,7 +347,7 @@ def _check_folding(
 
 
 def _compare_folding(a: Any, b: Any, sets: list, cosine_floor: float) -> str:
-    from graph_autofusion.verify.compare import compare_tensors
+    from graph_autofusion.verify.safety import compare_outputs
     from graph_autofusion.verify.subgraph import _run
 
     for what, arrays in sets:
@@ -361,11 +361,10 @@ def _compare_folding(a: Any, b: Any, sets: list, cosine_floor: float) -> str:
             got = _run(b, arrays)
         except Exception as exc:  # noqa: BLE001
             return f"the folded model fails on {what}: {type(exc).__name__}: {exc}"
-        for name, ref in want.items():
-            if name not in got or np.shape(got[name]) != np.shape(ref):
-                return f"output {name} has another shape on {what}"
-            if compare_tensors(got[name], ref)["cosine"] < cosine_floor:
-                return f"output {name} differs on {what}"
+        cmp = compare_outputs(want, got, cosine_floor=cosine_floor)
+        bad = [name for name, v in cmp.items() if not v["passed"]]
+        if bad:
+            return f"outputs {bad} differ on {what}"
     return ""
 
 

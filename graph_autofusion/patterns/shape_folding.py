@@ -220,14 +220,10 @@ class _Eval:
         return None if c is None else [int(x) for x in np.asarray(c).reshape(-1)]
 
     def _eval(self, v: Value, depth: int) -> tuple[list[Entry], bool] | None:
-        if v.name in self.overridable:
-            return None
-        c = const_value(v)
+        c = self.const(v)
         if c is not None:
-            if c.dtype.kind not in "iu" or c.ndim > 1:
-                return None
             return [int(x) for x in np.asarray(c).reshape(-1)], c.ndim == 0
-        n = v.producer
+        n = v.producer  # no evaluation for other constants: Constant has no input to follow
         if n is None or n.domain not in ("", "ai.onnx") or n.op_type not in SHAPE_OPS:
             return None
         if len(n.outputs) != 1 or n.outputs[0] is not v:

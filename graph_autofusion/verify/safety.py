@@ -379,8 +379,15 @@ def end_to_end(
     """
     a = _session(original_path_or_proto, "disable", threads)
     b = _session(fused_proto, "disable", threads)
-    ref = _run(a, feeds)
-    got = _run(b, feeds)
+    return compare_outputs(_run(a, feeds), _run(b, feeds), cosine_floor=cosine_floor)
+
+
+def compare_outputs(
+    ref: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], *, cosine_floor: float
+) -> dict[str, dict[str, Any]]:
+    """Every output of ``ref`` against the same output of ``got``: output name ->
+    ``{"cosine", "max_abs", "max_rel", "passed"}`` (a missing output, or one of another shape,
+    has cosine 0 and fails)."""
     out: dict[str, dict[str, Any]] = {}
     for name, expected in ref.items():
         if name not in got:
@@ -403,6 +410,7 @@ def end_to_end(
 
 __all__ = [
     "FP16_MAX",
+    "compare_outputs",
     "FusionRecord",
     "SafetyCheckError",
     "SafetyResult",
