@@ -512,6 +512,50 @@ def test_measured_per_element_rate_prices_operators_apart():
     assert fused.compute_s == pytest.approx(256 * 1024 * 1.3e-9)
 
 
+def test_element_rate_follows_the_measured_size_curve():
+    """A calibrated size curve prices each node at its own size: the time is interpolated
+    between the measured sizes around it, the nearest end's rate outside them, and the flat
+    rate where the curve has no entry."""
+    import dataclasses
+
+    base = profile(kind="cpu", bw_gbs=1e6, gflops=1e6, overhead_us=0.0)
+    # one thread up to 16 Ki elements (0.24 ns), split over the pool at 64 Ki (0.12 ns)
+    curve = {"Sigmoid": [[2048, 0.24], [16384, 0.24], [65536, 0.12]]}
+    p = dataclasses.replace(
+        base,
+        extra={
+            "op_ns_per_element": {"Sigmoid": 0.12, "Add": 0.1},
+            "op_ns_per_element_curve": curve,
+        },
+    )
+    assert cm.element_rate_ns(p, "Sigmoid", 1024) == pytest.approx(0.24)
+    assert cm.element_rate_ns(p, "Sigmoid", 8192) == pytest.approx(0.24)
+    assert cm.element_rate_ns(p, "Sigmoid", 1 << 20) == pytest.approx(0.12)
+    # 40 Ki: halfway between 16 Ki (3.93 us) and 64 Ki (7.86 us) in time
+    t = (16384 * 0.24 + 65536 * 0.12) / 2
+    assert cm.element_rate_ns(p, "Sigmoid", 40960) * 40960 == pytest.approx(t)
+    # no curve for Add: the flat rate at any size; no size: the flat rate
+    assert cm.element_rate_ns(p, "Add", 100) == cm.element_rate_ns(p, "Add", 10**7) == 0.1
+    assert cm.element_rate_ns(p, "Sigmoid") == pytest.approx(0.12)
+    assert cm.element_rate_ns(p, "MatMul", 4096) is None
+    model = parse_model(
+        """
+        graph g(%x: f32[16,1376], %z: f32[64,1024]) -> (%y, %w) {
+          %y: f32[16,1376] = Sigmoid(%x) @small
+          %w: f32[64,1024] = Sigmoid(%z) @large
+        }
+        """
+    )
+    small, large = nodes_of(model, "small", "large")
+    n = 16 * 1376
+    t_small = 16384 * 0.24 + (65536 * 0.12 - 16384 * 0.24) * (n - 16384) / (65536 - 16384)
+    assert kernel_cost(small, p).compute_s == pytest.approx(t_small * 1e-9)
+    assert kernel_cost(large, p).compute_s == pytest.approx(65536 * 0.12e-9)
+    # the size a fused kernel is priced at is its largest output's
+    fused = cm._fused_kernel(cm.group_io([small]), p, native_op="Sigmoid")[0]
+    assert fused.compute_s == pytest.approx(t_small * 1e-9)
+
+
 SKIP_LN = """
 graph g(%x: f32[128,768], %r: f32[128,768], %g: f32[768], %b: f32[768]) -> (%y) {
   %s: f32[128,768] = Add(%x, %r) @add

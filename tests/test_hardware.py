@@ -160,6 +160,23 @@ def test_user_file_found_by_name_in_hardware_dir(hw_dir):
         (lambda d: d.update(op_overhead_us={"": 0.3}), "op_overhead_us", "operator type"),
         (lambda d: d.update(extra={"op_ns_per_element": {"Sin": -1}}), "extra", "positive ns"),
         (lambda d: d.update(extra={"op_ns_per_element": [1.0]}), "extra", "positive ns"),
+        (
+            lambda d: d.update(
+                extra={"op_ns_per_element_curve": {"Sin": [[4096, 1.0], [2048, 1]]}}
+            ),
+            "extra",
+            "elements increasing",
+        ),
+        (
+            lambda d: d.update(extra={"op_ns_per_element_curve": {"Sin": [[2048, 0]]}}),
+            "extra",
+            "op_ns_per_element_curve",
+        ),
+        (
+            lambda d: d.update(extra={"op_ns_per_element_curve": {"Sin": 1.0}}),
+            "extra",
+            "[elements, ns per element] pairs",
+        ),
     ],
 )
 def test_malformed_profile_names_file_key_and_problem(tmp_path, mutate, key, problem):
@@ -321,6 +338,14 @@ def test_quick_calibration_is_sane_and_cached(hw_dir):
     from graph_autofusion.cost.calibrate import NATIVE_OPS
 
     assert set(NATIVE_OPS) <= set(rates) and all(rates[op] > 0 for op in NATIVE_OPS)
+    # ... at every size of the curve, the largest being the flat rate
+    from graph_autofusion.cost.calibrate import THROUGHPUT_ROWS
+
+    curve = p.extra["op_ns_per_element_curve"]
+    assert set(curve) == set(rates)
+    for op, points in curve.items():
+        assert [n for n, _ in points] == [r * 1024 for r in THROUGHPUT_ROWS]
+        assert all(ns > 0 for _, ns in points) and points[-1][1] == rates[op]
     assert 0 < p.extra["contraction_half_time_us"] < 100
     assert 0 <= p.extra["compute_memory_overlap"] <= 1
     for key in ("extra.contraction_half_time_us", "extra.compute_memory_overlap"):

@@ -637,44 +637,69 @@ def _throughput_specs(rows: int, cols: int) -> dict[str, tuple[list[np.ndarray],
     return specs
 
 
-def measure_op_throughput(quick: bool = True) -> tuple[dict[str, float], str] | None:
+THROUGHPUT_ROWS = (2, 4, 16, 32, 64)
+"""Row counts of the ``rows x 1024`` float32 inputs each operator's rate is measured on (2 Ki
+to 64 Ki elements: below, inside and above onnxruntime's threading cut-offs)."""
+
+
+def measure_op_throughput(
+    quick: bool = True,
+) -> tuple[dict[str, float], str, dict[str, list[list[float]]]] | None:
     """Compute cost per output element of each operator type in onnxruntime, nanoseconds.
 
-    Per operator: best-of-R time of 12 independent copies on a 64 x 1024 float32 tensor
-    (256 KiB, cache resident, so the rate is the kernel's and not DRAM's) minus 12 copies on a
-    2 x 16 tensor (the dispatch part), per copy and element of the 64 x 1024 input (for most of
-    these operators also the output's size; the cost model counts a reduction's input
-    elements and every other operator's output elements).
+    Per operator and size: best-of-R time of 12 independent copies on a ``rows x 1024``
+    float32 tensor (``rows`` in :data:`THROUGHPUT_ROWS`, 8 KiB to 256 KiB, cache resident, so
+    the rate is the kernel's and not DRAM's) minus 12 copies on a 2 x 16 tensor (the dispatch
+    part), per copy and element of the input (for most of these operators also the output's
+    size; the cost model counts a reduction's input elements and every other operator's output
+    elements).
+
+    Returns ``(rate at 64 Ki elements, how, curve)``: ``curve[op]`` lists ``[elements, ns per
+    element]`` at every size. The rate is not constant: onnxruntime runs a small tensor on one
+    thread and splits a large one over the pool (``Sigmoid`` here: ~0.23 ns up to 16 Ki
+    elements, 0.13 at 64 Ki), and some kernels change algorithm with size (``Where``:
+    0.6 ns at 2-4 Ki, 6-7 ns at 64 Ki); the cost model interpolates the curve
+    (:func:`graph_autofusion.cost.model.element_rate_ns`).
     """
     try:
         import onnxruntime as ort
     except ImportError:
         return None
-    rows, cols, copies = 64, 1024, 12
+    cols, copies = 1024, 12
     repeats = 7 if quick else 25
     feed = {"x": np.zeros(1, dtype=np.float32)}
-    big, tiny = _throughput_specs(rows, cols), _throughput_specs(2, 16)
-    out: dict[str, float] = {}
+    tiny = _throughput_specs(2, 16)
+    sized = {rows: _throughput_specs(rows, cols) for rows in THROUGHPUT_ROWS}
+    rates: dict[str, float] = {}
+    curve: dict[str, list[list[float]]] = {}
     for op in THROUGHPUT_OPS:
-        times = []
-        for specs in (big, tiny):
-            inputs, attrs = specs[op]
-            try:
-                sess = _ort_session(_copies_model(op, inputs, attrs, copies))
-            except Exception:  # an onnxruntime build without this contrib operator
-                if op in NATIVE_OPS:
-                    break
-                raise
-            times.append(_best_time(lambda sess=sess: sess.run(None, feed), repeats))
-        if len(times) < 2:
-            continue
-        per_copy = max(times[0] - times[1], 0.0) / copies
-        out[op] = round(max(per_copy / (rows * cols) * 1e9, 0.001), 4)
-    return out, (
+        inputs, attrs = tiny[op]
+        try:
+            sess = _ort_session(_copies_model(op, inputs, attrs, copies))
+        except Exception:  # an onnxruntime build without this contrib operator
+            if op in NATIVE_OPS:
+                continue
+            raise
+        t_tiny = _best_time(lambda sess=sess: sess.run(None, feed), repeats)
+        points = []
+        for rows in THROUGHPUT_ROWS:
+            inputs, attrs = sized[rows][op]
+            sess = _ort_session(_copies_model(op, inputs, attrs, copies))
+            t = _best_time(lambda sess=sess: sess.run(None, feed), repeats)
+            n = rows * cols
+            ns = max((t - t_tiny) / copies / n * 1e9, 0.001)
+            points.append([n, round(ns, 4)])
+        curve[op] = points
+        rates[op] = points[-1][1]
+    sizes = ", ".join(f"{r}x{cols}" for r in THROUGHPUT_ROWS)
+    return (
+        rates,
         f"measured: onnxruntime {ort.__version__}, ORT_DISABLE_ALL, intra_op_num_threads="
-        f"{_cores()}; per operator, best-of-{repeats} time of {copies} copies on a "
-        f"{rows}x{cols} float32 tensor minus {copies} copies on a 2x16 one, per copy and element; "
-        f"the com.microsoft fused operators ({', '.join(NATIVE_OPS)}) alike"
+        f"{_cores()}; per operator, best-of-{repeats} time of {copies} copies on a float32 "
+        f"tensor of {sizes} minus {copies} copies on a 2x16 one, per copy and element "
+        f"(op_ns_per_element: the largest size; op_ns_per_element_curve: every size); the "
+        f"com.microsoft fused operators ({', '.join(NATIVE_OPS)}) alike",
+        curve,
     )
 
 
@@ -726,7 +751,9 @@ def calibrate_host(quick: bool = True) -> HardwareProfile:
     throughput = measure_op_throughput(quick)
     if throughput is not None:
         extra["op_ns_per_element"] = throughput[0]
+        extra["op_ns_per_element_curve"] = throughput[2]
         sources["extra.op_ns_per_element"] = throughput[1]
+        sources["extra.op_ns_per_element_curve"] = throughput[1]
     if knee is not None:
         extra["contraction_half_time_us"] = knee[0]
         sources["extra.contraction_half_time_us"] = knee[1]

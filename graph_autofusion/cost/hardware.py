@@ -271,6 +271,20 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _is_curve(points: Any) -> bool:
+    """``[[elements, ns], ...]``: at least one pair, elements increasing, both positive."""
+    if not isinstance(points, list) or not points:
+        return False
+    last = 0.0
+    for p in points:
+        if not (isinstance(p, (list, tuple)) and len(p) == 2 and all(_is_number(x) for x in p)):
+            return False
+        if not (p[0] > last and p[1] > 0):
+            return False
+        last = p[0]
+    return True
+
+
 def _type_name(t: type | tuple[type, ...]) -> str:
     if t == (int, float):
         return "a number"
@@ -325,6 +339,16 @@ def _validate(data: Any, where: str, lines: dict[str, int]) -> None:
                 isinstance(op, str) and _is_number(ns) and ns > 0 for op, ns in v.items()
             ):
                 fail("extra", "entry 'op_ns_per_element': must map operator names to positive ns")
+            continue
+        if k == "op_ns_per_element_curve":
+            if not isinstance(v, dict) or not all(
+                isinstance(op, str) and _is_curve(pts) for op, pts in v.items()
+            ):
+                fail(
+                    "extra",
+                    "entry 'op_ns_per_element_curve': must map operator names to lists of "
+                    "[elements, ns per element] pairs, elements increasing, both positive",
+                )
             continue
         if not isinstance(k, str) or not (_is_number(v) or isinstance(v, (str, bool))):
             fail("extra", f"entry {k!r}: values must be numbers, strings or booleans")

@@ -403,16 +403,45 @@ def _elements(node: Node) -> int | None:
     return node.outputs[0].numel() if node.outputs else None
 
 
+def element_rate_ns(profile: Any, op_type: str | None, elements: int | None = None) -> float | None:
+    """The profile's calibrated compute cost per element of ``op_type`` (ns), at ``elements``.
+
+    With a measured size curve (``extra.op_ns_per_element_curve[op_type]``: ``[elements, ns]``
+    pairs, host calibration) and a known size, the time ``elements x ns`` is interpolated
+    linearly between the two measured sizes around it (the rate of the nearest end outside
+    them): the runtime runs small tensors on one thread and splits large ones over its pool,
+    so the rate changes with size. Otherwise the flat ``extra.op_ns_per_element[op_type]``.
+    ``None`` when the profile has neither, or for a contraction (the roofline prices those).
+    """
+    if not op_type or op_type in CONTRACTION_OPS:
+        return None
+    extra = getattr(profile, "extra", None) or {}
+    points = (extra.get("op_ns_per_element_curve") or {}).get(op_type)
+    if points and elements is not None and elements > 0:
+        if elements <= points[0][0]:
+            return float(points[0][1])
+        if elements >= points[-1][0]:
+            return float(points[-1][1])
+        for (n0, r0), (n1, r1) in zip(points, points[1:]):
+            if n0 <= elements <= n1:
+                t0, t1 = n0 * r0, n1 * r1
+                t = t0 + (t1 - t0) * (elements - n0) / (n1 - n0)
+                return t / elements
+    ns = (extra.get("op_ns_per_element") or {}).get(op_type)
+    return None if ns is None else float(ns)
+
+
 def element_time_s(node: Node, profile: Any) -> float | None:
     """Measured compute time of a non-contraction node: its element count times the profile's
-    calibrated ``extra.op_ns_per_element[op_type]`` (``None`` when the profile has none for it;
-    the roofline's FLOP rate applies then)."""
-    table = (getattr(profile, "extra", None) or {}).get("op_ns_per_element") or {}
-    ns = table.get(node.op_type)
-    if ns is None or node.op_type in CONTRACTION_OPS:
+    calibrated rate for its type at that size (:func:`element_rate_ns`; ``None`` when the
+    profile has none for it: the roofline's FLOP rate applies then)."""
+    if node.op_type in CONTRACTION_OPS:
         return None
     n = _elements(node)
-    return None if n is None else n * float(ns) * 1e-9
+    if n is None:
+        return None
+    ns = element_rate_ns(profile, node.op_type, n)
+    return None if ns is None else n * ns * 1e-9
 
 
 def kernel_cost(node: Node, profile: Any) -> KernelCost:
@@ -594,14 +623,11 @@ def group_io(nodes: Sequence[Node], binding: ShapeBinding | None = None) -> Grou
     return GroupIO(list(nodes), list(inputs.values()), outputs, inter, strided, meta)
 
 
-def native_rate_ns(profile: Any, op_type: str | None) -> float | None:
-    """The profile's calibrated per-element rate of the runtime operator ``op_type`` (ns), or
-    ``None`` (no calibration for it, or a contraction, whose cost the roofline prices)."""
-    if not op_type or op_type in CONTRACTION_OPS:
-        return None
-    table = (getattr(profile, "extra", None) or {}).get("op_ns_per_element") or {}
-    ns = table.get(op_type)
-    return None if ns is None else float(ns)
+def native_rate_ns(profile: Any, op_type: str | None, elements: int | None = None) -> float | None:
+    """The profile's calibrated per-element rate of the runtime operator ``op_type`` (ns) at
+    ``elements`` (:func:`element_rate_ns`), or ``None`` (no calibration for it, or a
+    contraction, whose cost the roofline prices)."""
+    return element_rate_ns(profile, op_type, elements)
 
 
 def _fused_kernel(
@@ -673,10 +699,10 @@ def _fused_kernel(
         ), flops
     dt = _dtype_key(io.nodes[0]) if io.nodes else "f32"
     peak = profile.peak_flops_per_s(dt)
-    rate = native_rate_ns(profile, native_op)
-    if rate is not None:
-        out_elements = [v.numel() for v in io.outputs]
-        if out_elements and all(e is not None for e in out_elements):
+    out_elements = [v.numel() for v in io.outputs]
+    if native_op and out_elements and all(e is not None for e in out_elements):
+        rate = native_rate_ns(profile, native_op, max(out_elements))
+        if rate is not None:
             measured_s = max(out_elements) * rate * 1e-9
             measured_flops = flops - contraction
     compute = measured_s + _compute_time(
