@@ -556,6 +556,36 @@ def test_element_rate_follows_the_measured_size_curve():
     assert fused.compute_s == pytest.approx(t_small * 1e-9)
 
 
+def test_row_wise_operator_pays_per_row_beyond_the_curve():
+    """A softmax over short rows pays the calibrated per-row cost for each row beyond the
+    curve's 1024-long ones; over 1024-long rows, or over a leading axis, it does not."""
+    import dataclasses
+
+    base = profile(kind="cpu", bw_gbs=1e6, gflops=1e6, overhead_us=0.0)
+    p = dataclasses.replace(
+        base, extra={"op_ns_per_element": {"Softmax": 0.1}, "op_ns_per_row": {"Softmax": 8.0}}
+    )
+    model = parse_model(
+        """
+        graph g(%a: f32[128,16], %b: f32[2,1024], %c: f32[16,128]) -> (%x, %y, %z) {
+          %x: f32[128,16] = Softmax<axis=-1>(%a) @short
+          %y: f32[2,1024] = Softmax<axis=-1>(%b) @long
+          %z: f32[16,128] = Softmax<axis=0>(%c) @lead
+        }
+        """
+    )
+    short, long_, lead = nodes_of(model, "short", "long", "lead")
+    n = 128 * 16
+    # 128 rows, of which n / 1024 = 2 the curve already counts
+    assert cm.row_time_s(short, p) == pytest.approx((128 - 2) * 8e-9)
+    assert kernel_cost(short, p).compute_s == pytest.approx(n * 0.1e-9 + 126 * 8e-9)
+    assert cm.row_time_s(long_, p) == 0.0
+    assert cm.row_time_s(lead, p) == 0.0
+    # no per-row entry: the per-element rate alone
+    flat = dataclasses.replace(base, extra={"op_ns_per_element": {"Softmax": 0.1}})
+    assert kernel_cost(short, flat).compute_s == pytest.approx(n * 0.1e-9)
+
+
 SKIP_LN = """
 graph g(%x: f32[128,768], %r: f32[128,768], %g: f32[768], %b: f32[768]) -> (%y) {
   %s: f32[128,768] = Add(%x, %r) @add

@@ -172,6 +172,7 @@ def test_user_file_found_by_name_in_hardware_dir(hw_dir):
             "extra",
             "op_ns_per_element_curve",
         ),
+        (lambda d: d.update(extra={"op_ns_per_row": {"Softmax": -2}}), "extra", "ns >= 0"),
         (
             lambda d: d.update(extra={"op_ns_per_element_curve": {"Sin": 1.0}}),
             "extra",
@@ -346,6 +347,11 @@ def test_quick_calibration_is_sane_and_cached(hw_dir):
     for op, points in curve.items():
         assert [n for n, _ in points] == [r * 1024 for r in THROUGHPUT_ROWS]
         assert all(ns > 0 for _, ns in points) and points[-1][1] == rates[op]
+    # and the row-wise ones' cost per row beyond the curve
+    from graph_autofusion.cost.calibrate import ROW_OPS
+
+    per_row = p.extra["op_ns_per_row"]
+    assert set(per_row) == set(ROW_OPS) & set(rates) and all(v >= 0 for v in per_row.values())
     assert 0 < p.extra["contraction_half_time_us"] < 100
     assert 0 <= p.extra["compute_memory_overlap"] <= 1
     for key in ("extra.contraction_half_time_us", "extra.compute_memory_overlap"):

@@ -637,6 +637,21 @@ def _throughput_specs(rows: int, cols: int) -> dict[str, tuple[list[np.ndarray],
     return specs
 
 
+ROW_OPS = (
+    "Softmax",
+    "ReduceMean",
+    "ReduceSum",
+    "ReduceMax",
+    "LayerNormalization",
+    "SkipLayerNormalization",
+    "SkipSimplifiedLayerNormalization",
+)
+"""Row-wise operators (they work along the last axis): besides the per-element curve on
+1024-long rows, calibration measures what each further row costs (``extra.op_ns_per_row``)."""
+
+SHORT_ROW = 16
+"""Row length of the per-row measurement (512 rows x 16: attention's softmax over 16 keys)."""
+
 THROUGHPUT_ROWS = (2, 4, 16, 32, 64)
 """Row counts of the ``rows x 1024`` float32 inputs each operator's rate is measured on (2 Ki
 to 64 Ki elements: below, inside and above onnxruntime's threading cut-offs)."""
@@ -644,7 +659,7 @@ to 64 Ki elements: below, inside and above onnxruntime's threading cut-offs)."""
 
 def measure_op_throughput(
     quick: bool = True,
-) -> tuple[dict[str, float], str, dict[str, list[list[float]]]] | None:
+) -> tuple[dict[str, float], str, dict[str, list[list[float]]], dict[str, float]] | None:
     """Compute cost per output element of each operator type in onnxruntime, nanoseconds.
 
     Per operator and size: best-of-R time of 12 independent copies on a ``rows x 1024``
@@ -654,8 +669,11 @@ def measure_op_throughput(
     size; the cost model counts a reduction's input elements and every other operator's output
     elements).
 
-    Returns ``(rate at 64 Ki elements, how, curve)``: ``curve[op]`` lists ``[elements, ns per
-    element]`` at every size. The rate is not constant: onnxruntime runs a small tensor on one
+    Returns ``(rate at 64 Ki elements, how, curve, per_row)``: ``curve[op]`` lists
+    ``[elements, ns per element]`` at every size; ``per_row[op]`` (the :data:`ROW_OPS`) is
+    what one more row costs beyond the curve: the time on 512 rows of 16 elements less the
+    curve's time for 8 Ki elements, per row beyond the curve's 8 rows of 1024 (a softmax over
+    16 keys pays ~10 ns per row that the per-element rate on 1024-long rows does not show). The rate is not constant: onnxruntime runs a small tensor on one
     thread and splits a large one over the pool (``Sigmoid`` here: ~0.23 ns up to 16 Ki
     elements, 0.13 at 64 Ki), and some kernels change algorithm with size (``Where``:
     0.6 ns at 2-4 Ki, 6-7 ns at 64 Ki); the cost model interpolates the curve
@@ -665,13 +683,18 @@ def measure_op_throughput(
         import onnxruntime as ort
     except ImportError:
         return None
-    cols, copies = 1024, 12
+    from graph_autofusion.cost.model import ROW_CALIBRATION_LENGTH as cols
+    from graph_autofusion.cost.model import interpolate_rate
+
+    copies = 12
     repeats = 7 if quick else 25
     feed = {"x": np.zeros(1, dtype=np.float32)}
     tiny = _throughput_specs(2, 16)
     sized = {rows: _throughput_specs(rows, cols) for rows in THROUGHPUT_ROWS}
+    short = _throughput_specs(512, SHORT_ROW)
     rates: dict[str, float] = {}
     curve: dict[str, list[list[float]]] = {}
+    per_row: dict[str, float] = {}
     for op in THROUGHPUT_OPS:
         inputs, attrs = tiny[op]
         try:
@@ -691,6 +714,14 @@ def measure_op_throughput(
             points.append([n, round(ns, 4)])
         curve[op] = points
         rates[op] = points[-1][1]
+        if op in ROW_OPS:
+            inputs, attrs = short[op]
+            sess = _ort_session(_copies_model(op, inputs, attrs, copies))
+            t = _best_time(lambda sess=sess: sess.run(None, feed), repeats)
+            n = 512 * SHORT_ROW
+            t_curve = n * interpolate_rate(points, n) * 1e-9
+            beyond = 512 - n / cols
+            per_row[op] = round(max(((t - t_tiny) / copies - t_curve) / beyond * 1e9, 0.0), 3)
     sizes = ", ".join(f"{r}x{cols}" for r in THROUGHPUT_ROWS)
     return (
         rates,
@@ -698,8 +729,11 @@ def measure_op_throughput(
         f"{_cores()}; per operator, best-of-{repeats} time of {copies} copies on a float32 "
         f"tensor of {sizes} minus {copies} copies on a 2x16 one, per copy and element "
         f"(op_ns_per_element: the largest size; op_ns_per_element_curve: every size); the "
-        f"com.microsoft fused operators ({', '.join(NATIVE_OPS)}) alike",
+        f"com.microsoft fused operators ({', '.join(NATIVE_OPS)}) alike; op_ns_per_row: "
+        f"{', '.join(ROW_OPS)} on 512x{SHORT_ROW} less the curve's time for as many elements, "
+        f"per row beyond {512 * SHORT_ROW // cols} rows of {cols}",
         curve,
+        per_row,
     )
 
 
@@ -752,8 +786,9 @@ def calibrate_host(quick: bool = True) -> HardwareProfile:
     if throughput is not None:
         extra["op_ns_per_element"] = throughput[0]
         extra["op_ns_per_element_curve"] = throughput[2]
-        sources["extra.op_ns_per_element"] = throughput[1]
-        sources["extra.op_ns_per_element_curve"] = throughput[1]
+        extra["op_ns_per_row"] = throughput[3]
+        for key in ("op_ns_per_element", "op_ns_per_element_curve", "op_ns_per_row"):
+            sources[f"extra.{key}"] = throughput[1]
     if knee is not None:
         extra["contraction_half_time_us"] = knee[0]
         sources["extra.contraction_half_time_us"] = knee[1]

@@ -340,6 +340,12 @@ def _validate(data: Any, where: str, lines: dict[str, int]) -> None:
             ):
                 fail("extra", "entry 'op_ns_per_element': must map operator names to positive ns")
             continue
+        if k == "op_ns_per_row":
+            if not isinstance(v, dict) or not all(
+                isinstance(op, str) and _is_number(ns) and ns >= 0 for op, ns in v.items()
+            ):
+                fail("extra", "entry 'op_ns_per_row': must map operator names to ns >= 0")
+            continue
         if k == "op_ns_per_element_curve":
             if not isinstance(v, dict) or not all(
                 isinstance(op, str) and _is_curve(pts) for op, pts in v.items()

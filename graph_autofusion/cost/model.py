@@ -403,45 +403,84 @@ def _elements(node: Node) -> int | None:
     return node.outputs[0].numel() if node.outputs else None
 
 
+ROW_CALIBRATION_LENGTH = 1024
+"""Row length of the per-element curve's calibration tensors (``rows x 1024``): a row-wise
+operator's per-row cost (``extra.op_ns_per_row``) is counted for rows beyond that."""
+
+
+def interpolate_rate(points: Sequence[Sequence[float]], elements: float) -> float:
+    """ns per element at ``elements`` from ``[elements, ns]`` pairs (elements increasing): the
+    time ``elements x ns`` interpolated linearly between the two sizes around it, the nearest
+    end's rate outside them."""
+    if elements <= points[0][0]:
+        return float(points[0][1])
+    if elements >= points[-1][0]:
+        return float(points[-1][1])
+    for (n0, r0), (n1, r1) in zip(points, points[1:]):
+        if n0 <= elements <= n1:
+            t0, t1 = n0 * r0, n1 * r1
+            return (t0 + (t1 - t0) * (elements - n0) / (n1 - n0)) / elements
+    return float(points[-1][1])  # unreachable for increasing sizes
+
+
 def element_rate_ns(profile: Any, op_type: str | None, elements: int | None = None) -> float | None:
     """The profile's calibrated compute cost per element of ``op_type`` (ns), at ``elements``.
 
     With a measured size curve (``extra.op_ns_per_element_curve[op_type]``: ``[elements, ns]``
-    pairs, host calibration) and a known size, the time ``elements x ns`` is interpolated
-    linearly between the two measured sizes around it (the rate of the nearest end outside
-    them): the runtime runs small tensors on one thread and splits large ones over its pool,
-    so the rate changes with size. Otherwise the flat ``extra.op_ns_per_element[op_type]``.
-    ``None`` when the profile has neither, or for a contraction (the roofline prices those).
+    pairs, host calibration) and a known size, :func:`interpolate_rate` on it: the runtime
+    runs small tensors on one thread and splits large ones over its pool, so the rate changes
+    with size. Otherwise the flat ``extra.op_ns_per_element[op_type]``. ``None`` when the
+    profile has neither, or for a contraction (the roofline prices those).
     """
     if not op_type or op_type in CONTRACTION_OPS:
         return None
     extra = getattr(profile, "extra", None) or {}
     points = (extra.get("op_ns_per_element_curve") or {}).get(op_type)
     if points and elements is not None and elements > 0:
-        if elements <= points[0][0]:
-            return float(points[0][1])
-        if elements >= points[-1][0]:
-            return float(points[-1][1])
-        for (n0, r0), (n1, r1) in zip(points, points[1:]):
-            if n0 <= elements <= n1:
-                t0, t1 = n0 * r0, n1 * r1
-                t = t0 + (t1 - t0) * (elements - n0) / (n1 - n0)
-                return t / elements
+        return interpolate_rate(points, elements)
     ns = (extra.get("op_ns_per_element") or {}).get(op_type)
     return None if ns is None else float(ns)
 
 
+def row_time_s(node: Node, profile: Any) -> float:
+    """What a row-wise node's rows cost beyond the per-element curve, seconds.
+
+    A node that works along trailing axes (softmax, layer norm, a reduction over the last
+    axes) pays the profile's ``extra.op_ns_per_row[op_type]`` for each row beyond the
+    ``elements / 1024`` rows the curve's calibration tensors had: short rows cost more per
+    element than the 1024-long ones the curve was measured on. 0 without an entry, or when the
+    reduced axes are not the trailing ones.
+    """
+    ns = ((getattr(profile, "extra", None) or {}).get("op_ns_per_row") or {}).get(node.op_type)
+    if not ns or not node.inputs or node.inputs[0] is None:
+        return 0.0
+    x = node.inputs[0]
+    axes = reduced_axes(node)
+    if x.shape is None or not axes or not all(isinstance(d, int) for d in x.shape):
+        return 0.0
+    rank = len(x.shape)
+    if tuple(sorted(axes)) != tuple(range(rank - len(axes), rank)):
+        return 0.0
+    row = _prod([x.shape[a] for a in axes])
+    n = _prod(x.shape)
+    if row <= 0 or n <= 0:
+        return 0.0
+    beyond = n / row - n / ROW_CALIBRATION_LENGTH
+    return max(beyond, 0.0) * float(ns) * 1e-9
+
+
 def element_time_s(node: Node, profile: Any) -> float | None:
     """Measured compute time of a non-contraction node: its element count times the profile's
-    calibrated rate for its type at that size (:func:`element_rate_ns`; ``None`` when the
-    profile has none for it: the roofline's FLOP rate applies then)."""
+    calibrated rate for its type at that size (:func:`element_rate_ns`), plus a row-wise
+    node's per-row cost (:func:`row_time_s`); ``None`` when the profile has no rate for it
+    (the roofline's FLOP rate applies then)."""
     if node.op_type in CONTRACTION_OPS:
         return None
     n = _elements(node)
     if n is None:
         return None
     ns = element_rate_ns(profile, node.op_type, n)
-    return None if ns is None else n * ns * 1e-9
+    return None if ns is None else n * ns * 1e-9 + row_time_s(node, profile)
 
 
 def kernel_cost(node: Node, profile: Any) -> KernelCost:
