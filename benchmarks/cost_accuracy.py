@@ -264,9 +264,10 @@ def measure(
     # ... and against a second session of the same model (same settings, a fresh process
     # state for the arena and kernels): µs-level per-node costs move with the session
     other = profile_nodes(path, feeds, runs=runs) if second_session else None
+    shared = [i for i, k in enumerate(common) if other is not None and k in other.node_us]
     session_rho = (
-        spearman(m, [other.node_us.get(k, float("nan")) for k in common])
-        if other is not None and all(k in other.node_us for k in common)
+        spearman([m[i] for i in shared], [other.node_us[common[i]] for i in shared])
+        if other is not None
         else float("nan")
     )
     # the best any prediction without ties can reach against these medians: ORT reports

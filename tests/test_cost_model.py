@@ -586,6 +586,99 @@ def test_row_wise_operator_pays_per_row_beyond_the_curve():
     assert kernel_cost(short, flat).compute_s == pytest.approx(n * 0.1e-9)
 
 
+def test_row_cost_reads_reduction_axes_from_a_constant_node():
+    """TorchScript feeds ReduceMean its axes from a Constant node: those are the last axis
+    (per-row cost), while axes computed at run time are unknown (no per-row cost)."""
+    import dataclasses
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    from graph_autofusion.frontend.onnx_import import load_onnx
+
+    def reduce_model(axes_from: str):
+        nodes = []
+        if axes_from == "constant":
+            axes = helper.make_tensor("axes_value", TensorProto.INT64, [1], [-1])
+            nodes.append(helper.make_node("Constant", [], ["axes"], value=axes))
+        else:  # computed: Shape(x)[-1:] - 1 is the last axis, but only at run time
+            nodes.append(helper.make_node("Size", ["x"], ["n"]))
+            nodes.append(helper.make_node("Reshape", ["n", "one"], ["axes"]))
+        nodes.append(helper.make_node("ReduceMean", ["x", "axes"], ["y"], keepdims=1, name="rm"))
+        graph = helper.make_graph(
+            nodes,
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [128, 16])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+            [helper.make_tensor("one", TensorProto.INT64, [1], [1])],
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+        return load_onnx(onnx.load_from_string(model.SerializeToString()))
+
+    base = profile(kind="cpu", bw_gbs=1e6, gflops=1e6, overhead_us=0.0)
+    p = dataclasses.replace(
+        base,
+        extra={"op_ns_per_element": {"ReduceMean": 0.03}, "op_ns_per_row": {"ReduceMean": 2.0}},
+    )
+    const = next(n for n in reduce_model("constant").graph.nodes if n.op_type == "ReduceMean")
+    assert cm.reduced_axes(const) == (1,)
+    assert cm.row_time_s(const, p) == pytest.approx((128 - 2048 / 1024) * 2e-9)
+    dyn = next(n for n in reduce_model("computed").graph.nodes if n.op_type == "ReduceMean")
+    assert cm.reduced_axes(dyn, unknown_as_all=False) is None
+    assert cm.reduced_axes(dyn) == (0, 1)  # a tile must hold it all
+    assert cm.row_time_s(dyn, p) == 0.0
+
+
+def test_layernorm_rows_and_the_native_kernel_pay_the_same_per_row_cost():
+    """A LayerNormalization over the last axis pays per row beyond the curve, and the fused
+    kernel a rule lowers to a row-wise native operator pays that operator's per-row cost on
+    its largest output's rows, so before and after are priced alike."""
+    import dataclasses
+
+    model = parse_model(SKIP_LN)
+    base = profile(kind="cpu", bw_gbs=1e6, gflops=1e6, overhead_us=0.0, local_kb=4096)
+    rows = {"LayerNormalization": 10.0, "SkipLayerNormalization": 4.0}
+    rates = {"Add": 0.1, "LayerNormalization": 0.2, "SkipLayerNormalization": 0.3}
+    p = dataclasses.replace(base, extra={"op_ns_per_element": rates, "op_ns_per_row": rows})
+    add, ln = model.graph.nodes
+    n = 128 * 768
+    beyond = 128 - n / 1024
+    assert cm.row_time_s(ln, p) == pytest.approx(beyond * 10e-9)
+    assert cm.row_time_s(add, p) == 0.0
+    fc = fusion_cost(model.graph.nodes, p, native_op="SkipLayerNormalization")
+    assert fc.kernels[-1].compute_s == pytest.approx(n * 0.3e-9 + beyond * 4e-9)
+    # without a per-row entry for the native operator, its rate alone
+    q = dataclasses.replace(
+        p, extra={"op_ns_per_element": rates, "op_ns_per_row": {"LayerNormalization": 10.0}}
+    )
+    fq = fusion_cost(model.graph.nodes, q, native_op="SkipLayerNormalization")
+    assert fq.kernels[-1].compute_s == pytest.approx(n * 0.3e-9)
+
+
+def test_native_kernel_is_priced_at_its_largest_output():
+    """A multi-output group lowered to a native operator is priced at its largest output's
+    size on the curve, whatever the output order."""
+    import dataclasses
+
+    base = profile(kind="cpu", bw_gbs=1e6, gflops=1e6, overhead_us=0.0)
+    curve = {"QuickGelu": [[2048, 1.0], [65536, 0.1]]}
+    p = dataclasses.replace(base, extra={"op_ns_per_element_curve": curve})
+    model = parse_model(
+        """
+        graph g(%a: f32[4,512], %b: f32[64,1024]) -> (%x, %y) {
+          %x: f32[4,512] = Sigmoid(%a) @small
+          %y: f32[64,1024] = Sigmoid(%b) @large
+        }
+        """
+    )
+    small, large = nodes_of(model, "small", "large")
+    for order in ([small, large], [large, small]):
+        fused = cm._fused_kernel(cm.group_io(order), p, native_op="QuickGelu")[0]
+        assert fused.compute_s == pytest.approx(65536 * 0.1e-9)
+    # no size known: the flat rate, else the curve's largest size
+    assert cm.element_rate_ns(p, "QuickGelu") == pytest.approx(0.1)
+
+
 SKIP_LN = """
 graph g(%x: f32[128,768], %r: f32[128,768], %g: f32[768], %b: f32[768]) -> (%y) {
   %s: f32[128,768] = Add(%x, %r) @add

@@ -652,6 +652,9 @@ ROW_OPS = (
 SHORT_ROW = 16
 """Row length of the per-row measurement (512 rows x 16: attention's softmax over 16 keys)."""
 
+_HALF_OUTPUT_OPS = ("Slice", "Split")
+"""Throughput specs whose (first) output holds half the input's elements."""
+
 THROUGHPUT_ROWS = (2, 4, 16, 32, 64)
 """Row counts of the ``rows x 1024`` float32 inputs each operator's rate is measured on (2 Ki
 to 64 Ki elements: below, inside and above onnxruntime's threading cut-offs)."""
@@ -665,18 +668,19 @@ def measure_op_throughput(
     Per operator and size: best-of-R time of 12 independent copies on a ``rows x 1024``
     float32 tensor (``rows`` in :data:`THROUGHPUT_ROWS`, 8 KiB to 256 KiB, cache resident, so
     the rate is the kernel's and not DRAM's) minus 12 copies on a 2 x 16 tensor (the dispatch
-    part), per copy and element of the input (for most of these operators also the output's
-    size; the cost model counts a reduction's input elements and every other operator's output
-    elements).
+    part), per copy and element as the cost model counts them (a reduction's input elements,
+    every other operator's first output: half the input for ``Slice`` and ``Split`` here).
 
     Returns ``(rate at 64 Ki elements, how, curve, per_row)``: ``curve[op]`` lists
     ``[elements, ns per element]`` at every size; ``per_row[op]`` (the :data:`ROW_OPS`) is
     what one more row costs beyond the curve: the time on 512 rows of 16 elements less the
     curve's time for 8 Ki elements, per row beyond the curve's 8 rows of 1024 (a softmax over
-    16 keys pays ~10 ns per row that the per-element rate on 1024-long rows does not show). The rate is not constant: onnxruntime runs a small tensor on one
-    thread and splits a large one over the pool (``Sigmoid`` here: ~0.23 ns up to 16 Ki
-    elements, 0.13 at 64 Ki), and some kernels change algorithm with size (``Where``:
-    0.6 ns at 2-4 Ki, 6-7 ns at 64 Ki); the cost model interpolates the curve
+    16 keys pays ~8 ns per row that the per-element rate on 1024-long rows does not show).
+
+    The rate is not constant: onnxruntime runs a small tensor on one thread and splits a large
+    one over the pool (``Sigmoid`` here: ~0.23 ns up to 16-32 Ki elements, 0.13 at 64 Ki), and
+    some kernels change algorithm with size (``Where``: 0.6 ns at 2-4 Ki, 6-7 ns at 64 Ki); the
+    cost model interpolates the curve
     (:func:`graph_autofusion.cost.model.element_rate_ns`).
     """
     try:
@@ -709,7 +713,9 @@ def measure_op_throughput(
             inputs, attrs = sized[rows][op]
             sess = _ort_session(_copies_model(op, inputs, attrs, copies))
             t = _best_time(lambda sess=sess: sess.run(None, feed), repeats)
-            n = rows * cols
+            # elements as the cost model counts them (model._elements): a reduction's input,
+            # every other operator's first output (half the input for Slice and Split here)
+            n = rows * cols // (2 if op in _HALF_OUTPUT_OPS else 1)
             ns = max((t - t_tiny) / copies / n * 1e9, 0.001)
             points.append([n, round(ns, 4)])
         curve[op] = points

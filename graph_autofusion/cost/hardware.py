@@ -20,7 +20,10 @@ Schema (one YAML mapping; see ``docs/hardware.md`` for the table)::
     vector_width_bytes: 128         # bytes one vector instruction processes
     l1_kb: 192                      # optional, KiB
     l2_kb: 40960                    # optional, KiB
-    extra: {...}                    # optional, free-form scalars (Ascend L0A/L0B/L0C ...)
+    extra: {...}                    # optional: scalars (Ascend L0A/L0B/L0C ...) and the host
+                                    # calibration's op_ns_per_element (op -> ns),
+                                    # op_ns_per_element_curve (op -> [[elements, ns], ...])
+                                    # and op_ns_per_row (op -> ns)
     op_overhead_us: {Shape: 0.14}   # optional, microseconds per dispatch by operator type
                                     # (an op type not listed costs launch_overhead_us)
     sources: {memory_bandwidth_gbs: "..."}   # field -> where the number comes from
@@ -212,7 +215,7 @@ class HardwareProfile:
         if self.l2_kb is not None:
             out["l2_kb"] = _num(self.l2_kb)
         if self.extra:
-            out["extra"] = dict(self.extra)
+            out["extra"] = _plain(self.extra)
         if self.op_overhead_us:
             out["op_overhead_us"] = {k: _num(v) for k, v in self.op_overhead_us.items()}
         if self.sources:
@@ -243,6 +246,9 @@ class HardwareProfile:
         if self.l2_kb is not None:
             lines.append(f"  l2                  {self.l2_kb:g} KiB")
         for k, v in self.extra.items():
+            if k == "op_ns_per_element_curve" and isinstance(v, dict):
+                sizes = sorted({int(p[0]) for pts in v.values() for p in pts})
+                v = f"{len(v)} operators at {', '.join(str(n) for n in sizes)} elements"
             lines.append(f"  extra.{k:<14} {v}")
         if self.op_overhead_us:
             per_op = ", ".join(f"{k} {v:g}" for k, v in self.op_overhead_us.items())
@@ -251,6 +257,15 @@ class HardwareProfile:
             lines.append("  sources:")
             lines.extend(f"    {k}: {v}" for k, v in self.sources.items())
         return lines
+
+
+def _plain(v: Any) -> Any:
+    """A deep copy of mappings and sequences as plain dicts and lists (YAML- and JSON-ready)."""
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    return v
 
 
 def _num(v: float) -> float | int:
@@ -273,7 +288,7 @@ def _is_number(v: Any) -> bool:
 
 def _is_curve(points: Any) -> bool:
     """``[[elements, ns], ...]``: at least one pair, elements increasing, both positive."""
-    if not isinstance(points, list) or not points:
+    if not isinstance(points, list | tuple) or not points:
         return False
     last = 0.0
     for p in points:
@@ -342,13 +357,14 @@ def _validate(data: Any, where: str, lines: dict[str, int]) -> None:
             continue
         if k == "op_ns_per_row":
             if not isinstance(v, dict) or not all(
-                isinstance(op, str) and _is_number(ns) and ns >= 0 for op, ns in v.items()
+                isinstance(op, str) and op.strip() and _is_number(ns) and ns >= 0
+                for op, ns in v.items()
             ):
                 fail("extra", "entry 'op_ns_per_row': must map operator names to ns >= 0")
             continue
         if k == "op_ns_per_element_curve":
             if not isinstance(v, dict) or not all(
-                isinstance(op, str) and _is_curve(pts) for op, pts in v.items()
+                isinstance(op, str) and op.strip() and _is_curve(pts) for op, pts in v.items()
             ):
                 fail(
                     "extra",

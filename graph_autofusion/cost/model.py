@@ -430,7 +430,8 @@ def element_rate_ns(profile: Any, op_type: str | None, elements: int | None = No
     pairs, host calibration) and a known size, :func:`interpolate_rate` on it: the runtime
     runs small tensors on one thread and splits large ones over its pool, so the rate changes
     with size. Otherwise the flat ``extra.op_ns_per_element[op_type]``. ``None`` when the
-    profile has neither, or for a contraction (the roofline prices those).
+    profile has neither, or for a contraction (the roofline prices those). Without a size, the
+    flat rate, else the curve's rate at its largest size.
     """
     if not op_type or op_type in CONTRACTION_OPS:
         return None
@@ -439,7 +440,23 @@ def element_rate_ns(profile: Any, op_type: str | None, elements: int | None = No
     if points and elements is not None and elements > 0:
         return interpolate_rate(points, elements)
     ns = (extra.get("op_ns_per_element") or {}).get(op_type)
+    if ns is None and points:
+        return float(points[-1][1])  # no size known: the rate at the largest measured size
     return None if ns is None else float(ns)
+
+
+def _rows_beyond(elements: int, row: int) -> float:
+    """Rows of ``row`` elements in ``elements`` beyond the ``elements / 1024`` rows the
+    per-element curve's calibration tensors had (0 for rows of 1024 or longer: the curve's
+    own per-row share then slightly overprices them)."""
+    if row <= 0 or elements <= 0:
+        return 0.0
+    return max(elements / row - elements / ROW_CALIBRATION_LENGTH, 0.0)
+
+
+def _per_row_ns(profile: Any, op_type: str | None) -> float:
+    table = (getattr(profile, "extra", None) or {}).get("op_ns_per_row") or {}
+    return float(table.get(op_type) or 0.0) if op_type else 0.0
 
 
 def row_time_s(node: Node, profile: Any) -> float:
@@ -448,25 +465,20 @@ def row_time_s(node: Node, profile: Any) -> float:
     A node that works along trailing axes (softmax, layer norm, a reduction over the last
     axes) pays the profile's ``extra.op_ns_per_row[op_type]`` for each row beyond the
     ``elements / 1024`` rows the curve's calibration tensors had: short rows cost more per
-    element than the 1024-long ones the curve was measured on. 0 without an entry, or when the
-    reduced axes are not the trailing ones.
+    element than the 1024-long ones the curve was measured on. 0 without an entry, when the
+    reduced axes are not the trailing ones, or when they are only known at run time.
     """
-    ns = ((getattr(profile, "extra", None) or {}).get("op_ns_per_row") or {}).get(node.op_type)
+    ns = _per_row_ns(profile, node.op_type)
     if not ns or not node.inputs or node.inputs[0] is None:
         return 0.0
     x = node.inputs[0]
-    axes = reduced_axes(node)
+    axes = reduced_axes(node, unknown_as_all=False)
     if x.shape is None or not axes or not all(isinstance(d, int) for d in x.shape):
         return 0.0
     rank = len(x.shape)
     if tuple(sorted(axes)) != tuple(range(rank - len(axes), rank)):
         return 0.0
-    row = _prod([x.shape[a] for a in axes])
-    n = _prod(x.shape)
-    if row <= 0 or n <= 0:
-        return 0.0
-    beyond = n / row - n / ROW_CALIBRATION_LENGTH
-    return max(beyond, 0.0) * float(ns) * 1e-9
+    return _rows_beyond(_prod(x.shape), _prod([x.shape[a] for a in axes])) * ns * 1e-9
 
 
 def element_time_s(node: Node, profile: Any) -> float | None:
@@ -740,10 +752,17 @@ def _fused_kernel(
     peak = profile.peak_flops_per_s(dt)
     out_elements = [v.numel() for v in io.outputs]
     if native_op and out_elements and all(e is not None for e in out_elements):
-        rate = native_rate_ns(profile, native_op, max(out_elements))
+        largest = max(range(len(out_elements)), key=lambda i: out_elements[i])
+        rate = native_rate_ns(profile, native_op, out_elements[largest])
         if rate is not None:
-            measured_s = max(out_elements) * rate * 1e-9
+            measured_s = out_elements[largest] * rate * 1e-9
             measured_flops = flops - contraction
+            # a row-wise native kernel (SkipLayerNormalization ...) pays its per-row cost
+            # like its unfused pieces do: rows along the largest output's last axis
+            shape = io.outputs[largest].shape
+            ns_row = _per_row_ns(profile, native_op)
+            if ns_row and shape and all(isinstance(d, int) for d in shape):
+                measured_s += _rows_beyond(_prod(shape), int(shape[-1])) * ns_row * 1e-9
     compute = measured_s + _compute_time(
         flops - measured_flops, contraction, peak, max(gemms, 1), contraction_half_time_s(profile)
     )

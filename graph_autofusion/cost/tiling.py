@@ -44,7 +44,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from graph_autofusion.ir.core import Node, Value
+import numpy as np
+
+from graph_autofusion.ir.core import Node, Value, const_value
 
 #: Fixed cost of one tile (loop overhead, DMA descriptor), expressed as equivalent bytes moved.
 TILE_OVERHEAD_BYTES = 1024
@@ -101,14 +103,28 @@ def _norm_axes(axes: Sequence[int], rank: int) -> tuple[int, ...]:
     return tuple(sorted({a % rank for a in axes})) if rank else ()
 
 
-def _const_ints(v: Value | None) -> list[int] | None:
-    if v is None or v.const is None:
-        return None
-    return [int(x) for x in v.const.reshape(-1).tolist()]
+def _const_ints(node: Node, index: int) -> list[int] | None:
+    """Input ``index`` of ``node`` as constant ints: an initializer or a ``Constant`` node's
+    output (seen through ``Identity``), also for a detached shadow node (cost.shapes) through
+    the model node it shadows; ``None`` when it is computed at run time."""
+    candidates = [node]
+    original = node.meta.get("original") if hasattr(node, "meta") else None
+    if original is not None:
+        candidates.append(original)
+    for n in candidates:
+        v = n.inputs[index] if index < len(n.inputs) else None
+        data = const_value(v) if v is not None else None
+        if data is not None:
+            return [int(x) for x in np.asarray(data).reshape(-1).tolist()]
+    return None
 
 
-def reduced_axes(node: Node) -> tuple[int, ...]:
-    """Axes of ``node``'s first input that one tile must hold whole (empty if none)."""
+def reduced_axes(node: Node, *, unknown_as_all: bool = True) -> tuple[int, ...] | None:
+    """Axes of ``node``'s first input that one tile must hold whole (empty if none).
+
+    A reduction whose axes are a run-time input counts as reducing every axis (a tile must
+    then hold the whole tensor), or gives ``None`` with ``unknown_as_all=False``.
+    """
     x = node.inputs[0] if node.inputs else None
     if x is None or x.shape is None:
         return ()
@@ -129,8 +145,10 @@ def reduced_axes(node: Node) -> tuple[int, ...]:
         return tuple(range(2 if op != "GroupNormalization" else 1, rank))
     if op.startswith("Reduce"):
         axes = node.attr("axes")
-        if axes is None and len(node.inputs) > 1:
-            axes = _const_ints(node.inputs[1])
+        if axes is None and len(node.inputs) > 1 and node.inputs[1] is not None:
+            axes = _const_ints(node, 1)
+            if axes is None:
+                return tuple(range(rank)) if unknown_as_all else None
         if not axes:
             if node.attr("noop_with_empty_axes", 0):
                 return ()

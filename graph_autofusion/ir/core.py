@@ -625,3 +625,23 @@ class Model:
 
     def __repr__(self) -> str:
         return f"Model({self.graph.name!r}, {len(self.graph)} nodes, opsets={self.opset_imports})"
+
+
+def const_value(value: Value) -> np.ndarray | None:
+    """Constant data of ``value``: an initializer, the output of a ``Constant`` node, or either
+    seen through ``Identity`` nodes (TorchScript shares equal biases through Identity)."""
+    for _ in range(64):
+        if value.const is not None:
+            return value.const
+        p = value.producer
+        if p is None or p.domain not in ("", "ai.onnx"):
+            return None
+        if p.op_type == "Constant":
+            for key in ("value", "value_float", "value_int", "value_floats", "value_ints"):
+                if key in p.attrs:
+                    return np.asarray(p.attrs[key])
+            return None
+        if p.op_type != "Identity" or not p.inputs or p.inputs[0] is None:
+            return None
+        value = p.inputs[0]
+    return None

@@ -17,7 +17,14 @@ from typing import Any
 import numpy as np
 
 from graph_autofusion.catalog.registry import schema_of
-from graph_autofusion.ir.core import Graph, Node, Value, is_convex, topological_order
+from graph_autofusion.ir.core import (  # noqa: F401 (const_value: re-exported)
+    Graph,
+    Node,
+    Value,
+    const_value,
+    is_convex,
+    topological_order,
+)
 from graph_autofusion.patterns.pattern import (
     ANY,
     ATTR_DEFAULTS,
@@ -82,26 +89,6 @@ class Match:
                 if id(v) not in inside:
                     seen.setdefault(id(v), v)
         return list(seen.values())
-
-
-def const_value(value: Value) -> np.ndarray | None:
-    """Constant data of ``value``: an initializer, the output of a ``Constant`` node, or either
-    seen through ``Identity`` nodes (TorchScript shares equal biases through Identity)."""
-    for _ in range(64):
-        if value.const is not None:
-            return value.const
-        p = value.producer
-        if p is None or p.domain not in ("", "ai.onnx"):
-            return None
-        if p.op_type == "Constant":
-            for key in ("value", "value_float", "value_int", "value_floats", "value_ints"):
-                if key in p.attrs:
-                    return np.asarray(p.attrs[key])
-            return None
-        if p.op_type != "Identity" or not p.inputs or p.inputs[0] is None:
-            return None
-        value = p.inputs[0]
-    return None
 
 
 @dataclass
