@@ -793,8 +793,9 @@ def calibrate_host(quick: bool = True) -> HardwareProfile:
         extra["op_ns_per_element"] = throughput[0]
         extra["op_ns_per_element_curve"] = throughput[2]
         extra["op_ns_per_row"] = throughput[3]
-        for key in ("op_ns_per_element", "op_ns_per_element_curve", "op_ns_per_row"):
-            sources[f"extra.{key}"] = throughput[1]
+        sources["extra.op_ns_per_element"] = throughput[1]
+        for key in ("op_ns_per_element_curve", "op_ns_per_row"):
+            sources[f"extra.{key}"] = "measured with extra.op_ns_per_element (see there)"
     if knee is not None:
         extra["contraction_half_time_us"] = knee[0]
         sources["extra.contraction_half_time_us"] = knee[1]
