@@ -679,6 +679,25 @@ def test_native_kernel_is_priced_at_its_largest_output():
     assert cm.element_rate_ns(p, "QuickGelu") == pytest.approx(0.1)
 
 
+def test_cast_to_its_own_dtype_is_dispatch_only():
+    """Exporters wrap every RMSNorm in float -> float casts; onnxruntime runs those without
+    moving data, so they cost their dispatch only, while a real conversion moves its bytes."""
+    model = parse_model(
+        """
+        graph g(%x: f32[64,1024], %i: i64[64,1024]) -> (%a, %b) {
+          %a: f32[64,1024] = Cast<to=1>(%x) @same
+          %b: f32[64,1024] = Cast<to=1>(%i) @convert
+        }
+        """
+    )
+    same, convert = nodes_of(model, "same", "convert")
+    p = profile(kind="cpu", bw_gbs=10, gflops=100, overhead_us=0.5)
+    c = kernel_cost(same, p)
+    assert c.time_s == pytest.approx(c.overhead_s) and c.bytes == 0 and c.bound == "overhead"
+    d = kernel_cost(convert, p)
+    assert d.bytes == 64 * 1024 * (8 + 4) and d.time_s > d.overhead_s + 1e-6
+
+
 SKIP_LN = """
 graph g(%x: f32[128,768], %r: f32[128,768], %g: f32[768], %b: f32[768]) -> (%y) {
   %s: f32[128,768] = Add(%x, %r) @add

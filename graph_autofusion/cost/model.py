@@ -495,6 +495,20 @@ def element_time_s(node: Node, profile: Any) -> float | None:
     return None if ns is None else n * ns * 1e-9 + row_time_s(node, profile)
 
 
+def _is_view(node: Node) -> bool:
+    """A view (reshape-like: the runtime aliases its input) or a ``Cast`` to the dtype its input
+    already has (onnxruntime's Cast may run in place, and exporters emit float -> float casts
+    around every RMSNorm): dispatch only, no data."""
+    if node.domain not in ("", "ai.onnx"):
+        return False
+    if node.op_type in VIEW_OPS:
+        return True
+    if node.op_type == "Cast" and node.inputs and node.inputs[0] is not None and node.outputs:
+        src, dst = node.inputs[0].dtype, node.outputs[0].dtype
+        return src is not None and src == dst
+    return False
+
+
 def kernel_cost(node: Node, profile: Any) -> KernelCost:
     """Roofline cost of ``node`` run as its own kernel on ``profile``.
 
@@ -504,7 +518,7 @@ def kernel_cost(node: Node, profile: Any) -> KernelCost:
     overhead = dispatch_overhead_s(profile, node.op_type)
     if node.op_type in FREE_OPS:
         return KernelCost(0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, "overhead")
-    if node.op_type in VIEW_OPS and node.domain in ("", "ai.onnx"):
+    if _is_view(node):
         return KernelCost(0, 0, 0, 0, 0.0, 0.0, overhead, overhead, "overhead")
     flops = node_flops(node)
     rb = _read_bytes(node)
@@ -696,7 +710,7 @@ def _fused_kernel(
     measured_s = 0.0  # calibrated per-element time of nodes the profile has a rate for
     measured_flops = 0
     for n in io.nodes:
-        if n.op_type in FREE_OPS or (n.op_type in VIEW_OPS and n.domain in ("", "ai.onnx")):
+        if n.op_type in FREE_OPS or _is_view(n):
             continue
         f = node_flops(n)
         if f is None:
