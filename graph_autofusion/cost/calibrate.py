@@ -71,25 +71,6 @@ def _best_time(fn: Callable[[], object], repeats: int) -> float:
     return best
 
 
-PASS_OUTLIER = 1.25
-"""A streaming pass more than this many times faster than the median pass is discarded: the
-2-thread triad on this machine runs at 46-48 GB/s pass after pass, but now and then one pass
-times at ~80 GB/s, which no steady state sustains (numpy's copy at the same moment: 40)."""
-
-
-def _best_steady_time(fn: Callable[[], object], repeats: int) -> float:
-    """Best time of ``repeats`` runs of ``fn`` (after a warm-up), among the runs no more than
-    :data:`PASS_OUTLIER` times faster than the median run."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    median = float(np.median(times))
-    return min(t for t in times if t * PASS_OUTLIER >= median)
-
-
 def _cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -107,7 +88,7 @@ def measure_bandwidth(quick: bool = True) -> tuple[float, str]:
     a = np.empty_like(b)
     a.fill(0.0)
     results: dict[str, float] = {}
-    t = _best_steady_time(lambda: np.copyto(a, b), repeats)
+    t = _best_time(lambda: np.copyto(a, b), repeats)
     results["numpy copy (1 thread, 2 arrays counted)"] = 2 * a.nbytes / t / 1e9
     try:
         import torch
@@ -118,22 +99,21 @@ def measure_bandwidth(quick: bool = True) -> tuple[float, str]:
         threads = torch.get_num_threads()
         try:
             torch.set_num_threads(_cores())
-            t = _best_steady_time(lambda: torch.add(tb, tc, alpha=3.0, out=ta), repeats)
+            t = _best_time(lambda: torch.add(tb, tc, alpha=3.0, out=ta), repeats)
         finally:
             torch.set_num_threads(threads)
         results[f"torch triad a=b+s*c ({_cores()} threads, 1 pass, 3 arrays counted)"] = (
             3 * a.nbytes / t / 1e9
         )
     else:
-        t = _best_steady_time(lambda: np.add(b, c, out=a), repeats)
+        t = _best_time(lambda: np.add(b, c, out=a), repeats)
         results["numpy add a=b+c (1 thread, 3 arrays counted)"] = 3 * a.nbytes / t / 1e9
     how, best = max(results.items(), key=lambda kv: kv[1])
     others = "; ".join(f"{k} {v:.1f} GB/s" for k, v in results.items() if k != how)
     l3 = read_caches()[0].get("l3")
     l3_note = f"OS-reported L3 {l3 / 1024:g} MiB" if l3 else "no L3 reported"
     return best, (
-        f"measured: best of {repeats} passes (those within {PASS_OUTLIER}x of the median pass) "
-        f"of {how} on {mib} MiB float32 arrays "
+        f"measured: best of {repeats} passes of {how} on {mib} MiB float32 arrays "
         f"({l3_note}); also {others}"
     )
 
