@@ -679,23 +679,36 @@ def test_native_kernel_is_priced_at_its_largest_output():
     assert cm.element_rate_ns(p, "QuickGelu") == pytest.approx(0.1)
 
 
-def test_cast_to_its_own_dtype_is_dispatch_only():
-    """Exporters wrap every RMSNorm in float -> float casts; onnxruntime runs those without
-    moving data, so they cost their dispatch only, while a real conversion moves its bytes."""
+def test_cast_to_its_own_dtype_is_free_only_in_place():
+    """Exporters wrap every RMSNorm in float -> float casts. onnxruntime runs one in place,
+    moving no data, when its input dies there: dispatch only. When the input lives on (read
+    later, or a graph input) it copies the tensor, and a real conversion moves its bytes."""
     model = parse_model(
         """
-        graph g(%x: f32[64,1024], %i: i64[64,1024]) -> (%a, %b) {
-          %a: f32[64,1024] = Cast<to=1>(%x) @same
+        graph g(%x: f32[64,1024], %i: i64[64,1024]) -> (%d, %e, %b) {
+          %t: f32[64,1024] = Relu(%x) @relu
+          %u: f32[64,1024] = Relu(%x) @relu2
+          %a: f32[64,1024] = Cast<to=1>(%t) @dies
+          %c: f32[64,1024] = Cast<to=1>(%u) @lives
+          %d: f32[64,1024] = Add(%a, %u) @add
+          %e: f32[64,1024] = Cast<to=1>(%x) @graph_input
           %b: f32[64,1024] = Cast<to=1>(%i) @convert
         }
         """
     )
-    same, convert = nodes_of(model, "same", "convert")
+    dies, lives, graph_input, convert = nodes_of(model, "dies", "lives", "graph_input", "convert")
     p = profile(kind="cpu", bw_gbs=10, gflops=100, overhead_us=0.5)
-    c = kernel_cost(same, p)
+    c = kernel_cost(dies, p)
     assert c.time_s == pytest.approx(c.overhead_s) and c.bytes == 0 and c.bound == "overhead"
+    for copy in (lives, graph_input):
+        k = kernel_cost(copy, p)
+        assert k.bytes == 64 * 1024 * 8 and k.time_s > k.overhead_s + 1e-6
     d = kernel_cost(convert, p)
     assert d.bytes == 64 * 1024 * (8 + 4) and d.time_s > d.overhead_s + 1e-6
+    # inside a fused kernel a value-preserving cast costs nothing either way
+    alone = cm._fused_kernel(cm.group_io(nodes_of(model, "relu2")), p)[0]
+    with_cast = cm._fused_kernel(cm.group_io(nodes_of(model, "relu2", "lives")), p)[0]
+    assert with_cast.compute_s == pytest.approx(alone.compute_s)
 
 
 SKIP_LN = """

@@ -91,12 +91,13 @@ def _whisper_encoder() -> tuple[Any, dict]:
 
 _BERTISH = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256)
 
-#: name -> (builder, fused operators each export must get on x86_avx2, at least one of each)
+#: name -> (builder, fused operators each export must get on x86_avx2, at least one of each;
+#: the plan of 2026-11-29, the same for both exporters)
 ARCHITECTURES: dict[str, tuple[Callable[[], tuple[Any, dict]], set[str]]] = {
     # grouped-query attention, biased QKV, SwiGLU, RMSNorm
     "qwen2": (
         _llm("Qwen2Config", "Qwen2ForCausalLM", num_key_value_heads=2),
-        {f"{MS}::SkipSimplifiedLayerNormalization"},
+        {f"{MS}::SkipSimplifiedLayerNormalization", f"{MS}::QuickGelu"},
     ),
     # multi-query attention, GeGLU, RMSNorm with (1 + w)
     "gemma": (
@@ -104,9 +105,15 @@ ARCHITECTURES: dict[str, tuple[Callable[[], tuple[Any, dict]], set[str]]] = {
         {f"{MS}::SkipSimplifiedLayerNormalization"},
     ),
     # partial rotary, parallel attention + MLP, LayerNorm, gelu_new
-    "phi": (_llm("PhiConfig", "PhiForCausalLM"), set()),
+    "phi": (
+        _llm("PhiConfig", "PhiForCausalLM"),
+        {f"{MS}::SkipLayerNormalization", f"{MS}::FastGelu"},
+    ),
     # parallel residual, rotary on part of the head
-    "gpt_neox": (_llm("GPTNeoXConfig", "GPTNeoXForCausalLM"), set()),
+    "gpt_neox": (
+        _llm("GPTNeoXConfig", "GPTNeoXForCausalLM"),
+        {f"{MS}::SkipLayerNormalization", f"{MS}::BiasGelu"},
+    ),
     "distilbert": (
         _encoder(
             "DistilBertConfig",
@@ -118,11 +125,11 @@ ARCHITECTURES: dict[str, tuple[Callable[[], tuple[Any, dict]], set[str]]] = {
             n_heads=4,
             hidden_dim=256,
         ),
-        {f"{MS}::BiasGelu"},
+        {f"{MS}::SkipLayerNormalization", f"{MS}::BiasGelu"},
     ),
     "deberta_v2": (
         _encoder("DebertaV2Config", "DebertaV2Model", lambda: {"input_ids": _ids()}, **_BERTISH),
-        set(),
+        {f"{MS}::SkipLayerNormalization", f"{MS}::BiasGelu"},
     ),
     "t5_encoder": (
         _encoder(
@@ -152,9 +159,9 @@ ARCHITECTURES: dict[str, tuple[Callable[[], tuple[Any, dict]], set[str]]] = {
             encoder_ffn_dim=128,
             decoder_ffn_dim=128,
         ),
-        set(),
+        {f"{MS}::SkipLayerNormalization", f"{MS}::BiasGelu"},
     ),
-    "whisper_encoder": (_whisper_encoder, set()),
+    "whisper_encoder": (_whisper_encoder, {f"{MS}::SkipLayerNormalization", f"{MS}::BiasGelu"}),
     "vit": (
         _encoder(
             "ViTConfig",
@@ -164,7 +171,7 @@ ARCHITECTURES: dict[str, tuple[Callable[[], tuple[Any, dict]], set[str]]] = {
             patch_size=8,
             **_BERTISH,
         ),
-        set(),
+        {f"{MS}::SkipLayerNormalization", f"{MS}::BiasGelu"},
     ),
     "convnext": (
         _encoder(
@@ -176,7 +183,7 @@ ARCHITECTURES: dict[str, tuple[Callable[[], tuple[Any, dict]], set[str]]] = {
             depths=[1, 1],
             image_size=32,
         ),
-        set(),
+        {f"{MS}::BiasGelu"},
     ),
     "mobilenet_v2": (
         _encoder(
@@ -186,7 +193,7 @@ ARCHITECTURES: dict[str, tuple[Callable[[], tuple[Any, dict]], set[str]]] = {
             image_size=32,
             depth_multiplier=0.35,
         ),
-        set(),
+        {f"{MS}::FusedConv"},
     ),
     "swin": (
         _encoder(
@@ -200,7 +207,7 @@ ARCHITECTURES: dict[str, tuple[Callable[[], tuple[Any, dict]], set[str]]] = {
             num_heads=[2, 2],
             window_size=4,
         ),
-        set(),
+        {f"{MS}::SkipLayerNormalization", f"{MS}::BiasGelu"},
     ),
 }
 
@@ -220,8 +227,18 @@ class _FirstOutput(torch.nn.Module):
         return out[0] if isinstance(out, tuple) else out
 
 
+#: exports torch 2.13's exporters cannot produce (their own error, not the pipeline's); any
+#: other export failure fails the test
+KNOWN_EXPORT_FAILURES = {("t5_encoder", "dynamo"), ("swin", "dynamo")}
+
+
 def _export(name: str, exporter: str, path: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    torch.manual_seed(0)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return _export_seeded(name, exporter, path)
+
+
+def _export_seeded(name: str, exporter: str, path: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
     build, _ = ARCHITECTURES[name]
     model, inputs = build()
     model.eval()
@@ -255,6 +272,8 @@ def _export(name: str, exporter: str, path: str) -> tuple[dict[str, np.ndarray],
                     output_names=["out"],
                 )
     except Exception as e:  # the torch exporter's own failure, not the pipeline's
+        if (name, exporter) not in KNOWN_EXPORT_FAILURES:
+            raise
         pytest.skip(f"torch.onnx.export(dynamo={exporter == 'dynamo'}) failed: {e!r:.200}")
     return {n: inputs[n].numpy() for n in names}, expected
 
@@ -277,7 +296,15 @@ def test_unseen_architecture_fuses_correctly(name, exporter, tmp_path):
     for out_name, want in before.items():
         np.testing.assert_allclose(after[out_name], want, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(after["out"], expected, rtol=1e-3, atol=1e-4)
-    # everything left fused passed safe mode; the known native matches are fused
+    # nothing failed on the way: no rewrite error, no rollback (the speed check is off, so a
+    # rollback would be a numerics or end-to-end failure), no note; something was fused, and
+    # everything left fused passed safe mode
+    from graph_autofusion.codegen.onnxruntime import LowerReason
+
+    assert not [n for n in result.not_lowered if n.code == LowerReason.ERROR]
+    assert not result.rolled_back, [(r.rule, r.code, r.message) for r in result.rolled_back]
+    assert not result.notes
+    assert result.lowered
     for low in result.lowered:
         assert result.safety[low.key].passed, (low.key, result.safety[low.key])
     _, want_ops = ARCHITECTURES[name]
