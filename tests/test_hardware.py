@@ -466,3 +466,31 @@ def test_full_calibration_keeps_the_median_of_three_bandwidth_samples(monkeypatc
     samples = iter([81.0])
     q = calibrate.calibrate_host(quick=True)
     assert q.memory_bandwidth_gbs == 81.0 and "median" not in q.sources["memory_bandwidth_gbs"]
+
+
+def test_calibrate_warns_when_a_number_jumps_from_the_profile_it_replaces(
+    monkeypatch, capsys, tmp_path
+):
+    """Recalibrating into a transient machine state (bandwidth 1.7x the last calibration's)
+    says so, naming the number, both values and when the replaced profile was made; ordinary
+    drift, or no previous profile, says nothing."""
+    import dataclasses
+
+    from graph_autofusion.cost import calibrate
+    from graph_autofusion.cost.hardware_cli import drift_warnings
+
+    data = _valid()
+    data["name"] = "host"
+    data["extra"] = {"calibrated_at": "2026-11-29T16:00:00+0000"}
+    out = _write(tmp_path / "host.yaml", data)
+    before = load_profile(out)
+    fast = dataclasses.replace(before, memory_bandwidth_gbs=before.memory_bandwidth_gbs * 1.7)
+    monkeypatch.setattr(calibrate, "calibrate_host", lambda quick: fast)
+    assert _run(["hardware", "calibrate", "--quick", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "warning: memory bandwidth" in text and "1.70x" in text
+    assert "2026-11-29T16:00:00+0000" in text
+    assert load_profile(out).memory_bandwidth_gbs == fast.memory_bandwidth_gbs
+    near = dataclasses.replace(before, memory_bandwidth_gbs=before.memory_bandwidth_gbs * 1.1)
+    assert drift_warnings(before, near) == []
+    assert drift_warnings(None, fast) == []

@@ -87,10 +87,48 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     mode = "quick" if args.quick else "full"
     print(f"calibrating this machine ({mode} mode) ...", flush=True)
     p = calibrate_host(quick=args.quick)
+    previous = _previous(out)
     save_profile(p, out)
     print("\n".join(p.summary_lines()))
     print(f"wrote {out}")
+    for line in drift_warnings(previous, p):
+        print(f"warning: {line}")
     return 0
+
+
+#: a calibrated number this many times off the file it replaces is worth a second look
+DRIFT_FACTOR = 1.4
+
+
+def _previous(path: Path):
+    try:
+        return load_profile(path) if path.is_file() else None
+    except HardwareError:
+        return None
+
+
+def drift_warnings(previous, new) -> list[str]:
+    """Sentences for the calibrated numbers that moved by more than :data:`DRIFT_FACTOR` since
+    the profile ``new`` replaces (empty when there was none). A shared machine has transient
+    states: this project's 2-core host streams ~47 GB/s most of the time and ~80 GB/s in windows
+    of 12-60 s, and a calibration inside one writes the outlier into every later plan."""
+    if previous is None:
+        return []
+    pairs = [
+        ("memory bandwidth", "GB/s", previous.memory_bandwidth_gbs, new.memory_bandwidth_gbs),
+        ("fp32 peak", "GFLOP/s", previous.peak_gflops["f32"], new.peak_gflops["f32"]),
+        ("launch overhead", "us", previous.launch_overhead_us, new.launch_overhead_us),
+    ]
+    when = (previous.extra or {}).get("calibrated_at", "the previous calibration")
+    out = []
+    for what, unit, old, now in pairs:
+        if old and now and max(old / now, now / old) > DRIFT_FACTOR:
+            out.append(
+                f"{what} {now:g} {unit} is {now / old:.2f}x the {old:g} {unit} of the profile it "
+                f"replaces ({when}); the machine may be in a transient state: calibrate again "
+                f"and compare before planning with it"
+            )
+    return out
 
 
 def add_hardware_commands(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
