@@ -487,10 +487,17 @@ def test_calibrate_warns_when_a_number_jumps_from_the_profile_it_replaces(
     fast = dataclasses.replace(before, memory_bandwidth_gbs=before.memory_bandwidth_gbs * 1.7)
     monkeypatch.setattr(calibrate, "calibrate_host", lambda quick: fast)
     assert _run(["hardware", "calibrate", "--quick", "-o", str(out)]) == 0
-    text = capsys.readouterr().out
+    text = capsys.readouterr().err
     assert "warning: memory bandwidth" in text and "1.70x" in text
     assert "2026-11-29T16:00:00+0000" in text
     assert load_profile(out).memory_bandwidth_gbs == fast.memory_bandwidth_gbs
     near = dataclasses.replace(before, memory_bandwidth_gbs=before.memory_bandwidth_gbs * 1.1)
     assert drift_warnings(before, near) == []
     assert drift_warnings(None, fast) == []
+    # another profile's file is not a previous calibration of this one
+    assert drift_warnings(dataclasses.replace(before, name="other"), fast) == []
+    # an unreadable previous file: no warning, the new profile is written
+    out.write_text("not: [valid")
+    assert _run(["hardware", "calibrate", "--quick", "-o", str(out)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert load_profile(out).memory_bandwidth_gbs == fast.memory_bandwidth_gbs

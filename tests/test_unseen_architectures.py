@@ -25,6 +25,7 @@ import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
+pytest.importorskip("onnxscript")  # the dynamo exporter
 
 from graph_autofusion import GraphAutoFusion  # noqa: E402
 from graph_autofusion.codegen.onnxruntime import LowerReason  # noqa: E402
@@ -73,12 +74,14 @@ def test_unseen_architecture_fuses_correctly(name, exporter, tmp_path):
     except KnownExportFailure as e:
         pytest.skip(str(e))
     original = onnx.load(path)
+    # an output that is all ~0 would compare equal whatever the fusions did
+    assert np.abs(expected).max() > 1e-2
     gaf = GraphAutoFusion(path, preset="all", hardware="x86_avx2", sample_inputs=feeds)
     fused = gaf.fuse(check_speed=False)
     result = gaf.result
     proto = to_onnx(fused)
     onnx.checker.check_model(proto)
-    assert len(fused.graph.nodes) <= len(original.graph.node)
+    assert len(proto.graph.node) <= len(original.graph.node)
     before = ort_outputs(original, feeds)
     after = ort_outputs(proto, feeds)
     assert set(after) == set(before)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from graph_autofusion.cost.hardware import (
@@ -19,7 +20,7 @@ from graph_autofusion.cost.hardware import (
     save_profile,
 )
 
-__all__ = ["add_hardware_commands"]
+__all__ = ["add_hardware_commands", "drift_warnings"]
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -92,7 +93,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     print("\n".join(p.summary_lines()))
     print(f"wrote {out}")
     for line in drift_warnings(previous, p):
-        print(f"warning: {line}")
+        print(f"warning: {line}", file=sys.stderr)
     return 0
 
 
@@ -103,7 +104,7 @@ DRIFT_FACTOR = 1.4
 def _previous(path: Path):
     try:
         return load_profile(path) if path.is_file() else None
-    except HardwareError:
+    except (HardwareError, OSError):
         return None
 
 
@@ -112,21 +113,24 @@ def drift_warnings(previous, new) -> list[str]:
     the profile ``new`` replaces (empty when there was none). A shared machine has transient
     states: this project's 2-core host streams ~47 GB/s most of the time and ~80 GB/s in windows
     of 12-60 s, and a calibration inside one writes the outlier into every later plan."""
-    if previous is None:
+    if previous is None or previous.name != new.name:
         return []
     pairs = [
         ("memory bandwidth", "GB/s", previous.memory_bandwidth_gbs, new.memory_bandwidth_gbs),
         ("fp32 peak", "GFLOP/s", previous.peak_gflops["f32"], new.peak_gflops["f32"]),
         ("launch overhead", "us", previous.launch_overhead_us, new.launch_overhead_us),
     ]
-    when = (previous.extra or {}).get("calibrated_at", "the previous calibration")
+    extra = previous.extra or {}
+    when = extra.get("calibrated_at", "the previous calibration")
+    if extra.get("calibration"):
+        when = f"{extra['calibration']} calibration, {when}"
     out = []
     for what, unit, old, now in pairs:
         if old and now and max(old / now, now / old) > DRIFT_FACTOR:
             out.append(
                 f"{what} {now:g} {unit} is {now / old:.2f}x the {old:g} {unit} of the profile it "
-                f"replaces ({when}); the machine may be in a transient state: calibrate again "
-                f"and compare before planning with it"
+                f"replaces ({when}); one of the two calibrations may have caught a transient "
+                f"state of the machine: calibrate again and compare before planning with it"
             )
     return out
 
