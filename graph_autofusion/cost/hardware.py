@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -300,6 +301,25 @@ def _is_curve(points: Any) -> bool:
     return True
 
 
+#: ``extra`` entries that map operator names to calibrated numbers (host calibration): entry
+#: -> (check of one ``(operator, value)`` pair, what the entry must be)
+_OP_TABLES: dict[str, tuple[Callable[[Any, Any], bool], str]] = {
+    "op_ns_per_element": (
+        lambda op, ns: isinstance(op, str) and _is_number(ns) and ns > 0,
+        "must map operator names to positive ns",
+    ),
+    "op_ns_per_row": (
+        lambda op, ns: isinstance(op, str) and bool(op.strip()) and _is_number(ns) and ns >= 0,
+        "must map operator names to ns >= 0",
+    ),
+    "op_ns_per_element_curve": (
+        lambda op, pts: isinstance(op, str) and bool(op.strip()) and _is_curve(pts),
+        "must map operator names to lists of [elements, ns per element] pairs, elements "
+        "increasing, both positive",
+    ),
+}
+
+
 def _type_name(t: type | tuple[type, ...]) -> str:
     if t == (int, float):
         return "a number"
@@ -349,28 +369,10 @@ def _validate(data: Any, where: str, lines: dict[str, int]) -> None:
         if not isinstance(dt, str) or not _is_number(v) or not v > 0:
             fail("peak_gflops", f"entry {dt!r}: must be a positive number, got {v!r}")
     for k, v in (data.get("extra") or {}).items():
-        if k == "op_ns_per_element":
-            if not isinstance(v, dict) or not all(
-                isinstance(op, str) and _is_number(ns) and ns > 0 for op, ns in v.items()
-            ):
-                fail("extra", "entry 'op_ns_per_element': must map operator names to positive ns")
-            continue
-        if k == "op_ns_per_row":
-            if not isinstance(v, dict) or not all(
-                isinstance(op, str) and op.strip() and _is_number(ns) and ns >= 0
-                for op, ns in v.items()
-            ):
-                fail("extra", "entry 'op_ns_per_row': must map operator names to ns >= 0")
-            continue
-        if k == "op_ns_per_element_curve":
-            if not isinstance(v, dict) or not all(
-                isinstance(op, str) and op.strip() and _is_curve(pts) for op, pts in v.items()
-            ):
-                fail(
-                    "extra",
-                    "entry 'op_ns_per_element_curve': must map operator names to lists of "
-                    "[elements, ns per element] pairs, elements increasing, both positive",
-                )
+        if k in _OP_TABLES:
+            entry_ok, what = _OP_TABLES[k]
+            if not isinstance(v, dict) or not all(entry_ok(op, x) for op, x in v.items()):
+                fail("extra", f"entry {k!r}: {what}")
             continue
         if not isinstance(k, str) or not (_is_number(v) or isinstance(v, (str, bool))):
             fail("extra", f"entry {k!r}: values must be numbers, strings or booleans")

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import io
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 import transformers
+
+from graph_autofusion.testing.export import _quiet
 
 SEQ = 12
 
@@ -218,14 +219,10 @@ def _export_seeded(name: str, exporter: str, path: str) -> tuple[dict[str, np.nd
     args = tuple(inputs[n] for n in names)
     with torch.no_grad():
         expected = wrapped(*args).numpy()
-    quiet = io.StringIO()
     try:
-        with (
-            warnings.catch_warnings(),
-            contextlib.redirect_stdout(quiet),
-            contextlib.redirect_stderr(quiet),
-        ):
-            warnings.simplefilter("ignore")
+        # the zoo exporter's silencing (warnings, noisy loggers, stdout), and stderr: the
+        # TorchScript exporter prints its whole IR there when it fails
+        with _quiet(), contextlib.redirect_stderr(io.StringIO()):
             if exporter == "dynamo":
                 torch.onnx.export(
                     wrapped, args, path, dynamo=True, input_names=names, output_names=["out"]
