@@ -12,11 +12,19 @@
     gaf.verify_performance()           # measured latency, throughput, improvement
     gaf.save("fused.onnx")             # atomic; never overwrites the input unless asked
 
+Targets: ``target="onnxruntime"`` (default) fuses into operators onnxruntime ships;
+``target="cpu"`` generates, compiles and runs C kernels for every planned group (rule matches
+and automatic clusters), with every other operator on torch's kernels::
+
+    gaf = GraphAutoFusion("model.onnx", target="cpu")
+    gaf.analyze()                      # exactly the groups fuse() will compile
+    gaf.fuse()
+    outputs = gaf.run(feeds)           # {output name: array}
+    gaf.compile_fused_operators("kernels/")   # sources, library, manifest.json
+
 The articles' CamelCase names (``Fuse``, ``FuseSafe``, ``AnalyzeFusionBenefit``,
 ``EstimateFusionBenefit``, ``GetSafeFusionReport``, ``VerifyPrecision``, ``VerifyPerformance``,
-``AddFusionRule``) are aliases. The fused operators are onnxruntime's own (its contrib and
-standard operators); compiling generated kernels (``compile_fused_operators``) needs a code
-generator target that does not exist yet.
+``AddFusionRule``, ``CompileFusedOperators``) are aliases.
 """
 
 from __future__ import annotations
@@ -55,6 +63,9 @@ class GraphAutoFusion:
             generated from the input specs when absent (token ids within the vocabulary).
         max_cluster_nodes, max_cluster_inputs: Limits of automatic clustering (F4c).
         clustering: Whether analysis includes automatic clusters.
+        target: ``onnxruntime`` or ``cpu`` (generated kernels); see the module docstring.
+        options: A :class:`~graph_autofusion.options.FuseOptions` (overrides the keyword
+            arguments it covers).
     """
 
     def __init__(
@@ -75,6 +86,8 @@ class GraphAutoFusion:
         max_cluster_nodes: int = 64,
         max_cluster_inputs: int = 8,
         clustering: bool = True,
+        target: str = "onnxruntime",
+        options: Any = None,
     ) -> None:
         from graph_autofusion.frontend.loader import load_model
         from graph_autofusion.patterns.library import builtin_rules
@@ -91,14 +104,49 @@ class GraphAutoFusion:
             ruleset = ruleset + rule
         self.rules: RuleSet = ruleset
         self.hardware = hardware
-        self.safe_mode = safe_mode
-        self.benefit_threshold = benefit_threshold
-        self.strategy = strategy
+        from graph_autofusion.options import FuseOptions
+
+        if options is None:
+            options = FuseOptions(
+                target=target,
+                benefit_threshold=benefit_threshold,
+                strategy=strategy,
+                max_cluster_nodes=max_cluster_nodes,
+                max_cluster_inputs=max_cluster_inputs,
+                clustering=clustering,
+                safe_mode=safe_mode,
+            )
+        self.options: FuseOptions = options
         self.sample_inputs = dict(sample_inputs) if sample_inputs is not None else None
-        self.max_cluster_nodes = max_cluster_nodes
-        self.max_cluster_inputs = max_cluster_inputs
-        self.clustering = clustering
         self.result: Any = None  # the last FuseResult
+
+    @property
+    def target(self) -> str:
+        return self.options.target
+
+    @property
+    def safe_mode(self) -> bool:
+        return self.options.safe_mode
+
+    @property
+    def benefit_threshold(self) -> float:
+        return self.options.benefit_threshold
+
+    @property
+    def strategy(self) -> str:
+        return self.options.strategy
+
+    @property
+    def clustering(self) -> bool:
+        return self.options.clustering
+
+    @property
+    def max_cluster_nodes(self) -> int:
+        return self.options.max_cluster_nodes
+
+    @property
+    def max_cluster_inputs(self) -> int:
+        return self.options.max_cluster_inputs
 
     # ------------------------------------------------------------------ rules
     def register_custom_fusion(self, rule: FusionRule) -> None:
@@ -145,21 +193,20 @@ class GraphAutoFusion:
         return self.sample_inputs
 
     def analyze(self, *, hardware: Any = None, strategy: str | None = None):
-        """Cost every candidate on the hardware profile and plan (an ``AnalysisReport``)."""
-        from graph_autofusion.planner.analysis import analyze_model
+        """Cost every candidate on the hardware profile and plan for this object's target (an
+        ``AnalysisReport``): the plan :meth:`fuse` carries out, on the same shape-folded copy,
+        with every candidate the target cannot execute refused with its reason."""
+        from graph_autofusion.pipeline import plan_for_target
 
-        return analyze_model(
+        opts = self.options if strategy is None else self.options.replace(strategy=strategy)
+        return plan_for_target(
             self.model,
             self.rules,
             hardware if hardware is not None else self.hardware,
-            feeds=self.feeds(),
-            benefit_threshold=self.benefit_threshold,
-            strategy=strategy or self.strategy,
-            max_cluster_nodes=self.max_cluster_nodes,
-            max_cluster_inputs=self.max_cluster_inputs,
-            clustering=self.clustering,
+            opts,
+            self.feeds(),
             model_name=self.source_name,
-        )
+        )[1]
 
     def estimate_benefit(self, **kwargs: Any) -> dict[str, Any]:
         """``performance_improvement``, ``hbm_access_reduction`` and times of the plan."""
@@ -183,6 +230,23 @@ class GraphAutoFusion:
         ``cosine_floor``, ``e2e_cosine_floor``, ``mc_samples``)."""
         from graph_autofusion.pipeline import fuse_model
 
+        if self.target == "cpu":
+            from graph_autofusion.pipeline_cpu import fuse_model_cpu
+
+            opts = self.options.replace(
+                safe_mode=self.safe_mode if safe_mode is None else safe_mode,
+                check_speed=check_speed,
+                **options,
+            )
+            self.result = fuse_model_cpu(
+                self.model,
+                self.rules,
+                self.hardware,
+                options=opts,
+                feeds=self.feeds(),
+                progress=progress,
+            )
+            return self.result.model
         self.result = fuse_model(
             self.model,
             self.rules,
@@ -307,6 +371,49 @@ class GraphAutoFusion:
         out["improvement"] = out["baseline"]["latency_ms"] / out["fused"]["latency_ms"] - 1.0
         return out
 
+    # ------------------------------------------------------------------ running
+    def run(self, feeds: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
+        """Run the fused result on its target (the sample inputs when ``feeds`` is None);
+        returns ``{output name: array}``."""
+        result = self._need_result()
+        feeds = dict(feeds) if feeds is not None else self.feeds()
+        if getattr(result, "program", None) is not None:
+            outs = result.program.run(feeds)
+            return {k: _to_numpy(v) for k, v in outs.items()}
+        from graph_autofusion.runtime.ort_session import ort_session
+
+        sess = ort_session(self._proto(None), "all", self.options.threads or 2)
+        names = {i.name for i in sess.get_inputs()}
+        got = sess.run(None, {k: np.asarray(v) for k, v in feeds.items() if k in names})
+        return {o.name: v for o, v in zip(sess.get_outputs(), got)}
+
+    def compile_fused_operators(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
+        """Write the generated kernels of the last ``fuse()`` to ``directory``: ``kernels.c``,
+        ``kernels.so`` and ``manifest.json`` (kernel name, fused operators, signature, dtypes,
+        source hash, compile options). Returns the manifest.
+
+        Raises:
+            NotFusedYetError: ``fuse()`` has not run.
+            GraphAutoFusionError: the last fuse used a target without generated kernels.
+        """
+        from graph_autofusion.codegen.manifest import write_kernel_dir
+
+        result = self._need_result()
+        if getattr(result, "kernels", None) is None:
+            raise GraphAutoFusionError(
+                f"the {self.target} target generates no kernels (its fused operators are "
+                f"onnxruntime's); use GraphAutoFusion(..., target='cpu')"
+            )
+        return write_kernel_dir(result, directory)
+
+    def profile_fusion_kernel(self, key: str | int = 0, *, runs: int = 20) -> dict[str, Any]:
+        """Time one fused kernel of the last ``fuse()`` (by candidate key or index) against its
+        unfused operators on the sample shapes; report the achieved bandwidth against the
+        profile's measured streaming bandwidth."""
+        from graph_autofusion.runtime.kernel_profile import profile_kernel
+
+        return profile_kernel(self._need_result(), key, self.hardware, runs=runs)
+
     # ------------------------------------------------------------------ saving
     def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> None:
         """Write the fused model atomically. Refuses the input file's own path unless
@@ -336,3 +443,14 @@ class GraphAutoFusion:
     VerifyPrecision = verify_precision
     VerifyPerformance = verify_performance
     AddFusionRule = add_rule
+    CompileFusedOperators = compile_fused_operators
+    ProfileFusionKernel = profile_fusion_kernel
+
+
+def _to_numpy(t: Any) -> np.ndarray:
+    import torch
+
+    if isinstance(t, torch.Tensor):
+        t = t.detach()
+        return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+    return np.asarray(t)

@@ -137,12 +137,64 @@ def _cmd_fuse(args: argparse.Namespace) -> int:
         benefit_threshold=args.benefit_threshold,
         strategy=args.strategy,
         sample_inputs=_load_feeds(args.inputs),
+        target=args.target,
     )
     gaf.fuse(check_speed=not args.no_speed_check, progress=_progress_bar("fuse"))
     report = gaf.safe_fusion_report()
     print(json.dumps(report.to_dict(), indent=2, default=str) if args.json else report.to_text())
     gaf.save(args.output, overwrite=args.overwrite)
     print(f"fused model written to {args.output}", file=sys.stderr)
+    if args.target == "cpu":
+        kdir = os.path.splitext(out)[0] + ".kernels"
+        data = gaf.compile_fused_operators(kdir)
+        print(
+            f"{len(data['groups'])} fused groups, {len(data['kernels'])} kernels written to {kdir}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _cmd_kernels(args: argparse.Namespace) -> int:
+    """List (and with --profile, time) the generated kernels of a model on the cpu target."""
+    from graph_autofusion.api import GraphAutoFusion
+
+    gaf = GraphAutoFusion(
+        args.model,
+        preset=args.preset,
+        hardware=args.hardware,
+        sample_inputs=_load_feeds(args.inputs),
+        target="cpu",
+    )
+    gaf.fuse(check_speed=False, progress=_progress_bar("kernels"))
+    r = gaf.result
+    rows = []
+    for i, low in enumerate(r.lowered):
+        g = low.payload
+        row = {
+            "key": low.key,
+            "kernel": g.kernel.name,
+            "fused_ops": list(g.kernel.fused_ops),
+            "signature": g.kernel.signature(),
+        }
+        if args.profile:
+            row.update(gaf.profile_fusion_kernel(i, runs=args.runs))
+        rows.append(row)
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+        return 0
+    for row in rows:
+        line = f"{row['kernel']}  {row['key']}  [{' '.join(row['fused_ops'])}]  {row['signature']}"
+        if args.profile:
+            line += (
+                f"  {row['kernel_us']:.1f} us vs unfused {row['unfused_us']:.1f} us, "
+                f"{row['achieved_gb_s']:.1f} GB/s ({100 * row['bandwidth_fraction']:.0f}% of "
+                f"{row['bandwidth_gb_s']:.0f})"
+            )
+        print(line)
+    counts = r.kernel_counts()
+    print(f"{counts['groups']} fused groups, {counts['functions']} distinct kernels")
+    for b in r.rolled_back:
+        print(f"rolled back {b.key}: {b.code}: {b.message}")
     return 0
 
 
@@ -250,8 +302,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inputs", metavar="NPZ", help="sample inputs (.npz keyed by input name)")
     p.add_argument("--unsafe", action="store_true", help="skip safe mode (not recommended)")
     p.add_argument("--no-speed-check", action="store_true", help="keep fusions even if slower")
+    p.add_argument(
+        "--target",
+        default="onnxruntime",
+        choices=["onnxruntime", "cpu"],
+        help="onnxruntime's fused operators, or generated C kernels (cpu; writes OUTPUT.kernels/)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_fuse)
+
+    p = sub.add_parser("kernels", help="the generated kernels of a model (cpu target)")
+    p.add_argument("model", help="path to an .onnx file")
+    p.add_argument("--preset", default="all")
+    p.add_argument("--hardware", default="host")
+    p.add_argument("--inputs", metavar="NPZ")
+    p.add_argument("--profile", action="store_true", help="time each kernel vs its operators")
+    p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_kernels)
 
     p = sub.add_parser("verify", help="compare a fused model with the original")
     p.add_argument("original")

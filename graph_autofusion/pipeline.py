@@ -140,6 +140,49 @@ class FuseResult:
         return before / after - 1.0 if after > 0 else None
 
 
+def plan_for_target(
+    original: Model,
+    rules: RuleSet,
+    profile: Any,
+    options: Any,
+    feeds: Mapping[str, Any],
+    *,
+    model_name: str | None = None,
+    fold: bool | None = None,
+) -> tuple[Model, Any, Any, Any]:
+    """The planning stages every target shares: a working copy, its folded ``Reshape`` shapes,
+    and the analysis with the target's rules, clustering and executability (what
+    ``GraphAutoFusion.analyze()`` shows and ``fuse()`` carries out).
+
+    Returns ``(work, analysis, folding, target)``; ``original`` is not modified.
+    """
+    from graph_autofusion.codegen.targets import get_target
+    from graph_autofusion.patterns.shape_folding import fold_reshape_shapes
+    from graph_autofusion.planner.analysis import analyze_model
+
+    target = get_target(options.target, opset=int(original.opset_imports.get("", 17)))
+    work = clone_model(original)
+    folding = None
+    if options.fold_shapes if fold is None else fold:
+        folding = fold_reshape_shapes(work)
+    analysis = analyze_model(
+        work,
+        target.select_rules(rules),
+        profile,
+        feeds=feeds,
+        benefit_threshold=options.benefit_threshold,
+        strategy=options.strategy,
+        max_cluster_nodes=options.max_cluster_nodes,
+        max_cluster_inputs=options.max_cluster_inputs,
+        clustering=options.clustering and target.clustering,
+        accept_maybe=options.safe_mode and options.check_speed,  # safe mode times close calls
+        native_target=target.native_target,
+        target=target if target.name != "onnxruntime" else None,
+        model_name=model_name,
+    )
+    return work, analysis, folding, target
+
+
 def _lower(
     work: Model, rules: RuleSet, keys: list[str] | None, analysis: Any
 ) -> tuple[Lowering, list[str]]:
@@ -185,7 +228,6 @@ def fuse_model(
     """Fuse ``original`` for onnxruntime (see the module docstring). ``original`` is not
     modified. ``fold_shapes``: first fold provable ``Reshape`` shape computations into
     constants (:mod:`graph_autofusion.patterns.shape_folding`)."""
-    from graph_autofusion.planner.analysis import analyze_model
     from graph_autofusion.verify.inputs import generate_inputs
 
     timings: dict[str, float] = {}
@@ -193,31 +235,25 @@ def fuse_model(
     native = RuleSet(tuple(r for r in rules if r.rewrite is not None))
     generic_only = RuleSet(tuple(r for r in rules if r.rewrite is None))
     feeds = dict(feeds) if feeds is not None else generate_inputs(original)
-    t = time.perf_counter()
-    work = clone_model(original)
-    folding = None
+    from graph_autofusion.options import FuseOptions
     from graph_autofusion.patterns.shape_folding import fold_reshape_shapes
 
-    if fold_shapes:
-        folding = fold_reshape_shapes(work)
-        if folding.folded and safe_mode:
-            problem = _check_folding(original, work, feeds, e2e_cosine_floor)
-            if problem:
-                notes.append(f"shape folding rolled back: {problem}")
-                work, folding = clone_model(original), None
-        timings["fold_shapes"] = time.perf_counter() - t
-        t = time.perf_counter()
-    analysis = analyze_model(
-        work,
-        native,
-        profile,
-        feeds=feeds,
+    opts = FuseOptions(
         benefit_threshold=benefit_threshold,
         strategy=strategy,
-        clustering=False,
-        accept_maybe=safe_mode and check_speed,  # safe mode times the close calls
-        native_target=True,
+        safe_mode=safe_mode,
+        check_speed=check_speed,
+        fold_shapes=fold_shapes,
     )
+    t = time.perf_counter()
+    work, analysis, folding, _target = plan_for_target(original, native, profile, opts, feeds)
+    if folding is not None and folding.folded and safe_mode:
+        problem = _check_folding(original, work, feeds, e2e_cosine_floor)
+        if problem:
+            notes.append(f"shape folding rolled back: {problem}")
+            work, analysis, folding, _target = plan_for_target(
+                original, native, profile, opts, feeds, fold=False
+            )
     timings["analyze"] = time.perf_counter() - t
     t = time.perf_counter()
     lowering, keys = _lower(work, native, None, analysis)

@@ -187,6 +187,8 @@ class AnalysisReport:
     bytes_after: int
     unknown_nodes: int
     timings: dict[str, float] = field(default_factory=dict)
+    binding: Any = field(default=None, repr=False)  # the ShapeBinding the costs used
+    target: str | None = None
 
     # ------------------------------------------------------------------ derived numbers
     @property
@@ -404,6 +406,7 @@ def cost_candidates(
     benefit_threshold: float = DEFAULT_BENEFIT_THRESHOLD,
     accept_maybe: bool = False,
     native_target: bool = False,
+    target: Any = None,
 ) -> list[PlanCandidate]:
     """Stage 3: a :class:`PlanCandidate` per candidate, ``payload = (candidate, FusionCost)``.
 
@@ -451,6 +454,10 @@ def cost_candidates(
             # fit the local memory
             legal = True
         code, message = ("", "") if legal else (fc.verdict.value, fc.reason)
+        refused = target.refusal(c, binding) if target is not None else None
+        if refused is not None:
+            legal = False
+            code, message = refused[0], f"{target.name} target cannot execute it: {refused[1]}"
         twin = rule_sets.get(frozenset(nodes)) if isinstance(c, Cluster) else None
         if twin is not None:
             legal = False
@@ -573,6 +580,7 @@ def analyze_model(
     time_budget_s: float = 10.0,
     accept_maybe: bool = False,
     native_target: bool = False,
+    target: Any = None,
 ) -> AnalysisReport:
     """Cost every fusion candidate of ``model`` on ``profile`` and plan the fusions.
 
@@ -595,6 +603,8 @@ def analyze_model(
         accept_maybe: Plan ``maybe`` candidates too (the caller measures them).
         native_target: Fusions become the runtime's own operators (onnxruntime): a rule
             match with a native rewrite is not refused for local-memory overflow.
+        target: A target (:mod:`graph_autofusion.codegen.targets`): candidates it cannot
+            execute are refused with its reason code, so the plan is what ``fuse()`` runs.
 
     Raises:
         ValueError: unknown strategy.
@@ -626,6 +636,7 @@ def analyze_model(
         benefit_threshold=benefit_threshold,
         accept_maybe=accept_maybe,
         native_target=native_target,
+        target=target,
     )
     timings["cost"] = time.perf_counter() - t
     t = time.perf_counter()
@@ -644,6 +655,8 @@ def analyze_model(
         timings=timings,
     )
     report.timings["report"] = time.perf_counter() - t
+    report.binding = binding
+    report.target = getattr(target, "name", None)
     return report
 
 

@@ -33,7 +33,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     from graph_autofusion.frontend.loader import load_model
     from graph_autofusion.patterns.library import builtin_rules
     from graph_autofusion.patterns.yaml_rules import load_rule_file
-    from graph_autofusion.planner.analysis import analyze_model
+    from graph_autofusion.planner.analysis import analyze_model, default_feeds
     from graph_autofusion.report.analysis_report import write_atomic
 
     profile = load_profile(args.hardware)  # unknown name: HardwareError listing the known ones
@@ -41,18 +41,33 @@ def run_analyze(args: argparse.Namespace) -> int:
     for path in args.rules or ():
         rules = rules + load_rule_file(path)
     model = load_model(args.model)
-    report = analyze_model(
-        model,
-        rules,
-        profile,
-        symbols=dict(args.dim or ()),
-        benefit_threshold=args.benefit_threshold,
-        strategy=args.strategy,
-        max_cluster_nodes=args.max_cluster_nodes,
-        max_cluster_inputs=args.max_cluster_inputs,
-        clustering=not args.no_clusters,
-        model_name=str(args.model),
-    )
+    if args.target:
+        from graph_autofusion.options import FuseOptions
+        from graph_autofusion.pipeline import plan_for_target
+
+        opts = FuseOptions(
+            target=args.target,
+            benefit_threshold=args.benefit_threshold,
+            strategy=args.strategy,
+            max_cluster_nodes=args.max_cluster_nodes,
+            max_cluster_inputs=args.max_cluster_inputs,
+            clustering=not args.no_clusters,
+        )
+        feeds = default_feeds(model, symbols=dict(args.dim or ()))
+        report = plan_for_target(model, rules, profile, opts, feeds, model_name=str(args.model))[1]
+    else:
+        report = analyze_model(
+            model,
+            rules,
+            profile,
+            symbols=dict(args.dim or ()),
+            benefit_threshold=args.benefit_threshold,
+            strategy=args.strategy,
+            max_cluster_nodes=args.max_cluster_nodes,
+            max_cluster_inputs=args.max_cluster_inputs,
+            clustering=not args.no_clusters,
+            model_name=str(args.model),
+        )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
@@ -87,6 +102,12 @@ def add_analyze_command(subparsers: argparse._SubParsersAction) -> argparse.Argu
         "--dim", action="append", type=_dim, metavar="SYM=N", help="value of a symbolic dim"
     )
     p.add_argument("--no-clusters", action="store_true", help="rule matches only")
+    p.add_argument(
+        "--target",
+        choices=["onnxruntime", "cpu"],
+        help="plan exactly what `fuse --target T` carries out (default: every candidate on the "
+        "hardware profile, whatever executes it)",
+    )
     p.add_argument("--max-cluster-nodes", type=int, default=64)
     p.add_argument("--max-cluster-inputs", type=int, default=8)
     p.add_argument("--brief", action="store_true", help="no reason sentence under each row")

@@ -39,7 +39,7 @@ def const_to_tensor(value: Value) -> torch.Tensor:
         raise ValueError(f"%{value.name} is not a constant")
     arr = np.asarray(arr)
     if not arr.flags.writeable or not arr.flags.c_contiguous:
-        arr = np.ascontiguousarray(arr).copy()
+        arr = np.array(arr, copy=True, order="C")  # ascontiguousarray makes a 0-d array 1-d
     t = torch.from_numpy(arr)
     if value.dtype is not None:
         dt = to_torch_dtype(value.dtype)
@@ -66,11 +66,23 @@ class TorchRunner:
         UnsupportedOperatorError: some operator has no torch implementation (all are named).
     """
 
-    def __init__(self, model: Model, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        model: Model,
+        device: str | torch.device = "cpu",
+        overrides: Mapping[str, TorchImpl] | None = None,
+    ) -> None:
         self.model = model
         self.graph: Graph = model.graph
         self.opset = int(model.opset_imports.get("", model.opset_imports.get("ai.onnx", 20)))
-        missing = sorted({n.qualified_op for n in self.graph.nodes if impl_for(n) is None})
+        overrides = dict(overrides or {})
+        missing = sorted(
+            {
+                n.qualified_op
+                for n in self.graph.nodes
+                if n.name not in overrides and impl_for(n) is None
+            }
+        )
         if missing:
             raise UnsupportedOperatorError(
                 f"no torch implementation for operators {missing}; the torch runtime cannot "
@@ -89,7 +101,10 @@ class TorchRunner:
                     t = self.constants[w.name]
                     if t.is_contiguous():
                         self.constants[w.name] = t.t().contiguous().t()
-        self._plan = [(n, impl_for(n), OpCall(n, self.opset)) for n in self.graph.nodes]
+        self._plan = [
+            (n, overrides.get(n.name) or impl_for(n), OpCall(n, self.opset))
+            for n in self.graph.nodes
+        ]
         outputs = {v.name for v in self.graph.outputs}
         last_use: dict[str, int] = {}
         for i, n in enumerate(self.graph.nodes):
@@ -112,8 +127,11 @@ class TorchRunner:
         self,
         feeds: Mapping[str, torch.Tensor | np.ndarray],
         constants: Mapping[str, torch.Tensor] | None = None,
+        *,
+        keep_all: bool = False,
     ) -> dict[str, torch.Tensor]:
-        """Execute the graph; returns ``{output name: tensor}`` in graph-output order."""
+        """Execute the graph; returns ``{output name: tensor}`` in graph-output order, or with
+        ``keep_all`` every value computed (inputs and constants included)."""
         env: dict[str, Any] = dict(constants if constants is not None else self.constants)
         for v in self.graph.inputs:
             if v.name not in feeds:
@@ -136,8 +154,11 @@ class TorchRunner:
                 outs = out if isinstance(out, tuple | list) else (out,)
                 for v, t in zip(node.outputs, outs):
                     env[v.name] = t
-                for name in free:
-                    env.pop(name, None)
+                if not keep_all:
+                    for name in free:
+                        env.pop(name, None)
+        if keep_all:
+            return env
         return {v.name: env[v.name] for v in self.graph.outputs}
 
     def __call__(self, *tensors: torch.Tensor, **named: torch.Tensor) -> Any:

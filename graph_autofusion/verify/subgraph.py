@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,13 +15,7 @@ from graph_autofusion.frontend.onnx_export import node_to_proto
 from graph_autofusion.frontend.onnx_frontend import to_onnx
 from graph_autofusion.frontend.onnx_types import make_value_info, tensor_for_value
 from graph_autofusion.ir.core import Model, Node, Value
-
-_LEVELS = {
-    "disable": "ORT_DISABLE_ALL",
-    "basic": "ORT_ENABLE_BASIC",
-    "extended": "ORT_ENABLE_EXTENDED",
-    "all": "ORT_ENABLE_ALL",
-}
+from graph_autofusion.runtime.ort_session import _LEVELS, ort_session  # noqa: F401
 
 
 class SafetyCheckError(RuntimeError):
@@ -30,29 +23,8 @@ class SafetyCheckError(RuntimeError):
 
 
 # ----------------------------------------------------------------------------- ORT plumbing
-def _session(model: Any, level: str = "disable", threads: int = 2, spinning: bool = False) -> Any:
-    """An onnxruntime CPU session. ``spinning``: let idle worker threads spin (onnxruntime's
-    default, what deployments run); off by default because sessions here are often used side by
-    side, and an idle session's spinning threads take the cores from the one being timed."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[level])
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    if isinstance(model, str | Path):
-        src: Any = str(model)
-    elif isinstance(model, Model):
-        src = to_onnx(model).SerializeToString()
-    else:
-        src = model.SerializeToString()
-    return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
-
-
 #: Public name: an onnxruntime CPU session (``level``: disable, basic, extended, all).
-ort_session = _session
+_session = ort_session
 
 
 def _run(sess: Any, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -1,0 +1,174 @@
+"""Batch compilation of generated kernels into one shared library, with an on-disk cache.
+
+    opts = CodegenOptions()                        # frozen; its digest is part of the cache key
+    lib = compile_library(kernels, opts)           # one gcc call for every kernel of a model
+    lib.path, lib.source_path, lib.from_cache
+
+The cache key is the SHA-256 of the C source, the options' digest and the compiler's version
+line, so a new compiler or a changed option compiles anew. The cache lives in
+``$GRAPH_AUTOFUSION_CACHE/kernels`` (default ``~/.cache/graph-autofusion/kernels``); each entry
+is a folder named by the key holding ``kernels.c`` and ``kernels.so``. Writes go to a private
+temporary name in the same folder and are renamed into place (atomic on POSIX), so two
+processes compiling the same library both succeed and neither reads a half-written file.
+
+A failing compiler raises :class:`KernelCompileError` with the source path, the compiler's
+stderr and a one-line command that reproduces the failure; no compiler at all raises
+:class:`CompilerNotFoundError` naming what to install.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from graph_autofusion.codegen.c_backend import library_source
+from graph_autofusion.codegen.kernel_ir import Kernel
+from graph_autofusion.errors import GraphAutoFusionError
+
+
+class KernelCompileError(GraphAutoFusionError):
+    """The C compiler rejected generated code."""
+
+    def __init__(self, message: str, source_path: str, stderr: str, command: str) -> None:
+        super().__init__(
+            f"{message}\n  source: {source_path}\n  repro: {command}\n{stderr[-4000:]}"
+        )
+        self.source_path = source_path
+        self.stderr = stderr
+        self.command = command
+
+
+class CompilerNotFoundError(GraphAutoFusionError):
+    """No C compiler: the codegen target cannot build kernels."""
+
+
+@dataclass(frozen=True)
+class CodegenOptions:
+    """Everything that changes the generated code or its binary (hashed into the cache key).
+
+    Attributes:
+        compiler: C compiler command (``$CC``, else ``cc``).
+        opt_level: ``-O`` level.
+        march: ``-march`` value (``native``: this machine's vector units).
+        vector_width: ``-mprefer-vector-width`` (512 uses AVX-512's zmm registers).
+        parallel_min_elements: Below this many loop elements a kernel runs on one thread
+            (an OpenMP fork costs more than it saves on small tensors).
+        extra_flags: More compiler flags.
+    """
+
+    compiler: str = field(default_factory=lambda: os.environ.get("CC", "cc"))
+    opt_level: int = 3
+    march: str = "native"
+    vector_width: int = 512
+    parallel_min_elements: int = 65536
+    extra_flags: tuple[str, ...] = ()
+
+    def flags(self) -> list[str]:
+        out = [f"-O{self.opt_level}", "-fPIC", "-shared", "-fopenmp", "-std=gnu11"]
+        out += ["-fno-math-errno", "-fno-trapping-math"]
+        if self.march:
+            out.append(f"-march={self.march}")
+        if self.vector_width:
+            out.append(f"-mprefer-vector-width={self.vector_width}")
+        out += list(self.extra_flags)
+        return out
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class CompiledLibrary:
+    """A built library: where it is and what it holds."""
+
+    path: str
+    source_path: str
+    key: str
+    kernels: tuple[Kernel, ...]
+    options: CodegenOptions
+    from_cache: bool
+    compile_s: float
+
+
+def cache_root() -> Path:
+    base = os.environ.get("GRAPH_AUTOFUSION_CACHE")
+    root = Path(base) if base else Path.home() / ".cache" / "graph-autofusion"
+    return root / "kernels"
+
+
+@functools.lru_cache(maxsize=8)
+def compiler_version(compiler: str) -> str:
+    """The compiler's first ``--version`` line (part of the cache key)."""
+    exe = shutil.which(shlex.split(compiler)[0]) if compiler else None
+    if exe is None:
+        raise CompilerNotFoundError(
+            f"no C compiler {compiler!r} on PATH: install gcc (Debian: apt-get install gcc "
+            f"libc6-dev libgomp1) or set CC; or allow the NumPy reference backend "
+            f"(backend='reference')"
+        )
+    out = subprocess.run([*shlex.split(compiler), "--version"], capture_output=True, text=True)
+    return (out.stdout or out.stderr).splitlines()[0] if (out.stdout or out.stderr) else compiler
+
+
+def compile_library(
+    kernels: Sequence[Kernel],
+    options: CodegenOptions | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> CompiledLibrary:
+    """Compile ``kernels`` into one shared library (or take it from the cache).
+
+    Raises:
+        CompilerNotFoundError: no C compiler.
+        KernelCompileError: the compiler failed (source path, stderr, repro command).
+    """
+    import time
+
+    options = options or CodegenOptions()
+    source = library_source(kernels, parallel_min_elements=options.parallel_min_elements)
+    version = compiler_version(options.compiler)
+    key = hashlib.sha256("\0".join([source, options.digest(), version]).encode()).hexdigest()[:24]
+    root = Path(cache_dir) if cache_dir is not None else cache_root()
+    entry = root / key
+    lib, src = entry / "kernels.so", entry / "kernels.c"
+    if lib.exists() and src.exists():
+        return CompiledLibrary(str(lib), str(src), key, tuple(kernels), options, True, 0.0)
+    entry.mkdir(parents=True, exist_ok=True)
+    t = time.perf_counter()
+    fd, tmp_src = tempfile.mkstemp(prefix=".kernels-", suffix=".c", dir=entry)
+    with os.fdopen(fd, "w") as f:
+        f.write(source)
+    tmp_lib = tmp_src[:-2] + ".so"
+    cmd = [
+        *shlex.split(options.compiler),
+        *options.flags(),
+        tmp_src,
+        "-o",
+        tmp_lib,
+        "-lmvec",
+        "-lm",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        kept = str(entry / "failed.c")
+        os.replace(tmp_src, kept)
+        repro = " ".join(
+            shlex.quote(c) for c in [*cmd[:-4], kept, "-o", "/tmp/kernels.so", "-lmvec", "-lm"]
+        )
+        raise KernelCompileError(
+            f"{options.compiler} failed on {len(kernels)} kernel(s)", kept, proc.stderr, repro
+        )
+    os.replace(tmp_src, src)
+    os.replace(tmp_lib, lib)
+    return CompiledLibrary(
+        str(lib), str(src), key, tuple(kernels), options, False, time.perf_counter() - t
+    )

@@ -1,0 +1,913 @@
+"""Lower a planned group (a rule match or an automatic cluster) into one :class:`Kernel`.
+
+    lowering = lower_group(nodes, outputs, binding, name="k0")
+    lowering.kernel              # the kernel IR
+    lowering.prologue            # a contraction the runtime's own GEMM computes first, or None
+
+What a group may hold (everything else is refused with a :class:`KernelReason` code, at
+planning time, so the planner never plans what this target cannot execute):
+
+* elementwise and broadcast operators (arithmetic, comparisons, ``Where``, ``Cast``,
+  activations with their attributes, ``Clip``, ``PRelu``, ``Dropout`` at inference, ``Expand``);
+* reductions (``ReduceSum/Mean/Max/Min/Prod/SumSquare/L1/L2``) over any axes, and the
+  normalizations ``Softmax``, ``LogSoftmax``, ``LayerNormalization``,
+  ``SimplifiedLayerNormalization`` / ``RMSNormalization``, decomposed into reductions with
+  their prologue and epilogue; every reduction of a group reduces the same axes;
+* layout operators on a group input (``Transpose``, ``Reshape``, ``Flatten``, ``Unsqueeze``,
+  ``Squeeze``, ``Slice``, ``Gather`` of one constant index), which become strided views, and
+  leading-1 reshapes anywhere (a no-op under broadcasting);
+* a first ``MatMul``/``Gemm``/``Conv`` whose output feeds the rest: the runtime's GEMM
+  computes it, the kernel is its epilogue (one pass over the product).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from graph_autofusion.codegen.kernel_ir import (
+    ELEM,
+    FLOAT_ONLY,
+    ROW,
+    STORAGE_COMPUTE,
+    Instr,
+    Kernel,
+    KernelInput,
+    KernelOutput,
+    View,
+)
+from graph_autofusion.errors import GraphAutoFusionError
+from graph_autofusion.ir.core import Node, Value, const_value
+from graph_autofusion.ir.dtypes import DType
+
+
+class KernelReason:
+    """Why a group cannot become a generated kernel (reason codes, docs/reasons.md)."""
+
+    UNSUPPORTED_OP = "codegen-unsupported-op"
+    UNSUPPORTED_DTYPE = "codegen-unsupported-dtype"
+    UNKNOWN_SHAPE = "codegen-unknown-shape"
+    LAYOUT_INSIDE = "codegen-layout-inside-group"
+    REDUCTION_MISMATCH = "codegen-reduction-mismatch"
+    BROADCAST = "codegen-broadcast"
+    OUTPUT_SHAPE = "codegen-output-shape"
+    CONTRACTION = "codegen-contraction-not-first"
+    COMPILE_FAILED = "codegen-compile-failed"
+
+
+class KernelRefused(GraphAutoFusionError):
+    """A group cannot be lowered; ``code`` is a :class:`KernelReason`."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+_STORAGE = {
+    DType.FLOAT: "f32",
+    DType.FLOAT16: "f16",
+    DType.BFLOAT16: "bf16",
+    DType.INT64: "i64",
+    DType.INT32: "i32",
+    DType.BOOL: "bool",
+}
+
+CONTRACTIONS = {"MatMul", "Gemm", "Conv", "FusedMatMul"}
+_VIEW_OPS = {"Transpose", "Reshape", "Flatten", "Unsqueeze", "Squeeze", "Slice", "Gather"}
+_PASS = {"Identity", "Dropout"}
+
+
+def storage_of(dtype: DType | None, where: str) -> str:
+    """The kernel storage name of an IR dtype (refused when the kernel cannot hold it)."""
+    s = _STORAGE.get(dtype) if dtype is not None else None
+    if s is None:
+        name = dtype.name if dtype is not None else "unknown"
+        raise KernelRefused(KernelReason.UNSUPPORTED_DTYPE, f"{where} has dtype {name}")
+    return s
+
+
+@dataclass
+class GroupLowering:
+    """A group lowered: its kernel, and the nodes torch computes before it (a first
+    contraction, whose output the kernel reads once; ``Reshape`` of a group input to a shape
+    known only at run time, a zero-copy view of a contiguous tensor)."""
+
+    kernel: Kernel
+    prologue: list[Node] = field(default_factory=list)
+
+
+class _Builder:
+    def __init__(self, binding: Any, opset: int = 17) -> None:
+        self.binding = binding
+        self.opset = opset
+        self.pending_rank = 0
+        self.reduce_extent: tuple[int, ...] = ()
+        self.dropped: dict[int, int] = {}
+        self.symbolic: dict[int, tuple | None] = {}  # load instr -> the value's declared shape
+        self.input_values: list[Value] = []  # the (viewed) value each kernel input loads
+        self.body: list[Instr] = []
+        self.env: dict[int, int] = {}  # id(Value) -> instr index
+        self.inputs: list[KernelInput] = []
+        self.input_index: dict[tuple, int] = {}
+        self.shapes: dict[int, tuple[int, ...]] = {}  # instr -> shape (right-aligned)
+        self.reduce_axes: tuple[int, ...] | None = None
+        self.rank = 0
+        self.shape_sources: list[tuple[int, ...]] = []
+        self.views: dict[int, tuple[Value, tuple[View, ...]]] = {}  # id(view out) -> source
+
+    # -------------------------------------------------------------- helpers
+    def declared(self, v: Value) -> tuple[int, ...] | None:
+        s = self.binding.shape(v) if self.binding is not None else v.shape
+        if s is None or any(not isinstance(d, int | np.integer) for d in s):
+            return None
+        return tuple(int(d) for d in s)
+
+    def shape(self, v: Value) -> tuple[int, ...]:
+        s = self.declared(v)
+        if s is None and id(v) in self.env:
+            return self.shapes[self.env[id(v)]]
+        if s is None:
+            raise KernelRefused(KernelReason.UNKNOWN_SHAPE, f"value {v.name!r} has no static shape")
+        return s
+
+    def dtype(self, v: Value) -> DType | None:
+        dt = self.binding.dtype(v) if self.binding is not None else v.dtype
+        if dt is None and id(v) in self.env:
+            return {"f32": DType.FLOAT, "i64": DType.INT64, "bool": DType.BOOL}[
+                self.body[self.env[id(v)]].ctype
+            ]
+        return dt
+
+    def emit(
+        self, op: str, args: Sequence[int] = (), ctype: str | None = None, shape=None, **attrs: Any
+    ) -> int:
+        if ctype is None:
+            src = args[1] if op == "where" else (args[0] if args else None)
+            ctype = self.body[src].ctype if src is not None else "f32"
+        if op in FLOAT_ONLY and ctype != "f32" and op not in ("isnan", "isinf"):
+            raise KernelRefused(KernelReason.UNSUPPORTED_DTYPE, f"{op} on {ctype} values")
+        if shape is None:
+            shape = _broadcast([self.shapes[a] for a in args]) if args else ()
+        self.body.append(Instr(op, tuple(args), tuple(sorted(attrs.items())), ctype, ELEM))
+        idx = len(self.body) - 1
+        self.shapes[idx] = shape
+        return idx
+
+    def const(self, value: float | int | bool, ctype: str = "f32") -> int:
+        if ctype == "f32":
+            value = float(value)
+        elif ctype == "i64":
+            value = int(value)
+        else:
+            value = bool(value)
+        return self.emit("const", (), ctype, (), value=value)
+
+    def value(self, v: Value | None, *, like: int | None = None) -> int:
+        """The instruction computing ``v`` (a load, an immediate, or an earlier result)."""
+        if v is None:
+            raise KernelRefused(KernelReason.UNSUPPORTED_OP, "an omitted input is read")
+        if id(v) in self.env:
+            return self.env[id(v)]
+        c = const_value(v)
+        dt = self.dtype(v)
+        if dt is None and id(v) in self.views:  # a view has its source's dtype
+            dt = self.dtype(self.views[id(v)][0])
+        storage = storage_of(dt, f"value {v.name!r}")
+        ctype = STORAGE_COMPUTE[storage]
+        if c is not None and np.asarray(c).size == 1:
+            item = np.asarray(c).reshape(-1)[0]
+            if storage in ("f16", "bf16"):  # the immediate carries its storage rounding
+                item = float(np.float32(item))
+            idx = self.const(item.item() if hasattr(item, "item") else item, ctype)
+            self.shapes[idx] = tuple(np.asarray(c).shape)
+            self.env[id(v)] = idx
+            return idx
+        source, views = self.views.get(id(v), (v, ()))
+        key = (source.name, views)
+        if key not in self.input_index:
+            self.input_index[key] = len(self.inputs)
+            self.inputs.append(KernelInput(source.name, storage, views))
+            self.input_values.append(v)
+        shape = self.declared(v)
+        if shape is None and views:  # the view's shape from its source's
+            from graph_autofusion.codegen.views import apply_views
+
+            shape = tuple(apply_views(np.empty(self.shape(source), np.uint8), views).shape)
+        idx = self.emit("load", (), ctype, shape or self.shape(v), input=self.input_index[key])
+        self.symbolic[idx] = v.shape
+        self.env[id(v)] = idx
+        return idx
+
+    def set(self, v: Value, idx: int) -> None:
+        self.env[id(v)] = idx
+        declared = self.declared(v)
+        if declared is None:
+            return
+        if _broadcast([declared, self.shapes[idx]]) != declared:
+            # the value is wider than what computed it (an Expand): keep its own shape
+            self.shapes[idx] = declared
+
+
+def _broadcast(shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+    try:
+        return tuple(int(d) for d in np.broadcast_shapes(*shapes)) if shapes else ()
+    except ValueError as exc:
+        raise KernelRefused(
+            KernelReason.BROADCAST, f"shapes {list(shapes)} do not broadcast"
+        ) from exc
+
+
+def _ints(v: Value | None) -> list[int] | None:
+    if v is None:
+        return None
+    c = const_value(v)
+    return None if c is None else [int(x) for x in np.asarray(c).reshape(-1)]
+
+
+def _axes(node: Node, rank: int, *, input_index: int = 1, attr: str = "axes") -> list[int] | None:
+    axes = node.attr(attr)
+    if axes is None and len(node.inputs) > input_index and node.inputs[input_index] is not None:
+        axes = _ints(node.inputs[input_index])
+        if axes is None:
+            raise KernelRefused(
+                KernelReason.UNSUPPORTED_OP, f"{node.name}: axes known only at run time"
+            )
+    if axes is None:
+        return None
+    return sorted(int(a) % rank if rank else 0 for a in np.asarray(axes).reshape(-1))
+
+
+# ------------------------------------------------------------------ views on inputs
+def _view_of(b: _Builder, node: Node, inside: set[int]) -> View | None:
+    """The node as a :class:`View` of its data input, or ``None`` if it is not a pure view."""
+    op = node.op_type
+    x = node.inputs[0]
+    rank_in = len(b.shape(x))
+    if op == "Transpose":
+        perm = node.attr("perm") or list(range(rank_in))[::-1]
+        return View("transpose", tuple(int(p) for p in perm))
+    if op == "Reshape":
+        shape = _ints(node.inputs[1])
+        if shape is None:
+            return None
+        if int(node.attr("allowzero", 0)) and 0 in shape:
+            return None
+        return View("reshape", tuple(shape))
+    if op == "Flatten":
+        return View("flatten", (int(node.attr("axis", 1)) % max(rank_in, 1) if rank_in else 0,))
+    if op == "Unsqueeze":
+        axes = _axes(node, rank_in + len(_ints(node.inputs[1]) or node.attr("axes") or []))
+        return View("unsqueeze", tuple(axes or ()))
+    if op == "Squeeze":
+        axes = _axes(node, rank_in)
+        if axes is None:
+            axes = [i for i, d in enumerate(b.shape(x)) if d == 1]
+        return View("squeeze", tuple(axes))
+    if op == "Slice":
+        if len(node.inputs) < 3:  # opset < 10: attributes
+            starts, ends = node.attr("starts"), node.attr("ends")
+            axes = node.attr("axes") or list(range(len(starts)))
+            steps = [1] * len(starts)
+        else:
+            starts, ends = _ints(node.inputs[1]), _ints(node.inputs[2])
+            axes = (
+                _ints(node.inputs[3])
+                if len(node.inputs) > 3 and node.inputs[3] is not None
+                else None
+            )
+            steps = (
+                _ints(node.inputs[4])
+                if len(node.inputs) > 4 and node.inputs[4] is not None
+                else None
+            )
+            if (
+                starts is None
+                or ends is None
+                or (len(node.inputs) > 3 and node.inputs[3] is not None and axes is None)
+            ):
+                return None
+            axes = axes if axes is not None else list(range(len(starts)))
+            steps = steps if steps is not None else [1] * len(starts)
+        if any(s <= 0 for s in steps):
+            return None
+        return View(
+            "slice",
+            tuple(
+                (int(a) % rank_in, int(s), int(e), int(t))
+                for a, s, e, t in zip(axes, starts, ends, steps)
+            ),
+        )
+    if op == "Gather":
+        idx = node.inputs[1]
+        c = const_value(idx) if idx is not None else None
+        if c is None or np.asarray(c).ndim != 0:
+            return None
+        return View("select", (int(node.attr("axis", 0)) % rank_in, int(c)))
+    return None
+
+
+# ------------------------------------------------------------------ operators
+def _lower_node(b: _Builder, node: Node) -> None:
+    op, ins, outs = node.op_type, node.inputs, node.outputs
+    val = b.value
+    if node.domain not in ("", "ai.onnx"):
+        raise KernelRefused(KernelReason.UNSUPPORTED_OP, f"{node.qualified_op} ({node.name})")
+    simple = {
+        "Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow",
+        "Equal": "eq", "Less": "lt", "LessOrEqual": "le", "Greater": "gt", "GreaterOrEqual": "ge",
+        "And": "and", "Or": "or", "Xor": "xor",
+    }  # fmt: skip
+    unary = {
+        "Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
+        "Reciprocal": "recip", "Tanh": "tanh", "Erf": "erf", "Sigmoid": "sigmoid",
+        "Relu": "relu", "Sin": "sin", "Cos": "cos", "Floor": "floor", "Ceil": "ceil",
+        "Round": "round", "Sign": "sign", "Not": "not", "IsNaN": "isnan", "IsInf": "isinf",
+        "Softplus": "softplus",
+    }  # fmt: skip
+    if op in simple:
+        a, c = val(ins[0]), val(ins[1])
+        if op == "Div" and b.body[a].ctype != "f32":
+            raise KernelRefused(KernelReason.UNSUPPORTED_DTYPE, f"integer Div ({node.name})")
+        ctype = "bool" if simple[op] in ("eq", "lt", "le", "gt", "ge") else None
+        b.set(outs[0], b.emit(simple[op], (a, c), ctype))
+        return
+    if op in unary:
+        a = val(ins[0])
+        if op == "IsInf":
+            detect_neg = int(node.attr("detect_negative", 1))
+            detect_pos = int(node.attr("detect_positive", 1))
+            r = b.emit("isinf", (a,), "bool")
+            if not (detect_neg and detect_pos):
+                zero = b.const(0.0)
+                side = b.emit("gt" if detect_pos else "lt", (a, zero), "bool")
+                r = b.emit("and", (r, side), "bool")
+            b.set(outs[0], r)
+            return
+        ctype = "bool" if op in ("Not", "IsNaN") else None
+        b.set(outs[0], b.emit(unary[op], (a,), ctype))
+        return
+    if op in ("Min", "Max", "Sum", "Mean"):
+        parts = [val(v) for v in ins if v is not None]
+        kind = {"Min": "min", "Max": "max"}.get(op, "add")
+        r = parts[0]
+        for p in parts[1:]:
+            r = b.emit(kind, (r, p))
+        if op == "Mean":
+            r = b.emit("mul", (r, b.const(1.0 / len(parts))))
+        b.set(outs[0], r)
+        return
+    if op == "Where":
+        b.set(
+            outs[0],
+            b.emit("where", (val(ins[0]), val(ins[1]), val(ins[2])), b.body[val(ins[1])].ctype),
+        )
+        return
+    if op in _PASS:
+        if (
+            op == "Dropout"
+            and len(outs) > 1
+            and (outs[1].users or outs[1].name in _graph_outputs(node))
+        ):
+            raise KernelRefused(KernelReason.UNSUPPORTED_OP, f"Dropout mask is read ({node.name})")
+        b.set(outs[0], val(ins[0]))
+        return
+    if op in ("Cast", "CastLike"):
+        to = b.dtype(outs[0])
+        storage = storage_of(to, f"{node.name} output")
+        a = val(ins[0])
+        rnd = storage if storage in ("f16", "bf16") else ""
+        b.set(
+            outs[0],
+            b.emit("cast", (a,), STORAGE_COMPUTE[storage], to=STORAGE_COMPUTE[storage], round=rnd),
+        )
+        return
+    if op in ("Expand",):
+        shape = _ints(ins[1])
+        if shape is None:
+            raise KernelRefused(
+                KernelReason.UNSUPPORTED_OP, f"{node.name}: Expand shape known only at run time"
+            )
+        b.shape_sources.append(tuple(shape))
+        a = val(ins[0])
+        b.set(outs[0], a)
+        b.shapes[b.env[id(outs[0])]] = b.shape(outs[0])
+        return
+    if op in _ACTIVATIONS:
+        b.set(outs[0], _ACTIVATIONS[op](b, node, val(ins[0])))
+        return
+    if op == "Clip":
+        x = val(ins[0])
+        lo = node.attr("min") if len(ins) < 2 else None
+        hi = node.attr("max") if len(ins) < 2 else None
+        r = x
+        lo_i = (
+            val(ins[1])
+            if len(ins) > 1 and ins[1] is not None
+            else (b.const(lo) if lo is not None else None)
+        )
+        hi_i = (
+            val(ins[2])
+            if len(ins) > 2 and ins[2] is not None
+            else (b.const(hi) if hi is not None else None)
+        )
+        if lo_i is not None:
+            r = b.emit("max", (r, lo_i))
+        if hi_i is not None:
+            r = b.emit("min", (r, hi_i))
+        b.set(outs[0], r)
+        return
+    if op == "PRelu":
+        x, s = val(ins[0]), val(ins[1])
+        neg = b.emit("lt", (x, b.const(0.0)), "bool")
+        b.set(outs[0], b.emit("where", (neg, b.emit("mul", (x, s)), x)))
+        return
+    if op.startswith("Reduce"):
+        _reduce(b, node)
+        return
+    if op in ("Softmax", "LogSoftmax"):
+        _softmax(b, node)
+        return
+    if op in ("LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization"):
+        _layer_norm(b, node)
+        return
+    if op in ("Unsqueeze", "Squeeze", "Reshape", "Flatten") and _leading_ones_only(b, node):
+        b.set(outs[0], val(ins[0]))
+        return
+    if op in _VIEW_OPS:
+        raise KernelRefused(
+            KernelReason.LAYOUT_INSIDE,
+            f"{op} {node.name!r} reorders a value computed inside the group (only group inputs "
+            f"can be viewed)",
+        )
+    raise KernelRefused(KernelReason.UNSUPPORTED_OP, f"{op} ({node.name}) has no kernel lowering")
+
+
+def _graph_outputs(node: Node) -> set[str]:
+    g = node.graph
+    return {v.name for v in g.outputs} if g is not None else set()
+
+
+def _leading_ones_only(b: _Builder, node: Node) -> bool:
+    """A reshape that only adds or removes leading 1s: a no-op under right-aligned
+    broadcasting. Decided on the declared (symbolic) shapes and axes, never on sample sizes:
+    a symbolic dim that happens to be 1 in the sample is not a 1."""
+    op = node.op_type
+    x, y = node.inputs[0], node.outputs[0]
+    if op in ("Unsqueeze", "Squeeze"):
+        rank = len(x.shape) if x.shape is not None else None
+        if op == "Unsqueeze":
+            axes = node.attr("axes")
+            if axes is None and len(node.inputs) > 1:
+                axes = _ints(node.inputs[1])
+            if axes is None or rank is None:
+                return False
+            k = len(axes)
+            return sorted(int(a) % (rank + k) for a in axes) == list(range(k))
+        if rank is None:
+            return False
+        axes = node.attr("axes")
+        if axes is None and len(node.inputs) > 1 and node.inputs[1] is not None:
+            axes = _ints(node.inputs[1])
+        if axes is None:
+            return False
+        return sorted(int(a) % rank for a in axes) == list(range(len(axes))) and all(
+            x.shape[i] == 1 for i in range(len(axes))
+        )
+    if x.shape is None or y.shape is None:
+        return False
+
+    def strip(s):
+        s = list(s)
+        while s and s[0] == 1 and isinstance(s[0], int):
+            s.pop(0)
+        return s
+
+    a, c = strip(x.shape), strip(y.shape)
+    return a == c and all(d is not None for d in a)
+
+
+def _act_gelu(b: _Builder, node: Node, x: int) -> int:
+    if node.attr("approximate", "none") == "tanh":
+        inner = b.emit(
+            "mul",
+            (
+                b.const(0.7978845608028654),
+                b.emit(
+                    "add",
+                    (
+                        x,
+                        b.emit(
+                            "mul", (b.const(0.044715), b.emit("mul", (x, b.emit("mul", (x, x)))))
+                        ),
+                    ),
+                ),
+            ),
+        )
+        t = b.emit("tanh", (inner,))
+    else:
+        t = b.emit("erf", (b.emit("mul", (x, b.const(0.7071067811865476))),))
+    return b.emit("mul", (b.emit("mul", (x, b.const(0.5))), b.emit("add", (t, b.const(1.0)))))
+
+
+def _act_leaky(b: _Builder, node: Node, x: int) -> int:
+    neg = b.emit("lt", (x, b.const(0.0)), "bool")
+    return b.emit("where", (neg, b.emit("mul", (x, b.const(node.attr("alpha", 0.01)))), x))
+
+
+def _act_elu(
+    b: _Builder, node: Node, x: int, alpha: float | None = None, scale: float = 1.0
+) -> int:
+    alpha = node.attr("alpha", 1.0) if alpha is None else alpha
+    neg = b.emit("lt", (x, b.const(0.0)), "bool")
+    em1 = b.emit("sub", (b.emit("exp", (x,)), b.const(1.0)))
+    r = b.emit("where", (neg, b.emit("mul", (em1, b.const(alpha))), x))
+    return r if scale == 1.0 else b.emit("mul", (r, b.const(scale)))
+
+
+def _act_selu(b: _Builder, node: Node, x: int) -> int:
+    return _act_elu(
+        b,
+        node,
+        x,
+        node.attr("alpha", 1.67326319217681884765625),
+        node.attr("gamma", 1.05070102214813232421875),
+    )
+
+
+def _act_celu(b: _Builder, node: Node, x: int) -> int:
+    alpha = float(node.attr("alpha", 1.0))
+    em1 = b.emit("sub", (b.emit("exp", (b.emit("div", (x, b.const(alpha))),)), b.const(1.0)))
+    neg = b.emit("min", (b.const(0.0), b.emit("mul", (em1, b.const(alpha)))))
+    return b.emit("add", (b.emit("max", (b.const(0.0), x)), neg))
+
+
+def _act_hsig(
+    b: _Builder, node: Node, x: int, alpha: float | None = None, beta: float | None = None
+) -> int:
+    alpha = node.attr("alpha", 0.2) if alpha is None else alpha
+    beta = node.attr("beta", 0.5) if beta is None else beta
+    y = b.emit("add", (b.emit("mul", (x, b.const(alpha))), b.const(beta)))
+    return b.emit("max", (b.const(0.0), b.emit("min", (b.const(1.0), y))))
+
+
+def _act_hswish(b: _Builder, node: Node, x: int) -> int:
+    return b.emit("mul", (x, _act_hsig(b, node, x, 1.0 / 6.0, 0.5)))
+
+
+def _act_thresholded(b: _Builder, node: Node, x: int) -> int:
+    keep = b.emit("gt", (x, b.const(node.attr("alpha", 1.0))), "bool")
+    return b.emit("where", (keep, x, b.const(0.0)))
+
+
+def _act_mish(b: _Builder, node: Node, x: int) -> int:
+    return b.emit("mul", (x, b.emit("tanh", (b.emit("softplus", (x,)),))))
+
+
+def _act_softsign(b: _Builder, node: Node, x: int) -> int:
+    return b.emit("div", (x, b.emit("add", (b.const(1.0), b.emit("abs", (x,))))))
+
+
+_ACTIVATIONS = {
+    "Gelu": _act_gelu,
+    "LeakyRelu": _act_leaky,
+    "Elu": _act_elu,
+    "Selu": _act_selu,
+    "Celu": _act_celu,
+    "HardSigmoid": _act_hsig,
+    "HardSwish": _act_hswish,
+    "ThresholdedRelu": _act_thresholded,
+    "Mish": _act_mish,
+    "Softsign": _act_softsign,
+}
+
+
+# ------------------------------------------------------------------ reductions
+def _set_reduce_axes(b: _Builder, x: int, axes_in: list[int], node: Node) -> tuple[int, ...]:
+    """Reduced axes of the input instr ``x`` (its own coordinates) in loop coordinates; checks
+    that every reduction of the group reduces the same axes."""
+    xs = b.shapes[x]
+    # loop coordinates are right-aligned: position p in a rank-r shape is p + (R - r)
+    b.pending_rank = max(b.pending_rank, len(xs))
+    key = tuple(a - len(xs) for a in axes_in)  # negative, right-aligned
+    if b.reduce_axes is None:
+        b.reduce_axes = key
+        b.reduce_extent = tuple(xs[a] for a in axes_in)
+    elif b.reduce_axes != key or b.reduce_extent != tuple(xs[a] for a in axes_in):
+        raise KernelRefused(
+            KernelReason.REDUCTION_MISMATCH,
+            f"{node.name} reduces axes {axes_in} of {list(xs)}; the group already reduces another set",
+        )
+    return key
+
+
+def _reduction(b: _Builder, kind: str, x: int, axes: list[int], node: Node) -> int:
+    _set_reduce_axes(b, x, axes, node)
+    shape = tuple(1 if i in axes else d for i, d in enumerate(b.shapes[x]))
+    b.body.append(Instr("reduce", (x,), (("kind", kind),), b.body[x].ctype, ROW))
+    idx = len(b.body) - 1
+    b.shapes[idx] = shape
+    return idx
+
+
+def _mean(b: _Builder, x: int, axes: list[int], node: Node) -> int:
+    s = _reduction(b, "sum", x, axes, node)
+    n = b.emit("rowlen", (), "f32", ())
+    return b.emit("div", (s, n))
+
+
+def _reduce(b: _Builder, node: Node) -> None:
+    op = node.op_type
+    x = b.value(node.inputs[0])
+    rank = len(b.shape(node.inputs[0]))
+    axes = _axes(node, rank)
+    if axes is None:
+        if int(node.attr("noop_with_empty_axes", 0)):
+            b.set(node.outputs[0], x)
+            return
+        axes = list(range(rank))
+    keep = int(node.attr("keepdims", 1))
+    if op == "ReduceMean":
+        r = _mean(b, x, axes, node)
+    elif op in ("ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"):
+        r = _reduction(b, op[6:].lower(), x, axes, node)
+    elif op in ("ReduceSumSquare", "ReduceL2"):
+        r = _reduction(b, "sum", b.emit("mul", (x, x)), axes, node)
+        if op == "ReduceL2":
+            r = b.emit("sqrt", (r,))
+    elif op == "ReduceL1":
+        r = _reduction(b, "sum", b.emit("abs", (x,)), axes, node)
+    else:
+        raise KernelRefused(
+            KernelReason.UNSUPPORTED_OP, f"{op} ({node.name}) has no kernel lowering"
+        )
+    b.set(node.outputs[0], r)
+    if not keep:
+        b.dropped[id(node.outputs[0])] = r
+
+
+def _tail_axes(node: Node, rank: int, default: int) -> list[int]:
+    axis = int(node.attr("axis", default)) % max(rank, 1)
+    return list(range(axis, rank))
+
+
+def _softmax(b: _Builder, node: Node) -> None:
+    x = b.value(node.inputs[0])
+    rank = len(b.shape(node.inputs[0]))
+    if b.opset >= 13:
+        axis = int(node.attr("axis", -1)) % max(rank, 1)
+        axes = [axis]
+    else:
+        axes = _tail_axes(node, rank, 1)
+    m = _reduction(b, "max", x, axes, node)
+    s = b.emit("sub", (x, m))
+    e = b.emit("exp", (s,))
+    total = _reduction(b, "sum", e, axes, node)
+    if node.op_type == "Softmax":
+        b.set(node.outputs[0], b.emit("div", (e, total)))
+    else:
+        b.set(node.outputs[0], b.emit("sub", (s, b.emit("log", (total,)))))
+
+
+def _layer_norm(b: _Builder, node: Node) -> None:
+    for extra in node.outputs[1:]:
+        if extra.users or extra.name in _graph_outputs(node):
+            raise KernelRefused(
+                KernelReason.UNSUPPORTED_OP, f"{node.name}: mean/inv-std outputs are read"
+            )
+    x = b.value(node.inputs[0])
+    rank = len(b.shape(node.inputs[0]))
+    axes = _tail_axes(node, rank, -1)
+    eps = b.const(float(node.attr("epsilon", 1e-5)))
+    if node.op_type == "LayerNormalization":
+        mean = _mean(b, x, axes, node)
+        d = b.emit("sub", (x, mean))
+        var = _mean(b, b.emit("mul", (d, d)), axes, node)
+    else:
+        d = x
+        var = _mean(b, b.emit("mul", (x, x)), axes, node)
+    inv = b.emit("div", (b.const(1.0), b.emit("sqrt", (b.emit("add", (var, eps)),))))
+    y = b.emit("mul", (d, inv))
+    if len(node.inputs) > 1 and node.inputs[1] is not None:
+        y = b.emit("mul", (y, b.value(node.inputs[1])))
+    if node.op_type == "LayerNormalization" and len(node.inputs) > 2 and node.inputs[2] is not None:
+        y = b.emit("add", (y, b.value(node.inputs[2])))
+    b.set(node.outputs[0], y)
+
+
+# ------------------------------------------------------------------ the group
+def lower_group(
+    nodes: Sequence[Node],
+    outputs: Sequence[Value],
+    binding: Any,
+    *,
+    name: str = "kernel",
+    opset: int = 17,
+) -> GroupLowering:
+    """Lower ``nodes`` (topological order) whose ``outputs`` are read outside the group.
+
+    ``binding`` gives concrete shapes and dtypes (a :class:`~graph_autofusion.cost.shapes.
+    ShapeBinding`, or ``None`` to use the values' own static shapes).
+
+    Raises:
+        KernelRefused: the group holds something the kernel IR cannot express.
+    """
+    nodes = list(nodes)
+    prologue: list[Node] = []
+    if nodes and nodes[0].op_type in CONTRACTIONS:
+        prologue.append(nodes.pop(0))
+        if not nodes:
+            raise KernelRefused(KernelReason.CONTRACTION, "a contraction alone is no kernel")
+    inside_ids = {id(n) for n in nodes}
+    made_outside = {id(o) for n in prologue for o in n.outputs}
+    produced_all = {id(o) for n in nodes for o in n.outputs}
+    for n in list(nodes):  # run-time-shaped Reshapes of group inputs: torch views, before
+        x = n.inputs[0] if n.inputs else None
+        if (
+            n.op_type == "Reshape"
+            and x is not None
+            and (id(x) not in produced_all or id(x) in made_outside)
+            and _ints(n.inputs[1]) is None
+            and all(id(u) in inside_ids for u in n.outputs[0].user_nodes)
+            and n.outputs[0] not in outputs
+        ):
+            prologue.append(n)
+            nodes.remove(n)
+            made_outside.add(id(n.outputs[0]))
+    for n in nodes:
+        if n.op_type in CONTRACTIONS:
+            raise KernelRefused(
+                KernelReason.CONTRACTION, f"{n.op_type} {n.name!r} is not the group's first node"
+            )
+        if n.captures:
+            raise KernelRefused(KernelReason.UNSUPPORTED_OP, f"{n.name} carries a subgraph")
+    _fill_types([*prologue, *nodes], binding, opset)
+    b = _Builder(binding, opset)
+    inside = {id(n) for n in nodes}
+    produced = {id(o) for n in nodes for o in n.outputs}
+    # layout ops reading a group input (directly or through other views) become views;
+    # Identity of a group input is an alias; a reshape whose result only leaves the group is
+    # a view of the output (the call reshapes the output tensor it wrote)
+    body_nodes: list[Node] = []
+    out_views: dict[int, tuple[Value, tuple[View, ...]]] = {}
+    out_ids = {id(v) for v in outputs}
+    for n in nodes:
+        x = n.inputs[0] if n.inputs else None
+        out = n.outputs[0] if n.outputs else None
+        only_inside = out is not None and all(id(u) in inside for u in out.user_nodes)
+        external = x is not None and (id(x) not in produced or id(x) in b.views)
+        if n.op_type == "Identity" and external and only_inside and id(out) not in out_ids:
+            b.views[id(out)] = b.views.get(id(x), (x, ()))
+            continue
+        if (
+            n.op_type in _VIEW_OPS
+            and external
+            and not (
+                n.op_type in ("Unsqueeze", "Squeeze", "Reshape", "Flatten")
+                and _leading_ones_only(b, n)
+            )
+        ):
+            view = _view_of(b, n, inside)
+            if view is not None and only_inside and id(out) not in out_ids:
+                src, chain = b.views.get(id(x), (x, ()))
+                b.views[id(out)] = (src, (*chain, view))
+                continue
+        if (
+            n.op_type in ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+            and x is not None
+            and id(x) in produced
+            and id(x) not in b.views
+            and id(out) in out_ids
+            and not any(id(u) in inside for u in out.user_nodes)
+        ):
+            view = _view_of(b, n, inside)
+            if view is not None:
+                src, chain = out_views.get(id(x), (x, ()))
+                out_views[id(out)] = (src, (*chain, view))
+                continue
+        body_nodes.append(n)
+    for n in body_nodes:
+        _lower_node(b, n)
+    outs: list[KernelOutput] = []
+    dropped = b.dropped
+    for v in outputs:
+        views: tuple[View, ...] = ()
+        if id(v) in out_views:
+            v_out = v
+            v, views = out_views[id(v)]
+        else:
+            v_out = v
+        if id(v) not in b.env:
+            raise KernelRefused(
+                KernelReason.OUTPUT_SHAPE, f"output {v.name!r} is not computed by the group"
+            )
+        idx = b.env[id(v)]
+        if b.body[idx].op in ("load", "const"):
+            raise KernelRefused(KernelReason.OUTPUT_SHAPE, f"output {v.name!r} is a group input")
+        storage = storage_of(b.dtype(v), f"output {v.name!r}")
+        if STORAGE_COMPUTE[storage] != b.body[idx].ctype:
+            raise KernelRefused(
+                KernelReason.UNSUPPORTED_DTYPE,
+                f"output {v.name!r}: {storage} from {b.body[idx].ctype}",
+            )
+        declared = b.declared(v)
+        if declared is not None:
+            out_rank = len(declared)
+        elif id(v) in dropped:
+            out_rank = len(b.shapes[idx]) - len(b.reduce_axes or ())
+        else:
+            out_rank = len(b.shapes[idx])
+        outs.append(
+            KernelOutput(v_out.name, storage, idx, ELEM, id(v) not in dropped, out_rank, views)
+        )
+    # the loop shape: every value broadcasts to it
+    shapes = [s for s in b.shapes.values()] + list(b.shape_sources)
+    loop = _broadcast(shapes)
+    widest = max((o.rank for o in outs), default=0)
+    loop = (1,) * (widest - len(loop)) + tuple(loop)
+    rank = len(loop)
+    reduce_axes: tuple[int, ...] = ()
+    if b.reduce_axes is not None:
+        reduce_axes = tuple(a + rank for a in b.reduce_axes)
+        if any(loop[a] != e for a, e in zip(reduce_axes, b.reduce_extent)):
+            raise KernelRefused(
+                KernelReason.BROADCAST, "a reduced axis is broadcast by another value"
+            )
+    # levels: a value with size 1 on every reduced axis, computed from such values, is row-level
+    body = _levels(b, rank, reduce_axes)
+    for i, o in enumerate(outs):
+        ins = body[o.instr]
+        shape = (1,) * (rank - len(b.shapes[o.instr])) + tuple(b.shapes[o.instr])
+        want_elem = tuple(loop)
+        if ins.level == ROW:
+            want_row = tuple(1 if a in reduce_axes else d for a, d in enumerate(loop))
+            if shape != want_row:
+                raise KernelRefused(
+                    KernelReason.OUTPUT_SHAPE, f"output {o.name!r} {shape} is not one value per row"
+                )
+            outs[i] = KernelOutput(o.name, o.dtype, o.instr, ROW, o.keepdims, o.rank, o.views)
+        elif shape != want_elem:
+            raise KernelRefused(
+                KernelReason.OUTPUT_SHAPE,
+                f"output {o.name!r} of shape {list(shape)} is narrower than the loop {list(loop)}",
+            )
+        elif not o.keepdims:
+            raise KernelRefused(
+                KernelReason.OUTPUT_SHAPE, f"output {o.name!r} drops axes it does not reduce"
+            )
+    for n in body_nodes:  # a keepdims=0 reduction read inside the group changes alignment
+        for v in n.all_inputs():
+            if id(v) in dropped:
+                raise KernelRefused(
+                    KernelReason.REDUCTION_MISMATCH,
+                    f"{n.name} reads {v.name!r}, a reduction without keepdims, inside the group",
+                )
+    kernel = Kernel(
+        name,
+        rank,
+        reduce_axes,
+        tuple(b.inputs),
+        tuple(outs),
+        tuple(body),
+        tuple(n.op_type for n in prologue + nodes),
+        tuple(n.name for n in prologue + nodes),
+        tuple(b.shape_sources),
+    )
+    return GroupLowering(kernel, prologue)
+
+
+def _fill_types(nodes: Sequence[Node], binding: Any, opset: int) -> None:
+    """Type the outputs the model left untyped (static shapes only; best effort)."""
+    from graph_autofusion.runtime.torch_runtime import infer_node_types
+
+    for n in nodes:
+        if any((binding.dtype(v) if binding is not None else v.dtype) is None for v in n.outputs):
+            infer_node_types(n, opset)
+
+
+def _levels(b: _Builder, rank: int, reduce_axes: tuple[int, ...]) -> list[Instr]:
+    out: list[Instr] = []
+    for i, ins in enumerate(b.body):
+        if not reduce_axes:
+            out.append(ins)
+            continue
+        shape = (1,) * (rank - len(b.shapes[i])) + tuple(b.shapes[i])
+        if ins.op == "reduce":
+            level = ROW
+        elif ins.op in ("const", "rowlen"):
+            level = ROW
+        elif ins.op == "load":
+            sym = b.symbolic.get(i)
+            if sym is not None and len(sym) == len(b.shapes[i]):
+                sym = (1,) * (rank - len(sym)) + tuple(sym)
+                ones = all(sym[a] == 1 and isinstance(sym[a], int) for a in reduce_axes)
+            else:
+                ones = all(shape[a] == 1 for a in reduce_axes)
+            level = ROW if ones else ELEM
+        else:
+            level = ROW if all(out[a].level == ROW for a in ins.args) else ELEM
+        out.append(Instr(ins.op, ins.args, ins.attrs, ins.ctype, level))
+    return out

@@ -1,0 +1,88 @@
+"""Targets: what each one can execute, so the planner plans only that.
+
+    target = get_target("cpu")
+    target.select_rules(rules)          # the rules whose matches it can run fused
+    target.clustering                   # whether automatic clusters can be executed
+    target.refusal(candidate, binding)  # None, or (reason code, sentence) at planning time
+
+``analyze()`` and ``fuse()`` use the same target object, so the plan a user reads is the plan
+that ``fuse()`` carries out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from graph_autofusion.codegen.lower import GroupLowering, KernelRefused, lower_group
+from graph_autofusion.patterns.rules import RuleMatch, RuleSet
+
+
+def candidate_nodes_outputs(candidate: Any) -> tuple[list, list]:
+    if isinstance(candidate, RuleMatch):
+        return list(candidate.match.nodes), list(candidate.match.outputs)
+    return list(candidate.nodes), list(candidate.outputs)
+
+
+@dataclass
+class OnnxruntimeTarget:
+    """Fusions become operators onnxruntime ships (contrib operators, folded rewrites)."""
+
+    name: str = "onnxruntime"
+    clustering: bool = False
+    native_target: bool = True
+
+    def select_rules(self, rules: RuleSet) -> RuleSet:
+        return RuleSet(tuple(r for r in rules if r.rewrite is not None))
+
+    def refusal(self, candidate: Any, binding: Any) -> tuple[str, str] | None:
+        return None
+
+
+@dataclass
+class CpuTarget:
+    """Fused groups become generated C kernels; everything else runs on torch's kernels."""
+
+    opset: int = 17
+    name: str = "cpu"
+    clustering: bool = True
+    native_target: bool = False
+    lowered: dict[int, GroupLowering | KernelRefused] = field(default_factory=dict)
+
+    def select_rules(self, rules: RuleSet) -> RuleSet:
+        return rules
+
+    def lower(self, candidate: Any, binding: Any) -> GroupLowering:
+        """The candidate's kernel (cached per candidate object).
+
+        Raises:
+            KernelRefused: the group cannot be one kernel.
+        """
+        got = self.lowered.get(id(candidate))
+        if got is None:
+            nodes, outputs = candidate_nodes_outputs(candidate)
+            try:
+                got = lower_group(nodes, outputs, binding, name="kernel", opset=self.opset)
+            except KernelRefused as exc:
+                got = exc
+            self.lowered[id(candidate)] = got
+        if isinstance(got, KernelRefused):
+            raise got
+        return got
+
+    def refusal(self, candidate: Any, binding: Any) -> tuple[str, str] | None:
+        try:
+            self.lower(candidate, binding)
+        except KernelRefused as exc:
+            return exc.code, exc.message
+        return None
+
+
+def get_target(name: str, *, opset: int = 17) -> Any:
+    if name == "onnxruntime":
+        return OnnxruntimeTarget()
+    if name == "cpu":
+        return CpuTarget(opset=opset)
+    from graph_autofusion.options import TARGETS, OptionsError
+
+    raise OptionsError(f"unknown target {name!r}; known: {list(TARGETS)}")

@@ -1,0 +1,89 @@
+"""One typed, frozen record of the fusion options, shared by the API, the CLI and the pipeline.
+
+    opts = FuseOptions(target="cpu", benefit_threshold=0.1)
+    opts = opts.replace(safe_mode=False)
+
+Defaults live here and nowhere else: the 0.2 benefit threshold, the 0.9999 end-to-end cosine
+floor, the 64-node / 8-input cluster limits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from graph_autofusion.codegen.compiler import CodegenOptions
+from graph_autofusion.errors import GraphAutoFusionError
+
+DEFAULT_BENEFIT_THRESHOLD = 0.2
+DEFAULT_E2E_COSINE = 0.9999
+DEFAULT_MAX_CLUSTER_NODES = 64
+DEFAULT_MAX_CLUSTER_INPUTS = 8
+TARGETS = ("onnxruntime", "cpu")
+
+
+class OptionsError(GraphAutoFusionError, ValueError):
+    """An option has a value outside the accepted ones (the message lists them)."""
+
+
+@dataclass(frozen=True)
+class FuseOptions:
+    """How to plan, fuse and verify.
+
+    Attributes:
+        target: ``onnxruntime`` (fused operators onnxruntime ships) or ``cpu`` (generated C
+            kernels, every other operator on torch's kernels).
+        benefit_threshold: Minimum estimated relative saving of a fusion.
+        strategy: Planner strategy: ``auto``, ``greedy``, ``dp``, ``evolutionary``.
+        max_cluster_nodes, max_cluster_inputs: Limits of automatic clustering.
+        clustering: Whether the target's plan includes automatic clusters (the cpu target
+            can execute them; onnxruntime cannot).
+        safe_mode: Verify every fusion and roll back failures.
+        check_speed: Safe mode also times each fusion against its unfused operators.
+        speed_margin: A fusion fails the speed check when slower than ``margin`` x unfused.
+        cosine_floor: Per-fusion cosine floor (``None``: each rule's own tolerance).
+        e2e_cosine_floor: Whole-model cosine floor.
+        mc_samples: Monte-Carlo perturbation samples per fusion (onnxruntime target).
+        fold_shapes: Fold provable run-time ``Reshape`` shapes to constants first.
+        threads: Threads for kernels and timing (``None``: torch's setting).
+        backend: ``c`` (compiled kernels) or ``reference`` (NumPy executes the kernel IR;
+            only when asked for: it is slow).
+        codegen: Compiler options (hashed into the kernel cache key).
+    """
+
+    target: str = "onnxruntime"
+    benefit_threshold: float = DEFAULT_BENEFIT_THRESHOLD
+    strategy: str = "auto"
+    max_cluster_nodes: int = DEFAULT_MAX_CLUSTER_NODES
+    max_cluster_inputs: int = DEFAULT_MAX_CLUSTER_INPUTS
+    clustering: bool = True
+    safe_mode: bool = True
+    check_speed: bool = True
+    speed_margin: float = 1.10
+    cosine_floor: float | None = None
+    e2e_cosine_floor: float = DEFAULT_E2E_COSINE
+    mc_samples: int = 8
+    fold_shapes: bool = True
+    threads: int | None = None
+    backend: str = "c"
+    codegen: CodegenOptions = field(default_factory=CodegenOptions)
+
+    def __post_init__(self) -> None:
+        from graph_autofusion.planner.plan import STRATEGIES
+
+        if self.target not in TARGETS:
+            raise OptionsError(f"unknown target {self.target!r}; known: {list(TARGETS)}")
+        if self.strategy not in STRATEGIES:
+            raise OptionsError(
+                f"unknown planner strategy {self.strategy!r}; known: {list(STRATEGIES)}"
+            )
+        if self.backend not in ("c", "reference"):
+            raise OptionsError(
+                f"unknown kernel backend {self.backend!r}; known: ['c', 'reference']"
+            )
+        if not (0.0 <= self.benefit_threshold < 1.0):
+            raise OptionsError(f"benefit_threshold must be in [0, 1), got {self.benefit_threshold}")
+
+    def replace(self, **changes: Any) -> FuseOptions:
+        return dataclasses.replace(self, **changes)

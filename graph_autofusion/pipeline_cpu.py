@@ -1,0 +1,468 @@
+"""The fuse pipeline for the ``cpu`` target: generated C kernels for the planned groups, every
+other operator on torch's kernels.
+
+    result = fuse_model_cpu(model, rules, profile, options=FuseOptions(target="cpu"))
+    result.program.run(feeds)       # {output name: tensor}
+    result.kernels                  # one KernelGroup per fused group
+
+Stages, in order (each timed in ``result.timings`` and able to dump its artifact with
+``dump_dir``):
+
+1. **plan** (:func:`~graph_autofusion.pipeline.plan_for_target`, shared with every target and
+   with ``GraphAutoFusion.analyze()``): an independent working copy, the exporters' run-time
+   ``Reshape`` shapes folded to constants where provable, candidates (rule matches and automatic clusters), costs on the hardware profile,
+   the plan, with every candidate the target cannot lower refused at planning time
+   (:class:`~graph_autofusion.codegen.targets.CpuTarget`).
+2. **lower**: each planned group into the kernel IR; identical groups share one kernel.
+3. **compile**: every kernel in one C translation unit, one shared library, cached. A batch
+   the compiler rejects is compiled kernel by kernel and each failing one rolled back alone.
+4. **rewrite**: each group becomes one node of the ``graph_autofusion.fused`` domain (a local
+   function holding its operators, so the saved ONNX file still runs anywhere).
+5. **verify** (safe mode): each kernel against its unfused operators on the real activations of
+   the sample inputs (cosine, max error) and timed against them on the real shapes; failures
+   are rolled back alone and the rewrite repeats without them.
+6. **end_to_end**: the fused program against the original on the sample inputs; a failure
+   rolls every fusion back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from graph_autofusion.codegen.kernel_ir import Kernel
+from graph_autofusion.codegen.lower import KernelReason, KernelRefused
+from graph_autofusion.codegen.onnxruntime import Lowered, NotLowered
+from graph_autofusion.codegen.targets import candidate_nodes_outputs
+from graph_autofusion.ir.core import Model
+from graph_autofusion.options import FuseOptions
+from graph_autofusion.patterns.matcher import Match
+from graph_autofusion.patterns.rewrite import fuse_match
+from graph_autofusion.pipeline import FuseResult, RolledBack, clone_model, plan_for_target
+from graph_autofusion.verify.safety import SafetyResult
+
+
+class Stages:
+    """Named, timed stages: ``with stages("plan"): ...``; ``stages.timings``."""
+
+    def __init__(self, dump_dir: str | os.PathLike[str] | None = None) -> None:
+        self.timings: dict[str, float] = {}
+        self.dump_dir = os.fspath(dump_dir) if dump_dir is not None else None
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t
+
+    def dump(self, name: str, text: str) -> None:
+        if self.dump_dir is None:
+            return
+        os.makedirs(self.dump_dir, exist_ok=True)
+        with open(os.path.join(self.dump_dir, name), "w") as f:
+            f.write(text)
+
+
+@dataclass
+class KernelGroup:
+    """One planned group and its kernel."""
+
+    key: str
+    rule: str
+    fused_op: str
+    node_names: list[str]
+    output_names: list[str]
+    kernel: Kernel
+    prologue: list[str]  # nodes torch computes first (a contraction, run-time reshapes)
+    tolerance: float = 0.999
+    #: This group's values for the kernel's inputs (a kernel shared by identical groups
+    #: names the first group's values).
+    input_names: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CpuFuseResult(FuseResult):
+    """:class:`~graph_autofusion.pipeline.FuseResult` plus the cpu target's kernels."""
+
+    target: str = "cpu"
+    kernels: list[KernelGroup] = field(default_factory=list)
+    library: Any = None  # codegen.compiler.CompiledLibrary
+    program: Any = None  # runtime.cpu_runtime.CpuProgram
+
+    def kernel_counts(self) -> dict[str, int]:
+        """``groups`` fused, ``functions`` distinct compiled kernels."""
+        return {
+            "groups": len(self.lowered),
+            "functions": len({g.kernel.name for g in self.kernels if _is_live(self, g)}),
+        }
+
+
+def _is_live(result: CpuFuseResult, g: KernelGroup) -> bool:
+    return any(low.key == g.key for low in result.lowered)
+
+
+def _sample_shape(model: Model, binding: Any, name: str) -> tuple[int, ...]:
+    t = binding.types.get(name) if binding is not None else None
+    if t is not None and t[1] is not None:
+        return tuple(int(d) for d in t[1])
+    v = model.graph.value_map().get(name)
+    if v is not None and v.const is not None:
+        return tuple(v.const.shape)
+    if v is not None and v.shape is not None and all(isinstance(d, int) for d in v.shape):
+        return tuple(v.shape)
+    raise KernelRefused(KernelReason.UNKNOWN_SHAPE, f"no sample shape for {name!r}")
+
+
+def finalize_kernel(kernel: Kernel, input_shapes: list[tuple[int, ...]]) -> Kernel:
+    """Fix the fast path's stride classes from the sample shapes and name the kernel by its
+    structure (identical groups share one compiled function)."""
+    from graph_autofusion.runtime.kernels import inner_classes
+
+    k = replace(kernel, inner_classes=inner_classes(kernel, input_shapes))
+    return replace(k, name=f"gaf_{k.digest()}")
+
+
+def fuse_model_cpu(
+    original: Model,
+    rules: Any,
+    profile: Any,
+    *,
+    options: FuseOptions | None = None,
+    feeds: Mapping[str, Any] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+    dump_dir: str | os.PathLike[str] | None = None,
+) -> CpuFuseResult:
+    """Fuse ``original`` for the cpu target (see the module docstring); it is not modified."""
+    from graph_autofusion.codegen.compiler import KernelCompileError, compile_library
+    from graph_autofusion.patterns.shape_folding import fold_reshape_shapes
+    from graph_autofusion.verify.inputs import generate_inputs
+
+    options = options or FuseOptions(target="cpu")
+    stages = Stages(dump_dir)
+    notes: list[str] = []
+    feeds = dict(feeds) if feeds is not None else generate_inputs(original)
+    opset = int(original.opset_imports.get("", 17))
+    with stages("plan"):  # load, fold_shapes, candidates, cost, plan
+        work, analysis, folding, target = plan_for_target(
+            original, rules, profile, options.replace(target="cpu"), feeds
+        )
+    for k in ("bind", "candidates", "cost", "plan"):
+        stages.timings[f"plan.{k}"] = analysis.timings.get(k, 0.0)
+    stages.dump("plan.json", json.dumps(analysis.to_dict(), indent=1, default=str))
+    groups: list[KernelGroup] = []
+    not_lowered: list[NotLowered] = []
+    with stages("lower"):
+        for ca in analysis.candidates:
+            if not ca.chosen:
+                continue
+            low = target.lower(ca.payload, analysis.binding)
+            nodes, outputs = candidate_nodes_outputs(ca.payload)
+            shapes = [_sample_shape(work, analysis.binding, i.name) for i in low.kernel.inputs]
+            kernel = finalize_kernel(low.kernel, shapes)
+            rule = ca.source.split(":", 1)[1] if ca.source.startswith("rule:") else ca.source
+            tol = getattr(getattr(ca.payload, "rule", None), "tolerance", 0.999)
+            groups.append(
+                KernelGroup(
+                    ca.key,
+                    rule,
+                    ca.fused_op,
+                    [n.name for n in nodes],
+                    [v.name for v in outputs],
+                    kernel,
+                    [n.name for n in low.prologue],
+                    tol,
+                    [i.name for i in low.kernel.inputs],
+                )
+            )
+    unique = list({g.kernel.name: g.kernel for g in groups}.values())
+    stages.dump("kernels.txt", "\n\n".join(k.to_text() for k in unique))
+    library = None
+    rolled: list[RolledBack] = []
+    with stages("compile"):
+        if unique and options.backend == "c":
+            try:
+                library = compile_library(unique, options.codegen)
+            except KernelCompileError:
+                good = []
+                for k in unique:
+                    try:
+                        compile_library([k], options.codegen)
+                        good.append(k)
+                    except KernelCompileError as exc:
+                        for g in groups:
+                            if g.kernel.name == k.name:
+                                rolled.append(
+                                    RolledBack(g.key, g.rule, KernelReason.COMPILE_FAILED, str(exc))
+                                )
+                bad = {r.key for r in rolled}
+                groups = [g for g in groups if g.key not in bad]
+                library = compile_library(good, options.codegen) if good else None
+    kernels = _kernel_functions(library, groups, options)
+    result = CpuFuseResult(
+        work, original, analysis, [], not_lowered, safe_mode=options.safe_mode, feeds=feeds
+    )
+    result.shape_folding = folding
+    result.kernels = groups
+    result.library = library
+    result.rolled_back = rolled
+
+    def build(keep: list[KernelGroup]) -> None:
+        fresh = clone_model(original)
+        if folding is not None and folding.folded:
+            fold_reshape_shapes(fresh)
+        lowered, program = _rewrite(fresh, keep, kernels, opset)
+        result.model, result.lowered, result.program = fresh, lowered, program
+
+    with stages("rewrite"):
+        build(groups)
+    if options.safe_mode:
+        with stages("verify"):
+            _safe_mode(result, groups, kernels, feeds, options, build, progress)
+        with stages("end_to_end"):
+            _end_to_end(result, feeds, options, build, notes)
+    result.timings = stages.timings
+    result.notes = notes
+    return result
+
+
+def _kernel_functions(
+    library: Any, groups: list[KernelGroup], options: FuseOptions
+) -> dict[str, Any]:
+    """Kernel name -> callable (compiled, or the NumPy reference when asked for)."""
+    if options.backend == "reference":
+        from graph_autofusion.codegen.reference import run_reference
+
+        out: dict[str, Any] = {}
+        for g in groups:
+            out[g.kernel.name] = _ReferenceKernel(g.kernel, run_reference)
+        return out
+    if library is None:
+        return {}
+    from graph_autofusion.runtime.kernels import load_library
+
+    lib = load_library(library, options.threads)
+    return dict(lib.functions)
+
+
+class _ReferenceKernel:
+    def __init__(self, kernel: Kernel, fn: Any) -> None:
+        self.kernel, self.fn = kernel, fn
+
+    def __call__(self, *inputs: Any) -> list[Any]:
+        import torch
+
+        arrays = [x.float().numpy() if x.dtype == torch.bfloat16 else x.numpy() for x in inputs]
+        outs = self.fn(self.kernel, arrays)
+        res = []
+        for o, spec in zip(outs, self.kernel.outputs):
+            t = torch.from_numpy(np.array(o, order="C"))
+            res.append(t.to(torch.bfloat16) if spec.dtype == "bf16" else t)
+        return res
+
+
+def _rewrite(model: Model, groups: list[KernelGroup], kernels: Mapping[str, Any], opset: int):
+    """Rewrite each group into one fused node on ``model``; the program that runs it."""
+    from graph_autofusion.runtime.cpu_runtime import CpuProgram, kernel_step
+
+    g = model.graph
+    by_name = {n.name: n for n in g.nodes}
+    values = g.value_map()
+    lowered: list[Lowered] = []
+    steps: dict[str, Any] = {}
+    for grp in groups:
+        nodes = [by_name.get(n) for n in grp.node_names]
+        if any(n is None for n in nodes) or grp.kernel.name not in kernels:
+            continue
+        outputs = [values[o] for o in grp.output_names]
+        prologue = [by_name[n] for n in grp.prologue]
+        match = Match(nodes[-1], nodes, {}, {}, outputs)
+        inputs = [v.name for v in match.inputs()]
+        # the step reads the prologue nodes' inputs now: fuse_match detaches them
+        step = kernel_step(kernels[grp.kernel.name], inputs, prologue, opset, grp.input_names)
+        new_nodes = fuse_match(model, match, grp.fused_op, rule_name=grp.rule)
+        steps[new_nodes[0].name] = step
+        lowered.append(
+            Lowered(
+                grp.key,
+                grp.rule,
+                list(grp.node_names),
+                new_nodes,
+                [i for i in inputs if i in values and values[i].const is None],
+                list(grp.output_names),
+                [f"kernel:{grp.kernel.name}"],
+                grp.tolerance,
+                grp,
+            )
+        )
+    return lowered, CpuProgram(model, steps)
+
+
+def _time(fn: Callable[[], Any], runs: int = 7) -> float:
+    fn()
+    ts = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts) * 1e6
+
+
+def _unfused_runner(
+    nodes: list,
+    input_names: list[str],
+    consts: Mapping[str, Any],
+    opset: int,
+    acts: Mapping[str, Any] | None = None,
+):
+    """A callable running ``nodes`` (of the original model) one by one on torch's kernels:
+    what a kernel replaces. Values outside the fused node's inputs (a shape the original
+    computes at run time where the fused model has a folded constant) come from ``consts`` or
+    the captured activations ``acts``."""
+    acts = acts or {}
+    from graph_autofusion.runtime.torch_ops import OpCall
+    from graph_autofusion.runtime.torch_runtime import impl_for
+
+    calls = [(n, impl_for(n), OpCall(n, opset)) for n in nodes]
+
+    def run(*args: Any) -> None:
+        env = dict(zip(input_names, args))
+        for n, impl, call in calls:
+            ins = [
+                env[v.name]
+                if v.name in env
+                else consts.get(v.name, acts.get(v.name))
+                if v is not None
+                else None
+                for v in n.inputs
+            ]
+            out = impl(call, *ins)
+            for v, t in zip(n.outputs, out if isinstance(out, tuple | list) else (out,)):
+                env[v.name] = t
+
+    return run
+
+
+def check_kernel(
+    low: Lowered,
+    step: Any,
+    args: list[Any],
+    expected: Mapping[str, Any],
+    *,
+    floor: float,
+    unfused: Any = None,
+    speed_margin: float = 1.10,
+) -> SafetyResult:
+    """Safe mode's verdict on one kernel: its outputs on the real activations against the
+    unfused operators' (cosine, max error), then (``unfused`` given) its time against theirs."""
+    import torch
+
+    from graph_autofusion.verify.compare import compare_tensors
+
+    try:
+        with torch.no_grad():
+            got = step(None, *args)
+    except Exception as exc:  # noqa: BLE001 - a failing kernel is rolled back, never a crash
+        return SafetyResult(low.key, False, "error", f"{type(exc).__name__}: {exc}")
+    got = got if isinstance(got, tuple | list) else (got,)
+    res = SafetyResult(low.key, True, "ok", "kernel outputs equal its unfused operators'")
+    worst = None
+    for name, t in zip(low.outputs, got):
+        if name in expected:
+            cmp = compare_tensors(t.float().numpy(), expected[name].float().numpy())
+            if worst is None or cmp["cosine"] < worst["cosine"]:
+                worst = cmp
+    if worst is not None:
+        res.cosine, res.max_abs, res.max_rel = worst["cosine"], worst["max_abs"], worst["max_rel"]
+        if worst["cosine"] < floor:
+            res.passed, res.code = False, "numerics"
+            res.message = f"cosine {worst['cosine']:.6f} below {floor}"
+    if res.passed and unfused is not None:
+        with torch.no_grad():
+            res.time_unfused_us = _time(lambda: unfused(*args))
+            res.time_fused_us = _time(lambda: step(None, *args))
+        if res.time_fused_us > res.time_unfused_us * speed_margin:
+            res.passed, res.code = False, "slower"
+            res.message = (
+                f"kernel {res.time_fused_us:.1f} us vs unfused {res.time_unfused_us:.1f} us"
+            )
+    return res
+
+
+def _safe_mode(result, groups, kernels, feeds, options, build, progress) -> None:
+    from graph_autofusion.runtime.torch_runtime import TorchRunner
+
+    ref = TorchRunner(result.original)
+    acts = ref.run(feeds, keep_all=True)
+    consts = result.program.constants
+    originals = {n.name: n for n in result.original.graph.nodes}
+    failed: dict[str, SafetyResult] = {}
+    for i, low in enumerate(result.lowered):
+        if progress is not None:
+            progress("verify", i, len(result.lowered))
+        fused = low.new_nodes[0]
+        names = [v.name if v is not None else "" for v in fused.inputs]
+        args = [acts.get(n, consts.get(n)) for n in names]
+        unfused = None
+        if options.check_speed:
+            nodes = [originals[n] for n in low.original_node_names if n in originals]
+            unfused = _unfused_runner(nodes, names, consts, ref.opset, acts)
+        res = check_kernel(
+            low,
+            result.program.step_of(fused.name),
+            args,
+            acts,
+            floor=options.cosine_floor if options.cosine_floor is not None else low.tolerance,
+            unfused=unfused,
+            speed_margin=options.speed_margin,
+        )
+        result.safety[low.key] = res
+        if not res.passed:
+            failed[low.key] = res
+            result.rolled_back.append(RolledBack(low.key, low.rule, res.code, res.message, res))
+    if failed:
+        build([g for g in groups if g.key not in failed])
+
+
+def _reference_outputs(original: Model, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The original's outputs: onnxruntime's (an independent executor), else torch's."""
+    from graph_autofusion.runtime.ort_session import ort_session
+    from graph_autofusion.runtime.torch_runtime import TorchRunner
+
+    try:
+        sess = ort_session(original, "disable")
+        names = {i.name for i in sess.get_inputs()}
+        outs = sess.run(None, {k: np.asarray(v) for k, v in feeds.items() if k in names})
+        return {o.name: np.asarray(v) for o, v in zip(sess.get_outputs(), outs)}
+    except Exception:  # noqa: BLE001 - a model onnxruntime cannot run is compared in torch
+        return {k: v.float().numpy() for k, v in TorchRunner(original).run(feeds).items()}
+
+
+def _end_to_end(result, feeds, options, build, notes) -> None:
+    from graph_autofusion.verify.safety import compare_outputs
+
+    want = _reference_outputs(result.original, feeds)
+    try:
+        got = {k: v.float().numpy() for k, v in result.program.run(feeds).items()}
+    except Exception as exc:  # noqa: BLE001
+        got = {}
+        notes.append(f"the fused program failed: {type(exc).__name__}: {exc}")
+    cmp = compare_outputs(want, got, cosine_floor=options.e2e_cosine_floor)
+    passed = all(v["passed"] for v in cmp.values())
+    result.end_to_end = {"outputs": cmp, "passed": passed}
+    if not passed:
+        notes.append("the end-to-end comparison failed: every fusion rolled back")
+        for low in result.lowered:
+            result.rolled_back.append(
+                RolledBack(low.key, low.rule, "end-to-end", "the whole fused model differs")
+            )
+        build([])

@@ -1,0 +1,95 @@
+"""``profile_fusion_kernel`` (F15, F17): one fused kernel against its unfused operators.
+
+    profile_kernel(result, "bias_gelu@/layer.0/Mul_1", "host")
+    # {"kernel_us", "unfused_us", "speedup", "bytes", "achieved_gb_s", "bandwidth_gb_s",
+    #  "bandwidth_fraction", ...}
+
+Both sides run on the sample inputs' real activations (captured once with torch), alternating,
+median of ``runs``. Bytes are what the kernel must move: its inputs once and its outputs once.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from graph_autofusion.errors import GraphAutoFusionError
+
+
+def _median_us(fn: Any, runs: int) -> float:
+    fn()
+    ts = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts) * 1e6
+
+
+def profile_kernel(result: Any, key: str | int, hardware: Any, *, runs: int = 20) -> dict[str, Any]:
+    """Profile one fused group of a cpu-target result (by candidate key or index)."""
+    import torch
+
+    from graph_autofusion.cost.hardware import load_profile
+    from graph_autofusion.pipeline_cpu import _unfused_runner
+    from graph_autofusion.runtime.torch_runtime import TorchRunner
+
+    if getattr(result, "program", None) is None:
+        raise GraphAutoFusionError("profile_fusion_kernel needs a fuse() result of the cpu target")
+    lows = list(result.lowered)
+    if isinstance(key, int):
+        if not 0 <= key < len(lows):
+            raise GraphAutoFusionError(f"kernel index {key} out of range (0..{len(lows) - 1})")
+        low = lows[key]
+    else:
+        found = [x for x in lows if x.key == key]
+        if not found:
+            raise GraphAutoFusionError(f"no fused kernel {key!r}; fused: {[x.key for x in lows]}")
+        low = found[0]
+    ref = TorchRunner(result.original)
+    acts = ref.run(result.feeds, keep_all=True)
+    consts = result.program.constants
+    fused = low.new_nodes[0]
+    names = [v.name if v is not None else "" for v in fused.inputs]
+    args = [acts.get(n, consts.get(n)) for n in names]
+    step = result.program.step_of(fused.name)
+    originals = {n.name: n for n in result.original.graph.nodes}
+    unfused = _unfused_runner(
+        [originals[n] for n in low.original_node_names if n in originals],
+        names,
+        consts,
+        ref.opset,
+        acts,
+    )
+    with torch.no_grad():
+        outs = step(None, *args)
+        outs = outs if isinstance(outs, tuple | list) else (outs,)
+        kernel_us = unfused_us = 0.0
+        k_times, u_times = [], []
+        for _ in range(3):  # alternate, so both see the same machine state
+            k_times.append(_median_us(lambda: step(None, *args), max(1, runs // 3)))
+            u_times.append(_median_us(lambda: unfused(*args), max(1, runs // 3)))
+        kernel_us, unfused_us = statistics.median(k_times), statistics.median(u_times)
+    group = low.payload
+    nbytes = sum(
+        int(a.numel() * a.element_size()) for a in args if isinstance(a, torch.Tensor)
+    ) + sum(int(o.numel() * o.element_size()) for o in outs)
+    profile = load_profile(hardware) if not hasattr(hardware, "memory_bandwidth_gbs") else hardware
+    bw = float(getattr(profile, "memory_bandwidth_gbs", 0.0) or 0.0)
+    achieved = nbytes / (kernel_us * 1e-6) / 1e9 if kernel_us > 0 else 0.0
+    return {
+        "key": low.key,
+        "kernel": group.kernel.name,
+        "signature": group.kernel.signature(),
+        "fused_ops": list(group.kernel.fused_ops),
+        "shapes": [list(a.shape) for a in args if isinstance(a, torch.Tensor)],
+        "kernel_us": kernel_us,
+        "unfused_us": unfused_us,
+        "speedup": unfused_us / kernel_us if kernel_us > 0 else None,
+        "bytes": nbytes,
+        "achieved_gb_s": achieved,
+        "bandwidth_gb_s": bw,
+        "bandwidth_fraction": achieved / bw if bw else None,
+        "profile": getattr(profile, "name", str(hardware)),
+    }
