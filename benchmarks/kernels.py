@@ -106,7 +106,6 @@ def _inputs(pattern: str, shape: tuple[int, ...]) -> list[torch.Tensor]:
 
 def _graph(pattern: str, shape: tuple[int, ...]) -> str:
     body, acts, params, _ = PATTERNS[pattern]
-    dims = ",".join(str(d) for d in shape)
     ins = ", ".join(f"%{a}: f32[{','.join(str(d) for d in _shape_of(a, shape))}]" for a in acts)
     ins += "".join(f", %{p}: f32[{shape[-1]}]" for p in params)
     consts = (
@@ -114,7 +113,7 @@ def _graph(pattern: str, shape: tuple[int, ...]) -> str:
         f"  init %zero: i64[1] = [0]\n  init %half: i64[1] = [{shape[-1] // 2}]\n"
         "  init %big: i64[1] = [1000000000]\n  init %last: i64[1] = [-1]\n"
     )
-    return f"graph {pattern}({ins}) -> (%y: f32[{dims}]) {{\n{consts}  {body}\n}}"
+    return f"graph {pattern}({ins}) -> (%y) {{\n{consts}  {body}\n}}"
 
 
 def our_kernel(pattern: str, shape: tuple[int, ...]):

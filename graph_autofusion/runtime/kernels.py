@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -58,6 +59,12 @@ def torch_dtype(storage: str):
     }[storage]
 
 
+def _storage_use_count(cdata: int) -> int:
+    import torch
+
+    return int(torch._C._storage_Use_Count(cdata))
+
+
 def _is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch")
 
@@ -69,6 +76,10 @@ def default_threads() -> int:
         return int(torch.get_num_threads())
     except ImportError:  # pragma: no cover - torch is a dependency of the cpu target
         return os.cpu_count() or 1
+
+
+#: Output tensors kept per output slot for reuse.
+POOL = 4
 
 
 @dataclass
@@ -84,6 +95,7 @@ class CallPlan:
     strides_addr: int = 0
     offsets: tuple[int, ...] = ()  # byte offset of each (viewed) input from the tensor's data
     out_dtypes: tuple[Any, ...] = ()
+    pool: list[Any] = field(default_factory=list)  # last output tensor of each output slot
 
 
 def loop_shape(kernel: Kernel, shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
@@ -207,9 +219,7 @@ class KernelFunction:
             plan = self._tensor_plans[key]
         except (KeyError, AttributeError, TypeError):
             return self._call(inputs)
-        import torch
-
-        outs = [torch.empty(s, dtype=d) for s, d in zip(plan.out_shapes, plan.out_dtypes)]
+        outs = self._outputs(plan)
         ptrs = self._ptr_t(
             *[x.data_ptr() + off for x, off in zip(inputs, plan.offsets)],
             *[o.data_ptr() for o in outs],
@@ -217,6 +227,30 @@ class KernelFunction:
         plan.fn(plan.sizes_addr, ptrs, plan.strides_addr, self.threads)
         if self._out_views:
             return self._view_outputs(outs)
+        return outs
+
+    @staticmethod
+    def _outputs(plan: CallPlan) -> list[Any]:
+        """Output tensors: earlier calls' tensors that nothing references any more, neither the
+        tensor nor its storage (run-time liveness: a fresh 64 MB tensor costs ~16k page faults
+        per call), else new ones. Each output slot keeps up to ``POOL`` tensors."""
+        import torch
+
+        outs = []
+        for slot, s, d in zip(plan.pool, plan.out_shapes, plan.out_dtypes):
+            got = None
+            for t in slot:
+                # references: the slot list, ``t``, getrefcount's argument; storage: the
+                # tensor and the temporary storage object
+                if sys.getrefcount(t) <= 3 and _storage_use_count(t.untyped_storage()._cdata) <= 2:
+                    got = t
+                    break
+            if got is None:
+                got = torch.empty(s, dtype=d)
+                slot.append(got)
+                if len(slot) > POOL:
+                    del slot[0]
+            outs.append(got)
         return outs
 
     def _view_outputs(self, outs: list[Any]) -> list[Any]:
@@ -245,6 +279,7 @@ class KernelFunction:
                 fast = CallPlan(**{f: getattr(plan, f) for f in plan.__dataclass_fields__})
                 fast.offsets = tuple(x.data_ptr() - a.data_ptr() for x, a in zip(xs, inputs))
                 fast.out_dtypes = tuple(torch_dtype(o.dtype) for o in k.outputs)
+                fast.pool = [[] for _ in k.outputs]
                 tkey = tuple((a.shape, a.stride(), a.dtype) for a in inputs)
                 self._tensor_plans[tkey] = fast
 

@@ -274,3 +274,27 @@ def test_unsupported_groups_are_refused_with_a_reason_code(text, code):
         lower_group(m.graph.nodes, list(m.graph.outputs), None)
     assert info.value.code == code
     assert info.value.message
+
+
+def test_outputs_are_reused_only_when_nothing_references_them(compiled):
+    """A call reuses an earlier output tensor when neither it nor any view of its storage is
+    alive (no page faults on every call of a large kernel); never while something reads it."""
+    built, lib = compiled
+    _, _, k = built["gelu_tanh"]
+    fn = lib.kernel(k.name)
+    x = torch.randn(4, 128)
+    fn(x)  # builds the call plan
+    (a,) = fn(x)
+    ptr = a.data_ptr()
+    del a
+    (b,) = fn(x)
+    assert b.data_ptr() == ptr  # reused: nothing held it
+    view = b.view(-1)
+    kept = b.data_ptr()
+    del b
+    (c,) = fn(x)
+    assert c.data_ptr() != kept  # a view still reads the storage
+    arr = c.numpy()
+    (d,) = fn(x)
+    assert not np.shares_memory(arr, d.numpy())
+    torch.testing.assert_close(view.view(4, 128), d)
