@@ -96,6 +96,9 @@ class CallPlan:
     offsets: tuple[int, ...] = ()  # byte offset of each (viewed) input from the tensor's data
     out_dtypes: tuple[Any, ...] = ()
     pool: list[Any] = field(default_factory=list)  # last output tensor of each output slot
+    fn_addr: int = 0
+    offsets_array: Any = None  # int64 byte offsets of every operand (the shim's argument)
+    offsets_addr: int = 0
 
 
 def loop_shape(kernel: Kernel, shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
@@ -192,6 +195,9 @@ class KernelFunction:
         self._plans: dict[tuple, CallPlan] = {}
         self._tensor_plans: dict[tuple, CallPlan] = {}
         self._out_views = any(o.views for o in kernel.outputs)
+        from graph_autofusion.runtime.shim import load_shim
+
+        self._shim = load_shim() if len(kernel.inputs) + len(kernel.outputs) <= 64 else None
         self._nops = len(kernel.inputs) + len(kernel.outputs)
         self._ptr_t = ctypes.c_void_p * self._nops
 
@@ -220,6 +226,17 @@ class KernelFunction:
         except (KeyError, AttributeError, TypeError):
             return self._call(inputs)
         outs = self._outputs(plan)
+        if self._shim is not None:
+            self._shim.call(
+                plan.fn_addr,
+                plan.sizes_addr,
+                plan.strides_addr,
+                self.threads,
+                plan.offsets_addr,
+                *inputs,
+                *outs,
+            )
+            return self._view_outputs(outs) if self._out_views else outs
         ptrs = self._ptr_t(
             *[x.data_ptr() + off for x, off in zip(inputs, plan.offsets)],
             *[o.data_ptr() for o in outs],
@@ -280,6 +297,11 @@ class KernelFunction:
                 fast.offsets = tuple(x.data_ptr() - a.data_ptr() for x, a in zip(xs, inputs))
                 fast.out_dtypes = tuple(torch_dtype(o.dtype) for o in k.outputs)
                 fast.pool = [[] for _ in k.outputs]
+                fast.fn_addr = ctypes.cast(fast.fn, ctypes.c_void_p).value or 0
+                fast.offsets_array = np.asarray(
+                    list(fast.offsets) + [0] * len(k.outputs), dtype=np.int64
+                )
+                fast.offsets_addr = fast.offsets_array.ctypes.data
                 tkey = tuple((a.shape, a.stride(), a.dtype) for a in inputs)
                 self._tensor_plans[tkey] = fast
 
