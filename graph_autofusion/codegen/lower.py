@@ -257,8 +257,9 @@ def _view_of(b: _Builder, node: Node, inside: set[int]) -> View | None:
         if int(node.attr("allowzero", 0)) and 0 in shape:
             return None
         return View("reshape", tuple(shape))
-    if op == "Flatten":
-        return View("flatten", (int(node.attr("axis", 1)) % max(rank_in, 1) if rank_in else 0,))
+    if op == "Flatten":  # axis in [-r, r]: r flattens everything into the first dim
+        axis = int(node.attr("axis", 1))
+        return View("flatten", (axis + rank_in if axis < 0 else axis,))
     if op == "Unsqueeze":
         axes = _axes(node, rank_in + len(_ints(node.inputs[1]) or node.attr("axes") or []))
         return View("unsqueeze", tuple(axes or ()))

@@ -75,6 +75,11 @@ graph g(%x: f32[8,32], %t: f32[32,8]) -> (%y) {
   %a = Add(%x, %tt)
   %y = Tanh(%a)
 }""",
+    "flatten_at_rank_output_view": """
+graph g(%x: f32[3,16]) -> (%c, %y) {
+  %c = Relu(%x)
+  %y = Flatten<axis=2>(%c)
+}""",
     "reduce_axis0_no_keepdims": """
 graph g(%x: f32[6,5,7]) -> (%y) {
   %e = Exp(%x)
