@@ -5,7 +5,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: venv demo test lint bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml tools/sysdeps.sh
+	sh tools/sysdeps.sh
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
