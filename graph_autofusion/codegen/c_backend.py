@@ -103,6 +103,8 @@ def _expr(b: Instr, a: list[str], kernel: Kernel) -> str:
         return f"(({a[0]} != {a[0]} || {a[1]} != {a[1]}) ? ({a[0]} + {a[1]}) : ({a[0]} {sign} {a[1]} ? {a[0]} : {a[1]}))"
     if op == "where":
         return f"({a[0]} ? {a[1]} : {a[2]})"
+    if op == "id":
+        return a[0]
     if op == "neg":
         return f"(-{a[0]})"
     if op == "abs":
@@ -123,7 +125,8 @@ def _expr(b: Instr, a: list[str], kernel: Kernel) -> str:
     if op == "relu":
         return f"({a[0]} < 0 ? 0 : {a[0]})"
     if op == "sign":
-        return f"(({t == 'f32' and 'float' or 'int64_t'})(({a[0]} > 0) - ({a[0]} < 0)))"
+        v = f"(({t == 'f32' and 'float' or 'int64_t'})(({a[0]} > 0) - ({a[0]} < 0)))"
+        return f"({a[0]} != {a[0]} ? {a[0]} : {v})" if f32 else v
     if op == "isnan":
         return f"({a[0]} != {a[0]})"
     if op == "isinf":
@@ -139,6 +142,8 @@ def _expr(b: Instr, a: list[str], kernel: Kernel) -> str:
             return f"((float)(gaf_f16){x})"
         if rnd == "bf16":
             return f"gaf_bf16_round({x})"
+        if rnd == "i32":
+            return f"((int64_t)(int32_t){x})"
         return x
     raise ValueError(f"no C form for {op}")  # pragma: no cover
 
@@ -223,7 +228,12 @@ class _Emitter:
                 self.w(f"const {ct} v{i} = {_expr(b, [f'v{a}' for a in b.args], self.k)};", depth)
 
     def open_inner(
-        self, depth: int, reductions: Sequence[int] = (), j0: str = "0", j1: str | None = None
+        self,
+        depth: int,
+        reductions: Sequence[int] = (),
+        nan_flags: Sequence[int] = (),
+        j0: str = "0",
+        j1: str | None = None,
     ) -> int:
         for d in range(self.ni):
             last = d == self.ni - 1
@@ -232,6 +242,7 @@ class _Emitter:
                 for r in reductions:
                     kind = self.k.body[r].attr("kind")
                     clauses.append(f"reduction({_RED_OP[kind]}:v{r})")
+                clauses += [f"reduction(|:nan{r})" for r in nan_flags]
                 self.w(f"#pragma omp simd {' '.join(clauses)}".rstrip(), depth)
             lo = j0 if last else "0"
             hi = j1 if (last and j1) else f"sz[{self.no + d}]"
@@ -288,7 +299,12 @@ class _Emitter:
         self.w("int64_t row_n = 1;")
         for d in range(self.ni):
             self.w(f"row_n *= sz[{self.no + d}];")
-        self.w("if (n_outer == 0 || row_n == 0) return;")
+        # a reduction over zero elements still writes its row outputs (the identity)
+        self.w(
+            "if (n_outer == 0) return;"
+            if k.is_reduction
+            else "if (n_outer == 0 || row_n == 0) return;"
+        )
         if k.is_reduction:
             self.reduction_body(par_min)
         else:
@@ -309,7 +325,7 @@ class _Emitter:
         self.w("const int64_t lo = c * ch, hi = gaf_imin(row_n, lo + ch);", 2)
         self.prologue(2, "o")
         outs = [o.instr for o in self.k.outputs]
-        depth = self.open_inner(2, (), "lo", "hi")
+        depth = self.open_inner(2, (), (), "lo", "hi")
         self.elem_lines(self.deps(outs, ELEM), depth)
         self.stores(ELEM, depth)
         self.close_inner(depth)
@@ -341,11 +357,16 @@ class _Emitter:
         emit_row(0)
         for p in range(1, passes + 1):
             reds = [i for i, b in enumerate(body) if b.op == "reduce" and stage[i] == p]
+            nan_flags = [
+                r for r in reds if body[r].attr("kind") in ("max", "min") and body[r].ctype == "f32"
+            ]
             for r in reds:
                 kind = body[r].attr("kind")
                 init = _RED_INIT[kind] if body[r].ctype == "f32" else _RED_INIT_I[kind]
                 self.w(f"{_CTYPE[body[r].ctype]} v{r} = {init};", 2)
-            depth = self.open_inner(2, reds)
+            for r in nan_flags:  # OpenMP's max/min combination drops NaN: track it apart
+                self.w(f"int nan{r} = 0;", 2)
+            depth = self.open_inner(2, reds, nan_flags)
             need = self.deps([body[r].args[0] for r in reds], ELEM)
             self.elem_lines(need, depth)
             for r in reds:
@@ -357,8 +378,12 @@ class _Emitter:
                     self.w(f"v{r} *= {a};", depth)
                 else:
                     sign = ">" if kind == "max" else "<"
-                    self.w(f"v{r} = ({a} {sign} v{r} || {a} != {a}) ? {a} : v{r};", depth)
+                    self.w(f"v{r} = ({a} {sign} v{r}) ? {a} : v{r};", depth)
+                    if r in nan_flags:
+                        self.w(f"nan{r} |= ({a} != {a});", depth)
             self.close_inner(depth)
+            for r in nan_flags:
+                self.w(f"if (nan{r}) v{r} = NAN;", 2)
             done.update(reds)
             emit_row(p)
         elem_outs = [o.instr for o in k.outputs if o.level == ELEM]

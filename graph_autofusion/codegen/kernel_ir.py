@@ -54,7 +54,7 @@ STORAGE_COMPUTE = {
 }
 
 UNARY = (
-    "neg abs exp log sqrt recip tanh erf sigmoid relu sin cos floor ceil round sign not "
+    "id neg abs exp log sqrt recip tanh erf sigmoid relu sin cos floor ceil round sign not "
     "isnan isinf softplus log1p"
 ).split()
 BINARY = "add sub mul div pow min max eq lt le gt ge and or xor".split()

@@ -261,12 +261,20 @@ def _view_of(b: _Builder, node: Node, inside: set[int]) -> View | None:
         axis = int(node.attr("axis", 1))
         return View("flatten", (axis + rank_in if axis < 0 else axis,))
     if op == "Unsqueeze":
-        axes = _axes(node, rank_in + len(_ints(node.inputs[1]) or node.attr("axes") or []))
-        return View("unsqueeze", tuple(axes or ()))
+        given = node.attr("axes")
+        if given is None and len(node.inputs) > 1:
+            given = _ints(node.inputs[1])
+        if given is None:
+            return None
+        r = rank_in + len(given)
+        return View("unsqueeze", tuple(sorted(int(a) % r for a in given)))
     if op == "Squeeze":
         axes = _axes(node, rank_in)
-        if axes is None:
-            axes = [i for i, d in enumerate(b.shape(x)) if d == 1]
+        if axes is None:  # the dims that are 1: only when the declared shape proves it
+            sym = x.shape
+            if sym is None or any(not isinstance(d, int) for d in sym):
+                return None
+            axes = [i for i, d in enumerate(sym) if d == 1]
         return View("squeeze", tuple(axes))
     if op == "Slice":
         if len(node.inputs) < 3:  # opset < 10: attributes
@@ -380,7 +388,7 @@ def _lower_node(b: _Builder, node: Node) -> None:
         to = b.dtype(outs[0])
         storage = storage_of(to, f"{node.name} output")
         a = val(ins[0])
-        rnd = storage if storage in ("f16", "bf16") else ""
+        rnd = storage if storage in ("f16", "bf16", "i32") else ""
         b.set(
             outs[0],
             b.emit("cast", (a,), STORAGE_COMPUTE[storage], to=STORAGE_COMPUTE[storage], round=rnd),
@@ -394,8 +402,8 @@ def _lower_node(b: _Builder, node: Node) -> None:
             )
         b.shape_sources.append(tuple(shape))
         a = val(ins[0])
-        b.set(outs[0], a)
-        b.shapes[b.env[id(outs[0])]] = b.shape(outs[0])
+        wide = _broadcast([b.shapes[a], tuple(shape)])
+        b.set(outs[0], b.emit("id", (a,), shape=wide))  # its own shape: the source keeps its
         return
     if op in _ACTIVATIONS:
         b.set(outs[0], _ACTIVATIONS[op](b, node, val(ins[0])))
@@ -436,7 +444,9 @@ def _lower_node(b: _Builder, node: Node) -> None:
         _layer_norm(b, node)
         return
     if op in ("Unsqueeze", "Squeeze", "Reshape", "Flatten") and _leading_ones_only(b, node):
-        b.set(outs[0], val(ins[0]))
+        a = val(ins[0])
+        shape = b.declared(outs[0]) or _leading_reshape(node, b.shapes[a])
+        b.set(outs[0], b.emit("id", (a,), shape=shape))  # the output's own rank
         return
     if op in _VIEW_OPS:
         raise KernelRefused(
@@ -489,6 +499,19 @@ def _leading_ones_only(b: _Builder, node: Node) -> bool:
 
     a, c = strip(x.shape), strip(y.shape)
     return a == c and all(d is not None for d in a)
+
+
+def _leading_reshape(node: Node, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape after a leading-ones Unsqueeze/Squeeze (its rank is what reductions see)."""
+    axes = node.attr("axes")
+    if axes is None and len(node.inputs) > 1 and node.inputs[1] is not None:
+        axes = _ints(node.inputs[1])
+    k = len(axes or ())
+    if node.op_type == "Unsqueeze":
+        return (1,) * k + tuple(shape)
+    if node.op_type == "Squeeze":
+        return tuple(shape[k:])
+    return tuple(shape)
 
 
 def _act_gelu(b: _Builder, node: Node, x: int) -> int:
@@ -627,7 +650,13 @@ def _reduce(b: _Builder, node: Node) -> None:
     axes = _axes(node, rank)
     if axes is None:
         if int(node.attr("noop_with_empty_axes", 0)):
-            b.set(node.outputs[0], x)
+            if op == "ReduceSumSquare":
+                x = b.emit("mul", (x, x))
+            elif op in ("ReduceL1", "ReduceL2"):
+                x = b.emit("abs", (x,))
+            elif op not in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd"):
+                raise KernelRefused(KernelReason.UNSUPPORTED_OP, f"{op} ({node.name})")
+            b.set(node.outputs[0], b.emit("id", (x,)))
             return
         axes = list(range(rank))
     keep = int(node.attr("keepdims", 1))
@@ -827,7 +856,7 @@ def lower_group(
     # the loop shape: every value broadcasts to it
     shapes = [s for s in b.shapes.values()] + list(b.shape_sources)
     loop = _broadcast(shapes)
-    widest = max((o.rank for o in outs), default=0)
+    widest = max(1, max((o.rank for o in outs), default=0))  # rank 0 runs as rank 1
     loop = (1,) * (widest - len(loop)) + tuple(loop)
     rank = len(loop)
     reduce_axes: tuple[int, ...] = ()
@@ -895,7 +924,6 @@ def _levels(b: _Builder, rank: int, reduce_axes: tuple[int, ...]) -> list[Instr]
         if not reduce_axes:
             out.append(ins)
             continue
-        shape = (1,) * (rank - len(b.shapes[i])) + tuple(b.shapes[i])
         if ins.op == "reduce":
             level = ROW
         elif ins.op in ("const", "rowlen"):
@@ -905,8 +933,8 @@ def _levels(b: _Builder, rank: int, reduce_axes: tuple[int, ...]) -> list[Instr]
             if sym is not None and len(sym) == len(b.shapes[i]):
                 sym = (1,) * (rank - len(sym)) + tuple(sym)
                 ones = all(sym[a] == 1 and isinstance(sym[a], int) for a in reduce_axes)
-            else:
-                ones = all(shape[a] == 1 for a in reduce_axes)
+            else:  # no declared shape: a sample 1 may be a symbol; elem is always correct
+                ones = False
             level = ROW if ones else ELEM
         else:
             level = ROW if all(out[a].level == ROW for a in ins.args) else ELEM

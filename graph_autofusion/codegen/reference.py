@@ -32,6 +32,8 @@ def bf16_round(x: np.ndarray) -> np.ndarray:
 
 
 def _round_to(x: np.ndarray, storage: str) -> np.ndarray:
+    if storage == "i32":
+        return x.astype(np.int32).astype(np.int64)
     if storage == "f16":
         return x.astype(np.float16).astype(np.float32)
     if storage == "bf16":
@@ -41,6 +43,7 @@ def _round_to(x: np.ndarray, storage: str) -> np.ndarray:
 
 def _unary(op: str, a: np.ndarray) -> np.ndarray:
     f = {
+        "id": lambda v: v,
         "neg": np.negative,
         "abs": np.abs,
         "exp": np.exp,

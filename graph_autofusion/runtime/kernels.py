@@ -157,6 +157,28 @@ def plan_strides(
     return new_sizes, new_st
 
 
+def output_operands(
+    kernel: Kernel, loop: tuple[int, ...], shapes: Sequence[tuple[int, ...]]
+) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Each (contiguous) output's shape and strides as an operand over the loop. An output
+    without its reduced axes gets the loop's rank back (size 1, stride 0 on the reduced axes):
+    aligning its shorter shape from the right would put its strides on the wrong axes."""
+    red = set(kernel.reduce_axes)
+    out = []
+    for o, s in zip(kernel.outputs, shapes):
+        st = contiguous_strides(s)
+        if o.level == ROW and not o.keepdims:
+            kept = [a for a in range(len(loop)) if a not in red]
+            kept = kept[len(kept) - len(s) :] if s else []
+            full_shape, full_st = [1] * len(loop), [0] * len(loop)
+            for a, d, t in zip(kept, s, st):
+                full_shape[a], full_st[a] = d, t
+            out.append((tuple(full_shape), tuple(full_st)))
+        else:
+            out.append((tuple(s), st))
+    return out
+
+
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     out, acc = [], 1
     for d in reversed(shape):
@@ -174,7 +196,7 @@ def inner_classes(kernel: Kernel, input_shapes: Sequence[tuple[int, ...]]) -> tu
     for x in xs:
         shapes.append((tuple(x.shape), element_strides(x)))
     loop = loop_shape(kernel, [s for s, _ in shapes])
-    outs = [(s, contiguous_strides(s)) for s in output_shapes(kernel, loop)]
+    outs = output_operands(kernel, loop, output_shapes(kernel, loop))
     _, st = plan_strides(kernel, loop, shapes + outs)
     return tuple(0 if p[-1] == 0 else 1 for p in st)
 
@@ -206,7 +228,7 @@ class KernelFunction:
         shapes = [(tuple(int(d) for d in x.shape), element_strides(x)) for x in xs]
         loop = loop_shape(k, [s for s, _ in shapes])
         oshapes = output_shapes(k, loop)
-        outs = [(s, contiguous_strides(s)) for s in oshapes]
+        outs = output_operands(k, loop, oshapes)
         sizes, st = plan_strides(k, loop, shapes + outs)
         fast = self._fast is not None and all(
             p[-1] == c or sizes[-1] == 1 for p, c in zip(st, k.inner_classes)
@@ -289,8 +311,12 @@ class KernelFunction:
             import torch
 
             same = all(
-                isinstance(a, torch.Tensor) and a.dtype == torch_dtype(i.dtype)
-                for a, i in zip(inputs, k.inputs)
+                isinstance(a, torch.Tensor)
+                and a.dtype == torch_dtype(i.dtype)
+                # a view that had to copy (a Reshape of a non-contiguous layout) has no fixed
+                # offset from the caller's tensor: such calls keep taking this slow path
+                and x.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()
+                for a, x, i in zip(inputs, xs, k.inputs)
             )
             if same:  # later calls with these tensors' layout skip all of the above
                 fast = CallPlan(**{f: getattr(plan, f) for f in plan.__dataclass_fields__})
