@@ -307,7 +307,8 @@ def _rewrite(model: Model, groups: list[KernelGroup], kernels: Mapping[str, Any]
     return lowered, CpuProgram(model, steps)
 
 
-def _time(fn: Callable[[], Any], runs: int = 7) -> float:
+def median_us(fn: Callable[[], Any], runs: int = 7) -> float:
+    """Median microseconds of ``runs`` calls of ``fn`` after one warm-up call."""
     fn()
     ts = []
     for _ in range(runs):
@@ -388,8 +389,8 @@ def check_kernel(
             res.message = f"cosine {worst['cosine']:.6f} below {floor}"
     if res.passed and unfused is not None:
         with torch.no_grad():
-            res.time_unfused_us = _time(lambda: unfused(*args))
-            res.time_fused_us = _time(lambda: step(None, *args))
+            res.time_unfused_us = median_us(lambda: unfused(*args))
+            res.time_fused_us = median_us(lambda: step(None, *args))
         if res.time_fused_us > res.time_unfused_us * speed_margin:
             res.passed, res.code = False, "slower"
             res.message = (

@@ -11,20 +11,9 @@ median of ``runs``. Bytes are what the kernel must move: its inputs once and its
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Any
 
 from graph_autofusion.errors import GraphAutoFusionError
-
-
-def _median_us(fn: Any, runs: int) -> float:
-    fn()
-    ts = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts) * 1e6
 
 
 def profile_kernel(result: Any, key: str | int, hardware: Any, *, runs: int = 20) -> dict[str, Any]:
@@ -32,7 +21,7 @@ def profile_kernel(result: Any, key: str | int, hardware: Any, *, runs: int = 20
     import torch
 
     from graph_autofusion.cost.hardware import load_profile
-    from graph_autofusion.pipeline_cpu import _unfused_runner
+    from graph_autofusion.pipeline_cpu import _unfused_runner, median_us
     from graph_autofusion.runtime.torch_runtime import TorchRunner
 
     if getattr(result, "program", None) is None:
@@ -68,8 +57,8 @@ def profile_kernel(result: Any, key: str | int, hardware: Any, *, runs: int = 20
         kernel_us = unfused_us = 0.0
         k_times, u_times = [], []
         for _ in range(3):  # alternate, so both see the same machine state
-            k_times.append(_median_us(lambda: step(None, *args), max(1, runs // 3)))
-            u_times.append(_median_us(lambda: unfused(*args), max(1, runs // 3)))
+            k_times.append(median_us(lambda: step(None, *args), max(1, runs // 3)))
+            u_times.append(median_us(lambda: unfused(*args), max(1, runs // 3)))
         kernel_us, unfused_us = statistics.median(k_times), statistics.median(u_times)
     group = low.payload
     nbytes = sum(
