@@ -177,15 +177,20 @@ class _Emitter:
         self.no = kernel.rank - self.ni
         self.D = kernel.rank
         self.lines: list[str] = []
+        self.active_branch = 0  # the Concat branch the current inner loop computes
 
     def w(self, line: str, depth: int = 1) -> None:
         self.lines.append("    " * depth + line)
 
     def inner_offset(self, p: int) -> str:
-        """Offset of operand ``p`` inside the row (the inner loops' indices)."""
+        """Offset of operand ``p`` inside the row (the inner loops' indices); an input read in
+        a Concat branch is read at the branch's own index."""
         terms = []
+        branch = self.k.inputs[p].branch if p < len(self.k.inputs) else None
         for d in range(self.ni):
             j = f"j{d}"
+            if branch is not None and d == self.ni - 1:
+                j = f"(j{d} - cof{branch[1]})"
             if d == self.ni - 1 and not self.generic:
                 cls = self.k.inner_classes[p]
                 if cls == 1:
@@ -205,7 +210,9 @@ class _Emitter:
             if i in need or body[i].level != level:
                 continue
             need.add(i)
-            if i not in stop:
+            if body[i].op == "concat":
+                stack.append(body[i].args[self.active_branch])
+            elif i not in stop:
                 stack.extend(body[i].args)
         return sorted(need)
 
@@ -218,6 +225,8 @@ class _Emitter:
                 self.w(f"const {ct} v{i} = {_load(self.k, b, self.inner_offset(inp))};", depth)
             elif b.op == "rowlen":
                 self.w(f"const float v{i} = (float)row_n;", depth)
+            elif b.op == "concat":
+                self.w(f"const {ct} v{i} = v{b.args[self.active_branch]};", depth)
             else:
                 self.w(f"const {ct} v{i} = {_expr(b, [f'v{a}' for a in b.args], self.k)};", depth)
 
@@ -332,10 +341,28 @@ class _Emitter:
         self.w("const int64_t lo = c * ch, hi = gaf_imin(row_n, lo + ch);", 2)
         self.prologue(2, "o")
         outs = [o.instr for o in self.k.outputs]
-        depth = self.open_inner(2, (), (), "lo", "hi")
-        self.elem_lines(self.deps(outs, ELEM), depth)
-        self.stores(ELEM, depth)
-        self.close_inner(depth)
+        if self.k.concat is None:
+            depth = self.open_inner(2, (), (), "lo", "hi")
+            self.elem_lines(self.deps(outs, ELEM), depth)
+            self.stores(ELEM, depth)
+            self.close_inner(depth)
+        else:  # one inner loop per Concat branch over its part of [lo, hi)
+            n = len(self.k.concat[1])
+            for b in range(n + 1):
+                self.w(f"const int64_t cof{b} = sz[{self.D + b}];", 2)
+            for b in range(n):
+                self.active_branch = b
+                self.w(
+                    f"{{ const int64_t blo = lo > cof{b} ? lo : cof{b}, "
+                    f"bhi = hi < cof{b + 1} ? hi : cof{b + 1};",
+                    2,
+                )
+                depth = self.open_inner(3, (), (), "blo", "bhi")
+                self.elem_lines(self.deps(outs, ELEM), depth)
+                self.stores(ELEM, depth)
+                self.close_inner(depth)
+                self.w("}", 2)
+            self.active_branch = 0
         self.w("}")
 
     def reduction_body(self, par_min: int) -> None:

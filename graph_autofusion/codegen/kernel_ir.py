@@ -21,6 +21,9 @@ Instructions (``op``, arguments, attributes):
   or xor``; ternary: ``where``.
 * ``cast`` (attrs ``to`` compute type, ``round`` storage type or ``""``): convert, rounding
   through fp16/bf16 when the ONNX cast goes to one.
+* ``concat`` (arguments: one per branch): along the last loop axis, branch ``b`` for the
+  indices ``[offset_b, offset_b + length_b)``; loads inside a branch read at the branch's own
+  index. The C kernel runs one inner loop per branch.
 * ``reduce`` (attr ``kind``: ``sum max min prod``): the reduction of an ``elem`` argument over
   the reduced axes; the result is ``row``-level.
 
@@ -115,6 +118,9 @@ class KernelInput:
     name: str
     dtype: str
     views: tuple[View, ...] = ()
+    #: ``(concat instr, branch)``: read inside that branch of a ``Concat``, at the branch's
+    #: own index along the last axis (it is left out of the loop shape).
+    branch: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -151,6 +157,9 @@ class Kernel:
     #: Inner-stride class of every operand (inputs then outputs) on the fast path:
     #: ``1`` contiguous, ``0`` broadcast; set at compile time from the sample shapes.
     inner_classes: tuple[int, ...] = field(default=())
+    #: The kernel's ``Concat`` along the last loop axis (at most one): its instruction and, per
+    #: branch, the input whose extent along that axis is the branch's length.
+    concat: tuple[int, tuple[int, ...]] | None = None
 
     @property
     def is_reduction(self) -> bool:
@@ -187,6 +196,8 @@ class Kernel:
             ],
             "shape_sources": [list(s) for s in self.shape_sources],
             "inner_classes": list(self.inner_classes),
+            "concat": [self.concat[0], list(self.concat[1])] if self.concat else None,
+            "branches": [list(i.branch) if i.branch else None for i in self.inputs],
         }
 
     def digest(self) -> str:

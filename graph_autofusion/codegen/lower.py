@@ -109,6 +109,10 @@ class _Builder:
         self.dropped: dict[int, int] = {}
         self.symbolic: dict[int, tuple | None] = {}  # load instr -> the value's declared shape
         self.input_values: list[Value] = []  # the (viewed) value each kernel input loads
+        self.branch: tuple[int, int] | None = None  # lowering inside a Concat branch
+        self.main_env: dict[int, int] = {}
+        self.branch_nodes: dict[int, list[Node]] = {}  # id(concat input) -> its own nodes
+        self.concat: tuple[int, tuple[int, ...]] | None = None
         self.body: list[Instr] = []
         self.env: dict[int, int] = {}  # id(Value) -> instr index
         self.inputs: list[KernelInput] = []
@@ -172,6 +176,14 @@ class _Builder:
             raise KernelRefused(KernelReason.UNSUPPORTED_OP, "an omitted input is read")
         if id(v) in self.env:
             return self.env[id(v)]
+        if self.branch is not None and id(v) in self.main_env:
+            i = self.main_env[id(v)]
+            if self.body[i].op == "const":
+                return i
+            raise KernelRefused(
+                KernelReason.LAYOUT_INSIDE,
+                f"a Concat branch reads {v.name!r}, computed outside the branch",
+            )
         c = const_value(v)
         dt = self.dtype(v)
         if dt is None and id(v) in self.views:  # a view has its source's dtype
@@ -187,10 +199,10 @@ class _Builder:
             self.env[id(v)] = idx
             return idx
         source, views = self.views.get(id(v), (v, ()))
-        key = (source.name, views)
+        key = (source.name, views, self.branch)
         if key not in self.input_index:
             self.input_index[key] = len(self.inputs)
-            self.inputs.append(KernelInput(source.name, storage, views))
+            self.inputs.append(KernelInput(source.name, storage, views, self.branch))
             self.input_values.append(v)
         shape = self.declared(v)
         if shape is None and views:  # the view's shape from its source's
@@ -201,6 +213,13 @@ class _Builder:
         self.symbolic[idx] = v.shape
         self.env[id(v)] = idx
         return idx
+
+    def shapes_of_input(self, i: int) -> tuple[int, ...]:
+        """The (viewed) shape kernel input ``i`` is loaded with."""
+        for j, ins in enumerate(self.body):
+            if ins.op == "load" and ins.attr("input") == i:
+                return self.shapes[j]
+        return ()
 
     def set(self, v: Value, idx: int) -> None:
         self.env[id(v)] = idx
@@ -448,6 +467,9 @@ def _lower_node(b: _Builder, node: Node) -> None:
         shape = b.declared(outs[0]) or _leading_reshape(node, b.shapes[a])
         b.set(outs[0], b.emit("id", (a,), shape=shape))  # the output's own rank
         return
+    if op == "Concat":
+        _concat(b, node)
+        return
     if op in _VIEW_OPS:
         raise KernelRefused(
             KernelReason.LAYOUT_INSIDE,
@@ -455,6 +477,92 @@ def _lower_node(b: _Builder, node: Node) -> None:
             f"can be viewed)",
         )
     raise KernelRefused(KernelReason.UNSUPPORTED_OP, f"{op} ({node.name}) has no kernel lowering")
+
+
+def _concat(b: _Builder, node: Node) -> None:
+    """``Concat`` along the last axis: each branch (the input and the nodes only it needs) is
+    lowered on its own, its loads tagged, so the C kernel can run one inner loop per branch."""
+    out = node.outputs[0]
+    rank = len(b.shape(node.inputs[0]))
+    axis = int(node.attr("axis", 0))
+    axis = axis + rank if axis < 0 else axis
+    if axis != rank - 1:
+        raise KernelRefused(KernelReason.LAYOUT_INSIDE, f"{node.name}: Concat on an inner axis")
+    if b.concat is not None or b.branch is not None:
+        raise KernelRefused(KernelReason.LAYOUT_INSIDE, f"{node.name}: a second Concat")
+    args, shapes = [], []
+    b.main_env = b.env
+    for k, u in enumerate(node.inputs):
+        b.branch, b.env = (-1, k), {}
+        try:
+            for n in b.branch_nodes.get(id(u), []):
+                _lower_node(b, n)
+            idx = b.value(u)
+        finally:
+            b.branch, b.env = None, b.main_env
+        args.append(idx)
+        shapes.append(b.shapes[idx])
+    shape = b.declared(out)
+    if shape is None:
+        lead = _broadcast([s[:-1] for s in shapes])
+        shape = (*lead, sum(s[-1] for s in shapes))
+    b.body.append(Instr("concat", tuple(args), (("axis", -1),), b.body[args[0]].ctype, ELEM))
+    cid = len(b.body) - 1
+    b.shapes[cid] = shape
+    # each branch's length along the axis comes from one of its inputs at run time
+    reps = []
+    for k in range(len(args)):
+        rep = next(
+            (
+                i
+                for i, inp in enumerate(b.inputs)
+                if inp.branch == (-1, k) and b.shapes_of_input(i)[-1:] == shapes[k][-1:] != (1,)
+            ),
+            None,
+        )
+        if rep is None:
+            raise KernelRefused(
+                KernelReason.LAYOUT_INSIDE, f"{node.name}: branch {k} reads no input of its length"
+            )
+        reps.append(rep)
+    b.inputs = [
+        KernelInput(i.name, i.dtype, i.views, (cid, i.branch[1])) if i.branch else i
+        for i in b.inputs
+    ]
+    b.concat = (cid, tuple(reps))
+    b.set(out, cid)
+
+
+def _branch_nodes(nodes: Sequence[Node], outputs: Sequence[Value]) -> dict[int, list[Node]]:
+    """Per ``Concat`` input: the group nodes whose results reach only that input (they are
+    lowered inside the branch, at its own index)."""
+    out_ids = {id(v) for v in outputs}
+    pos = {id(n): i for i, n in enumerate(nodes)}
+    found: dict[int, list[Node]] = {}
+    for c in nodes:
+        if c.op_type != "Concat":
+            continue
+        for u in c.inputs:
+            if u is None:
+                continue
+            mine: set[int] = set()
+            frontier = [u]
+            while frontier:
+                v = frontier.pop()
+                n = v.producer
+                if n is None or id(n) not in pos or id(n) in mine:
+                    continue
+                ok = all(
+                    id(o) not in out_ids
+                    and all((user is c and o is u) or id(user) in mine for user in o.user_nodes)
+                    for o in n.outputs
+                )
+                if not ok:
+                    continue
+                mine.add(id(n))
+                frontier.extend(x for x in n.inputs if x is not None)
+            found[id(u)] = sorted((n for n in nodes if id(n) in mine), key=lambda n: pos[id(n)])
+    return found
 
 
 def _graph_outputs(node: Node) -> set[str]:
@@ -819,8 +927,11 @@ def lower_group(
                 out_views[id(out)] = (src, (*chain, view))
                 continue
         body_nodes.append(n)
+    b.branch_nodes = _branch_nodes(body_nodes, outputs)
+    in_branch = {id(n) for ns in b.branch_nodes.values() for n in ns}
     for n in body_nodes:
-        _lower_node(b, n)
+        if id(n) not in in_branch:
+            _lower_node(b, n)
     outs: list[KernelOutput] = []
     dropped = b.dropped
     for v in outputs:
@@ -854,7 +965,11 @@ def lower_group(
             KernelOutput(v_out.name, storage, idx, ELEM, id(v) not in dropped, out_rank, views)
         )
     # the loop shape: every value broadcasts to it
-    shapes = [s for s in b.shapes.values()] + list(b.shape_sources)
+    in_branches = {
+        j for j, ins in enumerate(b.body) if ins.op == "load" and b.inputs[ins.attr("input")].branch
+    }
+    branch_instrs = _branch_instrs(b, in_branches)
+    shapes = [s for j, s in b.shapes.items() if j not in branch_instrs] + list(b.shape_sources)
     loop = _broadcast(shapes)
     widest = max(1, max((o.rank for o in outs), default=0))  # rank 0 runs as rank 1
     loop = (1,) * (widest - len(loop)) + tuple(loop)
@@ -895,6 +1010,11 @@ def lower_group(
                     KernelReason.REDUCTION_MISMATCH,
                     f"{n.name} reads {v.name!r}, a reduction without keepdims, inside the group",
                 )
+    if b.concat is not None and (reduce_axes or b.shapes[b.concat[0]][-1:] != loop[-1:]):
+        raise KernelRefused(
+            KernelReason.LAYOUT_INSIDE,
+            "a Concat only along the last axis of an elementwise kernel's loop",
+        )
     kernel = Kernel(
         name,
         rank,
@@ -905,8 +1025,23 @@ def lower_group(
         tuple(n.op_type for n in prologue + nodes),
         tuple(n.name for n in prologue + nodes),
         tuple(b.shape_sources),
+        concat=b.concat,
     )
     return GroupLowering(kernel, prologue)
+
+
+def _branch_instrs(b: _Builder, seeds: set[int]) -> set[int]:
+    """Instructions computed inside a Concat branch (from its loads, up to the concat)."""
+    inside = set(seeds)
+    for j, ins in enumerate(b.body):
+        if (
+            ins.op != "concat"
+            and ins.args
+            and all(a in inside or b.body[a].op == "const" for a in ins.args)
+            and any(a in inside for a in ins.args)
+        ):
+            inside.add(j)
+    return inside
 
 
 def _fill_types(nodes: Sequence[Node], binding: Any, opset: int) -> None:

@@ -127,6 +127,18 @@ def run_reference(kernel: Kernel, inputs: Sequence[Any]) -> list[np.ndarray]:
                 v = env[b.args[0]]
                 v = (v != 0) if b.attr("to") == "bool" else v.astype(_CT[b.attr("to")])
                 v = _round_to(v, b.attr("round", "")) if b.attr("round") else v
+            elif b.op == "concat":
+                from graph_autofusion.runtime.kernels import concat_lengths
+
+                lengths = concat_lengths(kernel, [tuple(x.shape) for x in xs])
+                parts = [
+                    np.broadcast_to(
+                        env[a], np.broadcast_shapes(env[a].shape, (1,) * (r - 1) + (n,))
+                    )
+                    for a, n in zip(b.args, lengths)
+                ]
+                lead = np.broadcast_shapes(*[p.shape[:-1] for p in parts])
+                v = np.concatenate([np.broadcast_to(p, (*lead, p.shape[-1])) for p in parts], -1)
             elif b.op == "where":
                 v = np.where(env[b.args[0]], env[b.args[1]], env[b.args[2]])
             elif len(b.args) == 1:

@@ -103,9 +103,24 @@ class CallPlan:
 
 def loop_shape(kernel: Kernel, shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
     """The loop shape of a call: every input and ``Expand`` shape broadcast, padded to the
-    kernel's rank."""
-    f = tuple(int(d) for d in np.broadcast_shapes(*shapes, *kernel.shape_sources))
-    return (1,) * (kernel.rank - len(f)) + f
+    kernel's rank. Inputs read inside a Concat branch are left out; the Concat's axis is the
+    sum of its branches' lengths."""
+    main = [s for s, i in zip(shapes, kernel.inputs) if i.branch is None]
+    f = tuple(int(d) for d in np.broadcast_shapes(*main, *kernel.shape_sources))
+    f = (1,) * (kernel.rank - len(f)) + f
+    if kernel.concat is not None:
+        total = sum(concat_lengths(kernel, shapes))
+        if f[-1] == 1:
+            f = (*f[:-1], total)
+        elif f[-1] != total:
+            raise ValueError(f"kernel {kernel.name}: Concat of length {total}, loop {f}")
+    return f
+
+
+def concat_lengths(kernel: Kernel, shapes: Sequence[tuple[int, ...]]) -> list[int]:
+    """Each Concat branch's length along the last axis, from its representative input."""
+    assert kernel.concat is not None
+    return [int(shapes[rep][-1]) if shapes[rep] else 1 for rep in kernel.concat[1]]
 
 
 def output_shapes(kernel: Kernel, loop: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -133,6 +148,8 @@ def plan_strides(
     red = list(kernel.reduce_axes)
     order = [a for a in range(r) if a not in red] + red
     groups = [0] * (r - len(red)) + [1] * len(red)
+    if kernel.concat is not None and loop[-1] == 1:
+        raise ValueError(f"kernel {kernel.name}: a Concat of length 1 is not supported")
     per = []
     for shape, strides in operands:
         s = loop_strides(shape, strides, loop)
@@ -140,6 +157,8 @@ def plan_strides(
     sizes = [loop[a] for a in order]
     if not red:
         groups = [0] * r
+        if kernel.concat is not None:  # the Concat axis keeps its own loop
+            groups[-1] = 2
     sizes, per, groups = collapse(sizes, per, groups)
     ni = kernel.inner_count
     if red:
@@ -233,6 +252,9 @@ class KernelFunction:
         fast = self._fast is not None and all(
             p[-1] == c or sizes[-1] == 1 for p, c in zip(st, k.inner_classes)
         )
+        if k.concat is not None:  # the branches' offsets along the last axis follow the sizes
+            lengths = concat_lengths(k, [s for s, _ in shapes])
+            sizes = list(sizes) + [int(x) for x in np.cumsum([0, *lengths])]
         sz = np.asarray(sizes, dtype=np.int64)
         stv = np.asarray([v for p in st for v in p], dtype=np.int64)
         plan = CallPlan(self._fast if fast else self._generic, sz, stv, oshapes, fast)

@@ -75,6 +75,20 @@ graph g(%x: f32[8,32], %t: f32[32,8]) -> (%y) {
   %a = Add(%x, %tt)
   %y = Tanh(%a)
 }""",
+    "rotary_half_split": """
+graph g(%x: f32[1,4,16,64], %cos: f32[1,1,16,64], %sin: f32[1,1,16,64]) -> (%y) {
+  init %zero: i64[1] = [0]
+  init %half: i64[1] = [32]
+  init %big: i64[1] = [9223372036854775807]
+  init %last: i64[1] = [-1]
+  %x1 = Slice(%x, %zero, %half, %last)
+  %x2 = Slice(%x, %half, %big, %last)
+  %n2 = Neg(%x2)
+  %rot = Concat<axis=-1>(%n2, %x1)
+  %a = Mul(%x, %cos)
+  %c = Mul(%rot, %sin)
+  %y = Add(%a, %c)
+}""",
     "flatten_at_rank_output_view": """
 graph g(%x: f32[3,16]) -> (%c, %y) {
   %c = Relu(%x)
@@ -150,6 +164,8 @@ def test_one_kernel_per_group_with_the_right_structure(compiled):
     red = built["reduce_axis0_no_keepdims"][2]
     assert red.reduce_axes == (0,) and red.outputs[0].level == ROW
     assert not red.outputs[0].keepdims
+    rot = built["rotary_half_split"][2]
+    assert rot.concat is not None and sum(i.branch is not None for i in rot.inputs) == 2
     view = built["transposed_input"][2]
     assert [v.op for v in view.inputs[1].views] == ["transpose"]
 
