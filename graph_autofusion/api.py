@@ -192,21 +192,33 @@ class GraphAutoFusion:
             self.sample_inputs = generate_inputs(self.model)
         return self.sample_inputs
 
-    def analyze(self, *, hardware: Any = None, strategy: str | None = None):
+    def analyze(
+        self, *, hardware: Any = None, strategy: str | None = None, other_targets: bool = False
+    ):
         """Cost every candidate on the hardware profile and plan for this object's target (an
         ``AnalysisReport``): the plan :meth:`fuse` carries out, on the same shape-folded copy,
-        with every candidate the target cannot execute refused with its reason."""
+        with every candidate the target cannot execute refused with its reason.
+        ``other_targets``: also plan for the other target and list what it would fuse apart
+        (``report.other_targets``)."""
         from graph_autofusion.pipeline import plan_for_target
 
         opts = self.options if strategy is None else self.options.replace(strategy=strategy)
-        return plan_for_target(
-            self.model,
-            self.rules,
-            hardware if hardware is not None else self.hardware,
-            opts,
-            self.feeds(),
-            model_name=self.source_name,
+        profile = hardware if hardware is not None else self.hardware
+        report = plan_for_target(
+            self.model, self.rules, profile, opts, self.feeds(), model_name=self.source_name
         )[1]
+        if other_targets:  # listed apart: what the other target would plan instead
+            for name in ("onnxruntime", "cpu"):
+                if name == opts.target:
+                    continue
+                alt = plan_for_target(
+                    self.model, self.rules, profile, opts.replace(target=name), self.feeds()
+                )[1]
+                report.other_targets[name] = {
+                    "fusions": len(alt.chosen),
+                    "performance_improvement": alt.performance_improvement,
+                }
+        return report
 
     def estimate_benefit(self, **kwargs: Any) -> dict[str, Any]:
         """``performance_improvement``, ``hbm_access_reduction`` and times of the plan."""

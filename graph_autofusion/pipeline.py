@@ -180,6 +180,7 @@ def plan_for_target(
         target=target if target.name != "onnxruntime" else None,
         model_name=model_name,
     )
+    analysis.target = target.name
     return work, analysis, folding, target
 
 

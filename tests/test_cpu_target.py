@@ -142,3 +142,17 @@ def test_safe_mode_times_every_kernel_and_rolls_back_a_kernel_that_fails_to_comp
     assert {b.key for b in failed} == {g.key for g in base.kernels if g.kernel.name == victim}
     assert r.lowered and all(low.payload.kernel.name != victim for low in r.lowered)
     assert r.end_to_end["passed"]
+
+
+def test_analyze_lists_what_the_other_target_would_fuse(capsys):
+    from graph_autofusion.cli import main
+
+    path = export_onnx("minilm", "torchscript")
+    gaf = GraphAutoFusion(str(path), sample_inputs=example_feeds("minilm"))
+    report = gaf.analyze(other_targets=True)
+    assert report.target == "onnxruntime"
+    assert set(report.other_targets) == {"cpu"} and report.other_targets["cpu"]["fusions"] > 0
+    assert "the cpu target would fuse" in report.to_text()
+    assert main(["analyze", str(path), "--target", "cpu", "--compare-targets", "--brief"]) == 0
+    out = capsys.readouterr().out
+    assert "plan for the cpu target" in out and "the onnxruntime target would fuse" in out

@@ -189,6 +189,8 @@ class AnalysisReport:
     timings: dict[str, float] = field(default_factory=dict)
     binding: Any = field(default=None, repr=False)  # the ShapeBinding the costs used
     target: str | None = None
+    #: What other targets would plan instead: name -> {"fusions", "performance_improvement"}.
+    other_targets: dict[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ derived numbers
     @property
@@ -262,6 +264,8 @@ class AnalysisReport:
             "shapes": {"method": self.binding_method, "symbols": self.symbols},
             "plan_notes": list(self.plan.notes),
             "timings_s": dict(self.timings),
+            "target": self.target,
+            "other_targets": dict(self.other_targets),
             "totals": self.totals(),
             "candidates": [c.to_dict() for c in self.candidates],
         }

@@ -55,6 +55,14 @@ def run_analyze(args: argparse.Namespace) -> int:
         )
         feeds = default_feeds(model, symbols=dict(args.dim or ()))
         report = plan_for_target(model, rules, profile, opts, feeds, model_name=str(args.model))[1]
+        if args.compare_targets:
+            for name in ("onnxruntime", "cpu"):
+                if name != args.target:
+                    alt = plan_for_target(model, rules, profile, opts.replace(target=name), feeds)
+                    report.other_targets[name] = {
+                        "fusions": len(alt[1].chosen),
+                        "performance_improvement": alt[1].performance_improvement,
+                    }
     else:
         report = analyze_model(
             model,
@@ -107,6 +115,11 @@ def add_analyze_command(subparsers: argparse._SubParsersAction) -> argparse.Argu
         choices=["onnxruntime", "cpu"],
         help="plan exactly what `fuse --target T` carries out (default: every candidate on the "
         "hardware profile, whatever executes it)",
+    )
+    p.add_argument(
+        "--compare-targets",
+        action="store_true",
+        help="with --target: also list what the other target would fuse",
     )
     p.add_argument("--max-cluster-nodes", type=int, default=64)
     p.add_argument("--max-cluster-inputs", type=int, default=8)

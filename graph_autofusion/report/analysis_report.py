@@ -133,6 +133,14 @@ def render_text(report: AnalysisReport, *, reasons: bool = True) -> str:
             lines.append(f"{pad}{c.key}: {c.message}")
     lines.append("")
     lines.extend(_totals_lines(r))
+    if r.target:
+        lines.append(f"plan for the {r.target} target: what fuse() carries out")
+    for name, other in (r.other_targets or {}).items():
+        lines.append(
+            f"the {name} target would fuse {other['fusions']} groups instead "
+            f"(estimated {100 * other['performance_improvement']:+.1f}%; "
+            f"GraphAutoFusion(..., target={name!r}))"
+        )
     return "\n".join(lines)
 
 
