@@ -15,7 +15,8 @@ Run: ``.venv/bin/python benchmarks/kernels.py [--runs N] [--quick]`` (writes
   ``RotaryEmbedding``), run through ``InferenceSession.run``.
 * Every configuration is timed round-robin (median of ``--runs`` after warm-up) with 2 threads.
   At 64 MB the achieved bandwidth (bytes the fused function must move / time) is compared with
-  the triad's. At decode sizes the fixed cost of a call (its time on a 1-element row) is
+  a 64 MB triad timed in the same round-robin (this machine's bandwidth moves between ~37 and
+  ~60 GB/s within minutes, so a triad measured apart is no reference). At decode sizes the fixed cost of a call (its time on a 1-element row) is
   reported for ours and Inductor's.
 """
 
@@ -38,6 +39,7 @@ from graph_autofusion.codegen.lower import KernelRefused, lower_group
 from graph_autofusion.ir.text import parse_model
 from graph_autofusion.pipeline_cpu import finalize_kernel
 from graph_autofusion.runtime.kernels import load_library
+from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.runtime.torch_runtime import infer_shapes
 
 OUT = Path(__file__).parent / "results"
@@ -136,8 +138,6 @@ def our_kernel(pattern: str, shape: tuple[int, ...]):
 
 def ort_kernel(pattern: str, shape: tuple[int, ...]):
     """onnxruntime's contrib kernel for the pattern, or None."""
-    import onnx
-    import onnxruntime as ort
     from onnx import TensorProto, helper
 
     n = shape[-1]
@@ -163,16 +163,14 @@ def ort_kernel(pattern: str, shape: tuple[int, ...]):
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ms, 1)]
     )
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = THREADS
-    so.inter_op_num_threads = 1
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    # no spinning: an idle onnxruntime pool spinning on both cores would slow whatever runs
+    # next in the round-robin
+    sess = ort_session(model, "all", THREADS)
     names = [i.name for i in inputs]
 
     def run(*xs):
         return sess.run(None, {k: x.numpy() for k, x in zip(names, xs)})
 
-    del onnx
     return run
 
 
@@ -194,9 +192,7 @@ def time_round_robin(fns: dict, args: list, runs: int) -> dict[str, float]:
     return {k: statistics.median(v) * 1e6 for k, v in times.items()}
 
 
-def bandwidth(runs: int) -> dict[str, float]:
-    """Copy and triad over 256 MB with 2 threads: generated kernels and torch ops."""
-    n = 256 * 2**20 // 4  # 256 MB arrays
+def _stream_kernels():
     copy = Kernel(
         "bw_copy", 1, (), (KernelInput("a", "f32"),), (KernelOutput("c", "f32", 0, rank=1),),
         (Instr("load", (), (("input", 0),)),), inner_classes=(1, 1),
@@ -208,7 +204,17 @@ def bandwidth(runs: int) -> dict[str, float]:
          Instr("const", (), (("value", 3.0),)), Instr("mul", (1, 2)), Instr("add", (0, 3))),
         inner_classes=(1, 1, 1),
     )  # fmt: skip
-    lib = load_library(compile_library([copy, triad]), THREADS)
+    return load_library(compile_library([copy, triad]), THREADS)
+
+
+def our_triad():
+    return _stream_kernels().kernel("bw_triad")
+
+
+def bandwidth(runs: int) -> dict[str, float]:
+    """Copy and triad over 256 MB with 2 threads: generated kernels and torch ops."""
+    n = 256 * 2**20 // 4  # 256 MB arrays
+    lib = _stream_kernels()
     a, b = torch.randn(n), torch.randn(n)
     out = torch.empty(n)
     t = time_round_robin(
@@ -225,6 +231,31 @@ def bandwidth(runs: int) -> dict[str, float]:
     return {k: gb[k.split("_")[0]] / (v * 1e-6) for k, v in t.items()}
 
 
+def compile_times() -> dict[str, float]:
+    """A batch of 30 kernels (random groups of 2-12 operators) compiled into a fresh cache,
+    then taken from it."""
+    import tempfile
+
+    from graph_autofusion.testing.fused_groups import RngChooser, random_group
+
+    kernels = []
+    for seed in range(30):
+        g = random_group(RngChooser(1000 + seed), name=f"c{seed}")
+        low = lower_group(g.nodes, g.outputs, None, opset=20)
+        shapes = [g.feeds[i.name].shape for i in low.kernel.inputs]
+        kernels.append(finalize_kernel(low.kernel, shapes))
+    kernels = list({k.name: k for k in kernels}.values())
+    with tempfile.TemporaryDirectory() as cache:
+        t = time.perf_counter()
+        compile_library(kernels, cache_dir=cache)
+        cold = time.perf_counter() - t
+        t = time.perf_counter()
+        lib = compile_library(kernels, cache_dir=cache)
+        warm = time.perf_counter() - t
+        assert lib.from_cache
+    return {"kernels": len(kernels), "cold_s": cold, "cached_s": warm}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=30)
@@ -232,8 +263,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(THREADS)
     runs = 10 if args.quick else args.runs
+    compiled = compile_times()
+    print(f"compile: {compiled}", flush=True)
     bw = bandwidth(max(5, runs // 3))
-    stream = max(bw["triad_ours"], bw["triad_torch"])
+    triad_lib = our_triad()
+    ta, tb = torch.randn(16 * 2**20), torch.randn(16 * 2**20)
+
+    def triad_64mb(*_args):
+        return triad_lib(ta, tb)
+
     rows = []
     sizes = {k: v for k, v in SIZES.items() if not (args.quick and k == "64MB")}
     for pattern in PATTERNS:
@@ -247,16 +285,22 @@ def main(argv: list[str] | None = None) -> int:
             contrib = ort_kernel(pattern, shape)
             if contrib is not None:
                 fns["ort_contrib"] = contrib
+            if size_name == "64MB":  # the streaming reference, timed in the same round-robin
+                fns["triad_64MB"] = triad_64mb
             with torch.no_grad():
                 t = time_round_robin(fns, xs, runs if size_name != "64MB" else max(5, runs // 3))
             moved = sum(x.numel() * 4 for x in xs) + int(np.prod(shape)) * 4
             row = {"pattern": pattern, "size": size_name, "shape": list(shape), "us": t,
                    "bytes": moved, "ours": sig}  # fmt: skip
             if size_name == "64MB":
+                triad_us = t.pop("triad_64MB")
+                row["triad_64MB_gb_s"] = 3 * 64 * 2**20 / (triad_us * 1e-6) / 1e9
                 row["gb_s"] = {k: moved / (v * 1e-6) / 1e9 for k, v in t.items()}
-                row["fraction_of_triad"] = {k: g / stream for k, g in row["gb_s"].items()}
+                row["fraction_of_triad"] = {
+                    k: g / row["triad_64MB_gb_s"] for k, g in row["gb_s"].items()
+                }
             if size_name != "64MB":  # fixed cost: the same functions on a 1-element row
-                tiny = _inputs(pattern, (1,) * (len(shape) - 1) + (2,))
+                tiny = _inputs(pattern, (1,) * (len(shape) - 1) + (4,))
                 tf = {"eager": eager, "inductor": inductor(pattern)}
                 o2, _ = our_kernel(pattern, tuple(x for x in tiny[0].shape))
                 if o2 is not None:
@@ -271,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "runs": runs,
         "bandwidth_gb_s": bw,
+        "compile": compiled,
         "rows": rows,
     }
     OUT.mkdir(exist_ok=True)
@@ -297,7 +342,10 @@ def markdown(result: dict) -> str:
         "Streaming bandwidth, 256 MB: "
         + ", ".join(f"{k.replace('_', ' ')} {v:.1f} GB/s" for k, v in bw.items()),
         "",
-        "| pattern | size | ours us | eager us | inductor us | ort contrib us | ours/inductor | ours % of triad | fixed cost ours / inductor us |",
+        "Compilation: {kernels} kernels in one library {cold_s:.2f} s cold, {cached_s:.4f} s from "
+        "the cache.".format(**result["compile"]),
+        "",
+        "| pattern | size | ours us | eager us | inductor us | ort contrib us | ours/inductor | ours % of triad (64 MB, same round-robin) | fixed cost ours / inductor us |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
