@@ -156,3 +156,28 @@ def test_analyze_lists_what_the_other_target_would_fuse(capsys):
     assert main(["analyze", str(path), "--target", "cpu", "--compare-targets", "--brief"]) == 0
     out = capsys.readouterr().out
     assert "plan for the cpu target" in out and "the onnxruntime target would fuse" in out
+
+
+def test_a_pytorch_module_runs_on_the_cpu_target():
+    import torch
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln = torch.nn.LayerNorm(64)
+            self.fc = torch.nn.Linear(64, 128)
+
+        def forward(self, x, r):
+            return torch.nn.functional.gelu(self.fc(self.ln(x + r))) * 2.0
+
+    torch.manual_seed(0)
+    m = Block().eval()
+    x, r = torch.randn(2, 8, 64), torch.randn(2, 8, 64)
+    gaf = GraphAutoFusion(m, example_inputs=(x, r), target="cpu")
+    gaf.fuse(check_speed=False)
+    assert gaf.result.lowered and gaf.result.end_to_end["passed"]
+    feeds = gaf.feeds()
+    (got,) = gaf.run(feeds).values()
+    with torch.no_grad():
+        want = m(*[torch.from_numpy(feeds[k]) for k in ("x", "r")])
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
