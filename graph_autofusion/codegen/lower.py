@@ -113,6 +113,11 @@ class _Builder:
         self.main_env: dict[int, int] = {}
         self.branch_nodes: dict[int, list[Node]] = {}  # id(concat input) -> its own nodes
         self.concat: tuple[int, tuple[int, ...]] | None = None
+        #: while recomputing a producer under a layout view: (the view chain, the viewed value)
+        self.view_ctx: tuple[tuple[View, ...], Value] | None = None
+        self.venv: dict[tuple[int, tuple[View, ...]], int] = {}
+        self.produced: set[int] = set()  # id() of values computed inside the group
+        self.node_of: dict[int, Node] = {}  # id(value) -> the group node computing it
         self.body: list[Instr] = []
         self.env: dict[int, int] = {}  # id(Value) -> instr index
         self.inputs: list[KernelInput] = []
@@ -174,6 +179,9 @@ class _Builder:
         """The instruction computing ``v`` (a load, an immediate, or an earlier result)."""
         if v is None:
             raise KernelRefused(KernelReason.UNSUPPORTED_OP, "an omitted input is read")
+        if self.view_ctx is not None:
+            chain, wide = self.view_ctx
+            return _viewed(self, v, _adapt(chain, v, wide))
         if id(v) in self.env:
             return self.env[id(v)]
         if self.branch is not None and id(v) in self.main_env:
@@ -222,6 +230,9 @@ class _Builder:
         return ()
 
     def set(self, v: Value, idx: int) -> None:
+        if self.view_ctx is not None:
+            self.venv[(id(v), self.view_ctx[0])] = idx
+            return
         self.env[id(v)] = idx
         declared = self.declared(v)
         if declared is None:
@@ -470,6 +481,11 @@ def _lower_node(b: _Builder, node: Node) -> None:
     if op == "Concat":
         _concat(b, node)
         return
+    if op in _VIEW_OPS and b.branch is None:
+        view = _view_of(b, node, set())
+        if view is not None:  # pushed down to the loads: the producers are recomputed there
+            b.set(outs[0], _viewed(b, ins[0], (view,)))
+            return
     if op in _VIEW_OPS:
         raise KernelRefused(
             KernelReason.LAYOUT_INSIDE,
@@ -477,6 +493,135 @@ def _lower_node(b: _Builder, node: Node) -> None:
             f"can be viewed)",
         )
     raise KernelRefused(KernelReason.UNSUPPORTED_OP, f"{op} ({node.name}) has no kernel lowering")
+
+
+_REDUCING = {
+    "Softmax", "LogSoftmax", "LayerNormalization", "SimplifiedLayerNormalization",
+    "RMSNormalization", "Concat",
+}  # fmt: skip
+
+
+def _viewed(b: _Builder, v: Value, chain: tuple[View, ...]) -> int:
+    """The instruction computing ``v`` seen through ``chain`` (layout views): a load of a
+    group input through the composed views, or ``v``'s elementwise producer recomputed on
+    its inputs seen through the same views (index arithmetic instead of a copy)."""
+    if not chain:
+        saved, b.view_ctx = b.view_ctx, None
+        try:
+            return b.value(v)
+        finally:
+            b.view_ctx = saved
+    key = (id(v), chain)
+    if key in b.venv:
+        return b.venv[key]
+    c = const_value(v)
+    if c is not None and np.asarray(c).size == 1:
+        saved, b.view_ctx = b.view_ctx, None
+        try:
+            idx = b.value(v)
+        finally:
+            b.view_ctx = saved
+        b.venv[key] = idx
+        return idx
+    node = b.node_of.get(id(v))
+    if node is None or id(v) in b.views:  # a group input (or a view of one): a load
+        source, views = b.views.get(id(v), (v, ()))
+        dt = b.dtype(v) or b.dtype(source)
+        storage = storage_of(dt, f"value {v.name!r}")
+        full = (*views, *chain)
+        lkey = (source.name, full, None)
+        if lkey not in b.input_index:
+            b.input_index[lkey] = len(b.inputs)
+            b.inputs.append(KernelInput(source.name, storage, full))
+            b.input_values.append(v)
+        from graph_autofusion.codegen.views import apply_views
+
+        shape = tuple(apply_views(np.empty(b.shape(source), np.uint8), full).shape)
+        saved, b.view_ctx = b.view_ctx, None
+        try:
+            idx = b.emit("load", (), STORAGE_COMPUTE[storage], shape, input=b.input_index[lkey])
+        finally:
+            b.view_ctx = saved
+        b.venv[key] = idx
+        return idx
+    if node.op_type in _VIEW_OPS and node.op_type != "Gather":
+        inner = _view_of(b, node, set())
+        if inner is None:
+            raise KernelRefused(KernelReason.LAYOUT_INSIDE, f"{node.name}: not a view")
+        idx = _viewed(b, node.inputs[0], (inner, *chain))
+        b.venv[key] = idx
+        return idx
+    if node.op_type.startswith("Reduce") or node.op_type in _REDUCING or len(node.outputs) != 1:
+        raise KernelRefused(
+            KernelReason.LAYOUT_INSIDE,
+            f"a layout operator reorders {v.name!r}, the result of {node.op_type} {node.name!r}",
+        )
+    saved, b.view_ctx = b.view_ctx, (chain, v)
+    try:
+        _lower_node(b, node)
+    finally:
+        b.view_ctx = saved
+    return b.venv[key]
+
+
+def _adapt(chain: tuple[View, ...], u: Value, wide: Value) -> tuple[View, ...]:
+    """``chain`` (views of the value ``wide``) for ``u``, an input ``wide`` was computed from:
+    ``u`` broadcasts to ``wide`` from the right, so it first gets ``wide``'s rank, and every
+    view then treats ``u``'s broadcast (size-1) axes as size 1. Decided on declared shapes."""
+    us, ws = u.shape, wide.shape
+    if us is None or ws is None:
+        raise KernelRefused(KernelReason.LAYOUT_INSIDE, f"{u.name!r} has no declared shape")
+    if tuple(us) == tuple(ws):
+        return chain
+    ru, rw = len(us), len(ws)
+    if ru > rw:
+        raise KernelRefused(KernelReason.LAYOUT_INSIDE, f"{u.name!r} is wider than its user")
+    out: list[View] = [View("unsqueeze", tuple(range(rw - ru)))] if ru < rw else []
+    ushape, wshape = [1] * (rw - ru) + list(us), list(ws)
+    for view in chain:
+        if view.op == "transpose":
+            out.append(view)
+            ushape = [ushape[p] for p in view.args]
+            wshape = [wshape[p] for p in view.args]
+        elif view.op == "unsqueeze":
+            out.append(view)
+            for a in sorted(view.args):
+                ushape.insert(a, 1)
+                wshape.insert(a, 1)
+        elif view.op == "squeeze":
+            out.append(view)
+            ushape = [d for i, d in enumerate(ushape) if i not in view.args]
+            wshape = [d for i, d in enumerate(wshape) if i not in view.args]
+        elif view.op == "slice":
+            keep = []
+            for spec in view.args:
+                axis = spec[0]
+                if ushape[axis] == wshape[axis]:
+                    keep.append(spec)
+                elif ushape[axis] != 1 or not isinstance(ushape[axis], int):
+                    raise KernelRefused(
+                        KernelReason.LAYOUT_INSIDE, f"{u.name!r}: slice of a broadcast"
+                    )
+            if keep:
+                out.append(View("slice", tuple(keep)))
+        elif view.op == "select":
+            axis, _ = view.args
+            if ushape[axis] == wshape[axis]:
+                out.append(view)
+            elif ushape[axis] == 1:
+                out.append(View("squeeze", (axis,)))
+            else:
+                raise KernelRefused(
+                    KernelReason.LAYOUT_INSIDE, f"{u.name!r}: select of a broadcast"
+                )
+            ushape.pop(axis)
+            wshape.pop(axis)
+        else:  # reshape, flatten: only of a value with the full shape
+            raise KernelRefused(
+                KernelReason.LAYOUT_INSIDE,
+                f"a {view.op} of {wide.name!r} reads {u.name!r}, which is broadcast",
+            )
+    return tuple(out)
 
 
 def _concat(b: _Builder, node: Node) -> None:
@@ -927,6 +1072,10 @@ def lower_group(
                 out_views[id(out)] = (src, (*chain, view))
                 continue
         body_nodes.append(n)
+    for n in body_nodes:
+        for o in n.outputs:
+            b.produced.add(id(o))
+            b.node_of[id(o)] = n
     b.branch_nodes = _branch_nodes(body_nodes, outputs)
     in_branch = {id(n) for ns in b.branch_nodes.values() for n in ns}
     for n in body_nodes:
@@ -947,7 +1096,10 @@ def lower_group(
             )
         idx = b.env[id(v)]
         if b.body[idx].op in ("load", "const"):
-            raise KernelRefused(KernelReason.OUTPUT_SHAPE, f"output {v.name!r} is a group input")
+            raise KernelRefused(
+                KernelReason.OUTPUT_SHAPE,
+                f"output {v.name!r} is a group input or a view of one: nothing to compute",
+            )
         storage = storage_of(b.dtype(v), f"output {v.name!r}")
         if STORAGE_COMPUTE[storage] != b.body[idx].ctype:
             raise KernelRefused(
@@ -965,6 +1117,7 @@ def lower_group(
             KernelOutput(v_out.name, storage, idx, ELEM, id(v) not in dropped, out_rank, views)
         )
     # the loop shape: every value broadcasts to it
+    outs = _prune(b, outs)  # values only a pushed-down view read are dead at their own index
     in_branches = {
         j for j, ins in enumerate(b.body) if ins.op == "load" and b.inputs[ins.attr("input")].branch
     }
@@ -1028,6 +1181,50 @@ def lower_group(
         concat=b.concat,
     )
     return GroupLowering(kernel, prologue)
+
+
+def _prune(b: _Builder, outs: list[KernelOutput]) -> list[KernelOutput]:
+    """Drop the instructions no output needs (and the inputs only they read); renumber."""
+    live: set[int] = set()
+    stack = [o.instr for o in outs]
+    while stack:
+        i = stack.pop()
+        if i not in live:
+            live.add(i)
+            stack.extend(b.body[i].args)
+    if len(live) == len(b.body):
+        return outs
+    order = sorted(live)
+    remap = {old: new for new, old in enumerate(order)}
+    used = sorted({b.body[i].attr("input") for i in order if b.body[i].op == "load"})
+    in_remap = {old: new for new, old in enumerate(used)}
+    body = []
+    for i in order:
+        ins = b.body[i]
+        attrs = ins.attrs
+        if ins.op == "load":
+            attrs = tuple((k, in_remap[v] if k == "input" else v) for k, v in attrs)
+        body.append(Instr(ins.op, tuple(remap[a] for a in ins.args), attrs, ins.ctype, ins.level))
+    b.body = body
+    b.shapes = {remap[i]: sh for i, sh in b.shapes.items() if i in remap}
+    b.symbolic = {remap[i]: sh for i, sh in b.symbolic.items() if i in remap}
+    inputs = []
+    for old in used:
+        inp = b.inputs[old]
+        if inp.branch is not None:
+            inp = KernelInput(inp.name, inp.dtype, inp.views, (remap[inp.branch[0]], inp.branch[1]))
+        inputs.append(inp)
+    b.inputs = inputs
+    b.input_values = [b.input_values[old] for old in used]
+    if b.concat is not None:
+        cid, reps = b.concat
+        b.concat = (remap[cid], tuple(in_remap[r] for r in reps)) if cid in remap else None
+    if not any(ins.op == "reduce" for ins in body):
+        b.reduce_axes = None
+    return [
+        KernelOutput(o.name, o.dtype, remap[o.instr], o.level, o.keepdims, o.rank, o.views)
+        for o in outs
+    ]
 
 
 def _branch_instrs(b: _Builder, seeds: set[int]) -> set[int]:

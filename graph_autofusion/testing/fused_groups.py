@@ -191,6 +191,19 @@ def random_group(c: Chooser, *, name: str = "g", max_ops: int = 12) -> RandomGro
         nodes_made += 1
         cur = n.outputs[0]
         values.append(cur)
+    if not reduced and rank >= 2 and c.flag(0.3):  # a transpose of a computed value
+        perm = list(range(rank))
+        i, j = c.int(0, rank - 1), c.int(0, rank - 1)
+        perm[i], perm[j] = perm[j], perm[i]
+        t = g.make_node("Transpose", [cur], attrs={"perm": perm}, name=f"{name}_Tin")
+        t.outputs[0].dtype = dtype
+        other = new_input(tuple(full[p] for p in perm))
+        n = g.make_node("Add", [t.outputs[0], other], name=f"{name}_addTin")
+        n.outputs[0].dtype = dtype
+        cur = n.outputs[0]
+        values = [cur]  # later values live in the transposed shape
+        full = tuple(full[p] for p in perm)
+        desc.append("Transpose-inside")
     if reduced and c.flag(0.5):  # an epilogue that reads the full-shape value again
         n = g.make_node("Mul", [cur, values[0]], name=f"{name}_epi")
         n.outputs[0].dtype = dtype

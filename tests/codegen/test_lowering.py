@@ -89,6 +89,26 @@ graph g(%x: f32[1,4,16,64], %cos: f32[1,1,16,64], %sin: f32[1,1,16,64]) -> (%y) 
   %c = Mul(%rot, %sin)
   %y = Add(%a, %c)
 }""",
+    "transpose_of_a_computed_value": """
+graph g(%x: f32[4,8,16], %z: f32[4,16,8]) -> (%y) {
+  init %b: f32[16] = randn(7)
+  %a = Add(%x, %b)
+  %e = Exp(%a)
+  %t = Transpose<perm=[0, 2, 1]>(%e)
+  %m = Mul(%t, %z)
+  %y = Tanh(%m)
+}""",
+    "reshape_then_slice_of_computed_values": """
+graph g(%x: f32[2,6,8]) -> (%y) {
+  init %s: i64[3] = [2, 48, 1]
+  init %st: i64[1] = [4]
+  init %en: i64[1] = [40]
+  init %ax: i64[1] = [1]
+  %a = Sigmoid(%x)
+  %r = Reshape(%a, %s)
+  %c = Slice(%r, %st, %en, %ax)
+  %y = Neg(%c)
+}""",
     "flatten_at_rank_output_view": """
 graph g(%x: f32[3,16]) -> (%c, %y) {
   %c = Relu(%x)
@@ -247,8 +267,10 @@ graph g(%x: f32[4,32]) -> (%y) {
     [
         (
             """graph g(%x: f32[4,8]) -> (%y) {
-  %a = Exp(%x)
-  %t = Transpose<perm=[1, 0]>(%a)
+  init %b: f32[8] = randn(1)
+  init %s: i64[1] = [32]
+  %a = Add(%x, %b)
+  %t = Reshape(%a, %s)
   %y = Relu(%t)
 }""",
             KernelReason.LAYOUT_INSIDE,
