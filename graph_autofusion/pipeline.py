@@ -225,10 +225,12 @@ def fuse_model(
     mc_samples: int = 8,
     progress: Callable[[str, int, int], None] | None = None,
     fold_shapes: bool = True,
+    dump_dir: Any = None,
 ) -> FuseResult:
     """Fuse ``original`` for onnxruntime (see the module docstring). ``original`` is not
     modified. ``fold_shapes``: first fold provable ``Reshape`` shape computations into
-    constants (:mod:`graph_autofusion.patterns.shape_folding`)."""
+    constants (:mod:`graph_autofusion.patterns.shape_folding`). ``dump_dir``: write each
+    stage's artifact there (``plan.json``, ``lowered.txt``, ``fused.onnx``)."""
     from graph_autofusion.verify.inputs import generate_inputs
 
     timings: dict[str, float] = {}
@@ -256,6 +258,7 @@ def fuse_model(
                 original, native, profile, opts, feeds, fold=False
             )
     timings["analyze"] = time.perf_counter() - t
+    _dump(dump_dir, "plan.json", lambda: _json(analysis.to_dict()))
     t = time.perf_counter()
     lowering, keys = _lower(work, native, None, analysis)
     not_lowered = list(lowering.not_lowered)
@@ -270,12 +273,18 @@ def fuse_model(
             )
         )
     timings["lower"] = time.perf_counter() - t
+    _dump(
+        dump_dir,
+        "lowered.txt",
+        lambda: "\n".join(f"{low.key}: {' '.join(low.fused_ops)}" for low in lowering.lowered),
+    )
     result = FuseResult(
         work, original, analysis, lowering.lowered, not_lowered, safe_mode=safe_mode, feeds=feeds
     )
     result.shape_folding = folding
     if not safe_mode:
         result.timings = timings
+        _dump(dump_dir, "fused.onnx", lambda: to_onnx_bytes(result.model))
         return result
 
     from graph_autofusion.frontend.onnx_frontend import to_onnx
@@ -354,7 +363,33 @@ def fuse_model(
     timings["end_to_end"] = time.perf_counter() - t
     result.timings = timings
     result.notes = notes
+    _dump(dump_dir, "fused.onnx", lambda: to_onnx_bytes(result.model))
     return result
+
+
+def to_onnx_bytes(model: Model) -> bytes:
+    from graph_autofusion.frontend.onnx_frontend import to_onnx
+
+    return to_onnx(model).SerializeToString()
+
+
+def _json(data: Any) -> str:
+    import json
+
+    return json.dumps(data, indent=1, default=str)
+
+
+def _dump(dump_dir: Any, name: str, make: Callable[[], Any]) -> None:
+    """Write one stage's artifact to ``dump_dir`` (nothing when it is None)."""
+    if dump_dir is None:
+        return
+    import os
+
+    os.makedirs(dump_dir, exist_ok=True)
+    data = make()
+    mode = "wb" if isinstance(data, bytes) else "w"
+    with open(os.path.join(dump_dir, name), mode) as f:
+        f.write(data)
 
 
 def _check_folding(

@@ -181,3 +181,25 @@ def test_a_pytorch_module_runs_on_the_cpu_target():
     with torch.no_grad():
         want = m(*[torch.from_numpy(feeds[k]) for k in ("x", "r")])
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_both_pipelines_dump_their_stage_artifacts(tmp_path):
+    from graph_autofusion.frontend.onnx_frontend import load_onnx
+    from graph_autofusion.patterns.library import builtin_rules
+    from graph_autofusion.pipeline import fuse_model
+    from graph_autofusion.pipeline_cpu import fuse_model_cpu
+
+    path = export_onnx("minilm", "torchscript")
+    feeds = example_feeds("minilm")
+    model = load_onnx(str(path))
+    rules = builtin_rules()
+    r = fuse_model(model, rules, "host", feeds=feeds, check_speed=False, dump_dir=tmp_path / "ort")
+    assert sorted(p.name for p in (tmp_path / "ort").iterdir()) == [
+        "fused.onnx",
+        "lowered.txt",
+        "plan.json",
+    ]
+    assert {"analyze", "lower", "verify", "end_to_end"} <= set(r.timings)
+    c = fuse_model_cpu(model, rules, "host", options=OPTIONS, feeds=feeds, dump_dir=tmp_path / "cpu")
+    assert sorted(p.name for p in (tmp_path / "cpu").iterdir()) == ["kernels.txt", "plan.json"]
+    assert {"plan", "lower", "compile", "rewrite", "verify", "end_to_end"} <= set(c.timings)

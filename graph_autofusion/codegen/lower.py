@@ -950,7 +950,8 @@ def _softmax(b: _Builder, node: Node) -> None:
     e = b.emit("exp", (s,))
     total = _reduction(b, "sum", e, axes, node)
     if node.op_type == "Softmax":
-        b.set(node.outputs[0], b.emit("div", (e, total)))
+        # one reciprocal per row, a multiply per element (within an ulp of the division)
+        b.set(node.outputs[0], b.emit("mul", (e, b.emit("recip", (total,)))))
     else:
         b.set(node.outputs[0], b.emit("sub", (s, b.emit("log", (total,)))))
 
