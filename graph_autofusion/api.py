@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from graph_autofusion import defaults
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.ir.core import Model
 from graph_autofusion.patterns.rules import FusionRule, RuleSet
@@ -78,13 +79,13 @@ class GraphAutoFusion:
         fuse_rules: Iterable[FusionRule] = (),
         hardware: Any = "host",
         safe_mode: bool = True,
-        benefit_threshold: float = 0.2,
+        benefit_threshold: float = defaults.BENEFIT_THRESHOLD,
         strategy: str = "auto",
         sample_inputs: Mapping[str, Any] | None = None,
         example_inputs: Any = None,
         example_kwargs: Any = None,
-        max_cluster_nodes: int = 64,
-        max_cluster_inputs: int = 8,
+        max_cluster_nodes: int = defaults.MAX_CLUSTER_NODES,
+        max_cluster_inputs: int = defaults.MAX_CLUSTER_INPUTS,
         clustering: bool = True,
         target: str = "onnxruntime",
         options: Any = None,

@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from graph_autofusion import __version__
+from graph_autofusion import __version__, defaults
 from graph_autofusion.errors import GraphAutoFusionError
 
 
@@ -270,8 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rules", action="append", metavar="FILE", help="extra YAML rule file")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--no-clusters", action="store_true", help="skip automatic clustering")
-    p.add_argument("--max-cluster-nodes", type=int, default=64)
-    p.add_argument("--max-cluster-inputs", type=int, default=8)
+    p.add_argument("--max-cluster-nodes", type=int, default=defaults.MAX_CLUSTER_NODES)
+    p.add_argument("--max-cluster-inputs", type=int, default=defaults.MAX_CLUSTER_INPUTS)
     p.set_defaults(func=_cmd_match)
 
     p = sub.add_parser("rules", help="the rule library and rule files")
@@ -298,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rules", action="append", metavar="FILE", help="extra YAML rule file")
     p.add_argument("--hardware", default="host", help="profile name or YAML path")
     p.add_argument("--strategy", default="auto")
-    p.add_argument("--benefit-threshold", type=float, default=0.2)
+    p.add_argument("--benefit-threshold", type=float, default=defaults.BENEFIT_THRESHOLD)
     p.add_argument("--inputs", metavar="NPZ", help="sample inputs (.npz keyed by input name)")
     p.add_argument("--unsafe", action="store_true", help="skip safe mode (not recommended)")
     p.add_argument("--no-speed-check", action="store_true", help="keep fusions even if slower")
@@ -325,7 +325,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("original")
     p.add_argument("fused")
     p.add_argument("--inputs", metavar="NPZ")
-    p.add_argument("--cosine", type=float, default=0.9999, help="pass floor (default 0.9999)")
+    p.add_argument(
+        "--cosine",
+        type=float,
+        default=defaults.E2E_COSINE,
+        help=f"pass floor (default {defaults.E2E_COSINE})",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_verify)
 

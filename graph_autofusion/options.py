@@ -13,13 +13,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from graph_autofusion import defaults
 from graph_autofusion.codegen.compiler import CodegenOptions
 from graph_autofusion.errors import GraphAutoFusionError
 
-DEFAULT_BENEFIT_THRESHOLD = 0.2
-DEFAULT_E2E_COSINE = 0.9999
-DEFAULT_MAX_CLUSTER_NODES = 64
-DEFAULT_MAX_CLUSTER_INPUTS = 8
+DEFAULT_BENEFIT_THRESHOLD = defaults.BENEFIT_THRESHOLD
+DEFAULT_E2E_COSINE = defaults.E2E_COSINE
+DEFAULT_MAX_CLUSTER_NODES = defaults.MAX_CLUSTER_NODES
+DEFAULT_MAX_CLUSTER_INPUTS = defaults.MAX_CLUSTER_INPUTS
 TARGETS = ("onnxruntime", "cpu")
 
 

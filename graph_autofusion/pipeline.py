@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from graph_autofusion import defaults
 from graph_autofusion.codegen.onnxruntime import (
     Lowered,
     Lowering,
@@ -216,10 +217,10 @@ def fuse_model(
     *,
     feeds: Mapping[str, Any] | None = None,
     safe_mode: bool = True,
-    benefit_threshold: float = 0.2,
+    benefit_threshold: float = defaults.BENEFIT_THRESHOLD,
     strategy: str = "auto",
     cosine_floor: float | None = None,
-    e2e_cosine_floor: float = 0.9999,
+    e2e_cosine_floor: float = defaults.E2E_COSINE,
     check_speed: bool = True,
     speed_margin: float = 1.10,
     mc_samples: int = 8,

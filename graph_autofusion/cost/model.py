@@ -69,6 +69,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from graph_autofusion import defaults
 from graph_autofusion.catalog.cost import node_bytes, node_flops
 from graph_autofusion.cost.shapes import ShapeBinding
 from graph_autofusion.cost.tiling import TilePlan, plan_tiles, reduced_axes
@@ -140,7 +141,7 @@ def is_meta_operand(node: Node, index: int) -> bool:
     return index in META_OPERANDS.get(node.op_type, ())
 
 
-DEFAULT_BENEFIT_THRESHOLD = 0.2
+DEFAULT_BENEFIT_THRESHOLD = defaults.BENEFIT_THRESHOLD
 MAYBE_BAND = 0.02
 
 

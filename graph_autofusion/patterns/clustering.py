@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from graph_autofusion import defaults
 from graph_autofusion.ir.core import Graph, Model, Node, Value
 from graph_autofusion.patterns.matcher import Match, const_value
 from graph_autofusion.patterns.pairs import (
@@ -434,7 +435,12 @@ class _Clusterer:
         return Cluster(nodes, self.kind_of(members), ins, outputs, n_in)
 
 
-def cluster(graph: Graph, *, max_nodes: int = 64, max_inputs: int = 8) -> ClusterResult:
+def cluster(
+    graph: Graph,
+    *,
+    max_nodes: int = defaults.MAX_CLUSTER_NODES,
+    max_inputs: int = defaults.MAX_CLUSTER_INPUTS,
+) -> ClusterResult:
     """Group the graph's fusible nodes into clusters (see the module docstring).
 
     Args:

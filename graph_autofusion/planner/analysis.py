@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from graph_autofusion import defaults
 from graph_autofusion.cost.hardware import load_profile
 from graph_autofusion.cost.model import (
     DEFAULT_BENEFIT_THRESHOLD,
@@ -375,8 +376,8 @@ def find_candidates(
     rules: RuleSet,
     *,
     clustering: bool = True,
-    max_cluster_nodes: int = 64,
-    max_cluster_inputs: int = 8,
+    max_cluster_nodes: int = defaults.MAX_CLUSTER_NODES,
+    max_cluster_inputs: int = defaults.MAX_CLUSTER_INPUTS,
 ) -> list[RuleMatch | Cluster]:
     """Stage 2: kept rule matches plus automatic clusters, in graph order (rule first on a
     tie). Rule matches do not overlap each other, nor clusters each other; a rule match and a
@@ -576,8 +577,8 @@ def analyze_model(
     symbols: Mapping[str, int] | None = None,
     benefit_threshold: float = DEFAULT_BENEFIT_THRESHOLD,
     strategy: str = "auto",
-    max_cluster_nodes: int = 64,
-    max_cluster_inputs: int = 8,
+    max_cluster_nodes: int = defaults.MAX_CLUSTER_NODES,
+    max_cluster_inputs: int = defaults.MAX_CLUSTER_INPUTS,
     clustering: bool = True,
     model_name: str | None = None,
     seed: int = 0,

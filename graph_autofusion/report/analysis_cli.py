@@ -14,6 +14,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from graph_autofusion import defaults
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.planner.plan import STRATEGIES
 
@@ -103,7 +104,7 @@ def add_analyze_command(subparsers: argparse._SubParsersAction) -> argparse.Argu
     p.add_argument(
         "--benefit-threshold",
         type=float,
-        default=0.2,
+        default=defaults.BENEFIT_THRESHOLD,
         help="minimum relative saving to fuse (default 0.2; a rule may set its own)",
     )
     p.add_argument(
@@ -121,8 +122,8 @@ def add_analyze_command(subparsers: argparse._SubParsersAction) -> argparse.Argu
         action="store_true",
         help="with --target: also list what the other target would fuse",
     )
-    p.add_argument("--max-cluster-nodes", type=int, default=64)
-    p.add_argument("--max-cluster-inputs", type=int, default=8)
+    p.add_argument("--max-cluster-nodes", type=int, default=defaults.MAX_CLUSTER_NODES)
+    p.add_argument("--max-cluster-inputs", type=int, default=defaults.MAX_CLUSTER_INPUTS)
     p.add_argument("--brief", action="store_true", help="no reason sentence under each row")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--html", metavar="PATH", help="also write a self-contained HTML report")

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from graph_autofusion import defaults
 from graph_autofusion.ir.core import Model, Node, Value
 from graph_autofusion.patterns.matcher import const_value
 from graph_autofusion.verify.compare import compare_tensors
@@ -367,7 +368,7 @@ def end_to_end(
     fused_proto: Any,
     feeds: Mapping[str, np.ndarray],
     *,
-    cosine_floor: float = 0.9999,
+    cosine_floor: float = defaults.E2E_COSINE,
     threads: int = 2,
 ) -> dict[str, dict[str, Any]]:
     """Run the whole original and fused models (path, ModelProto or IR Model each) on ``feeds``
