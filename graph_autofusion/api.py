@@ -121,33 +121,14 @@ class GraphAutoFusion:
         self.sample_inputs = dict(sample_inputs) if sample_inputs is not None else None
         self.result: Any = None  # the last FuseResult
 
-    @property
-    def target(self) -> str:
-        return self.options.target
-
-    @property
-    def safe_mode(self) -> bool:
-        return self.options.safe_mode
-
-    @property
-    def benefit_threshold(self) -> float:
-        return self.options.benefit_threshold
-
-    @property
-    def strategy(self) -> str:
-        return self.options.strategy
-
-    @property
-    def clustering(self) -> bool:
-        return self.options.clustering
-
-    @property
-    def max_cluster_nodes(self) -> int:
-        return self.options.max_cluster_nodes
-
-    @property
-    def max_cluster_inputs(self) -> int:
-        return self.options.max_cluster_inputs
+    # read-only views of the options record
+    target = property(lambda self: self.options.target)
+    safe_mode = property(lambda self: self.options.safe_mode)
+    benefit_threshold = property(lambda self: self.options.benefit_threshold)
+    strategy = property(lambda self: self.options.strategy)
+    clustering = property(lambda self: self.options.clustering)
+    max_cluster_nodes = property(lambda self: self.options.max_cluster_nodes)
+    max_cluster_inputs = property(lambda self: self.options.max_cluster_inputs)
 
     # ------------------------------------------------------------------ rules
     def register_custom_fusion(self, rule: FusionRule) -> None:
