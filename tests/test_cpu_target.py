@@ -200,6 +200,22 @@ def test_both_pipelines_dump_their_stage_artifacts(tmp_path):
         "plan.json",
     ]
     assert {"analyze", "lower", "verify", "end_to_end"} <= set(r.timings)
-    c = fuse_model_cpu(model, rules, "host", options=OPTIONS, feeds=feeds, dump_dir=tmp_path / "cpu")
+    c = fuse_model_cpu(
+        model, rules, "host", options=OPTIONS, feeds=feeds, dump_dir=tmp_path / "cpu"
+    )
     assert sorted(p.name for p in (tmp_path / "cpu").iterdir()) == ["kernels.txt", "plan.json"]
     assert {"plan", "lower", "compile", "rewrite", "verify", "end_to_end"} <= set(c.timings)
+
+
+def test_the_numpy_reference_backend_runs_the_same_plan_when_asked_for():
+    path = export_onnx("minilm", "torchscript")
+    feeds = example_feeds("minilm")
+    opts = OPTIONS.replace(backend="reference")
+    gaf = GraphAutoFusion(str(path), sample_inputs=feeds, options=opts)
+    gaf.fuse(check_speed=False)
+    r = gaf.result
+    assert r.library is None and r.lowered and r.end_to_end["passed"]
+    want = ort_outputs(path, feeds)
+    got = gaf.run(feeds)
+    for name, w in want.items():
+        assert compare_tensors(got[name], w)["cosine"] >= 0.9999
