@@ -103,10 +103,13 @@ class CallPlan:
 
 def loop_shape(kernel: Kernel, shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
     """The loop shape of a call: every input and ``Expand`` shape broadcast, padded to the
-    kernel's rank. Inputs read inside a Concat branch are left out; the Concat's axis is the
-    sum of its branches' lengths."""
-    main = [s for s, i in zip(shapes, kernel.inputs) if i.branch is None]
-    f = tuple(int(d) for d in np.broadcast_shapes(*main, *kernel.shape_sources))
+    kernel's rank. An input read inside a Concat branch takes part with its last axis as 1
+    (its leading axes broadcast like everyone's); the Concat's axis is the sum of the
+    branches' lengths."""
+    parts = [
+        s if i.branch is None else (*s[:-1], 1) if s else s for s, i in zip(shapes, kernel.inputs)
+    ]
+    f = tuple(int(d) for d in np.broadcast_shapes(*parts, *kernel.shape_sources))
     f = (1,) * (kernel.rank - len(f)) + f
     if kernel.concat is not None:
         total = sum(concat_lengths(kernel, shapes))
@@ -118,9 +121,21 @@ def loop_shape(kernel: Kernel, shapes: Sequence[tuple[int, ...]]) -> tuple[int, 
 
 
 def concat_lengths(kernel: Kernel, shapes: Sequence[tuple[int, ...]]) -> list[int]:
-    """Each Concat branch's length along the last axis, from its representative input."""
+    """Each Concat branch's length along the last axis: its inputs' last axes broadcast (a
+    symbolic dim that is 1 in this call broadcasts, as in ONNX)."""
     assert kernel.concat is not None
-    return [int(shapes[rep][-1]) if shapes[rep] else 1 for rep in kernel.concat[1]]
+    lengths = []
+    for b in range(len(kernel.concat[1])):
+        dims = {
+            int(s[-1]) if s else 1
+            for s, i in zip(shapes, kernel.inputs)
+            if i.branch is not None and i.branch[1] == b
+        }
+        wide = dims - {1}
+        if len(wide) > 1:
+            raise ValueError(f"kernel {kernel.name}: Concat branch {b} lengths {sorted(dims)}")
+        lengths.append(wide.pop() if wide else 1)
+    return lengths
 
 
 def output_shapes(kernel: Kernel, loop: tuple[int, ...]) -> list[tuple[int, ...]]:

@@ -178,3 +178,26 @@ graph g(%x: i64[3]) -> (%y) {{
 }}"""
     x = np.array([1, 2**31, -(2**31) - 1], np.int64)
     _check(text, {"x": x}, [])
+
+
+def test_a_concat_takes_its_leading_axes_and_branch_lengths_from_the_call():
+    """No input outside the Concat carries the batch axis; a branch's symbolic last axis is 1
+    in one call and broadcasts (found by review: the loop shape dropped the batch axis)."""
+    text = """model opset {"": 17}
+graph g(%a: f32[B,3], %c: f32[B,4], %z: f32[7]) -> (%y) {
+  %ea = Exp(%a)
+  %ec = Neg(%c)
+  %cc = Concat<axis=-1>(%ea, %ec)
+  %y = Add(%cc, %z)
+}"""
+    k = _check(text, {"a": _r(1, 3), "c": _r(1, 4), "z": _r(7)},
+               [{"a": _r(4, 3), "c": _r(4, 4), "z": _r(7)}])  # fmt: skip
+    assert k is not None and k.concat is not None
+    text2 = """model opset {"": 17}
+graph g(%p: f32[2,X], %q: f32[2,Y], %c: f32[2,4], %z: f32[2,1]) -> (%y) {
+  %ea = Add(%p, %q)
+  %cc = Concat<axis=-1>(%ea, %c)
+  %y = Mul(%cc, %z)
+}"""
+    _check(text2, {"p": _r(2, 3), "q": _r(2, 3), "c": _r(2, 4), "z": _r(2, 1)},
+           [{"p": _r(2, 1), "q": _r(2, 3), "c": _r(2, 4), "z": _r(2, 1)}])  # fmt: skip
