@@ -99,6 +99,14 @@ class CompiledLibrary:
     compile_s: float
 
 
+def _writable(root: Path) -> bool:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(root, os.W_OK)
+
+
 def cache_root() -> Path:
     base = os.environ.get("GRAPH_AUTOFUSION_CACHE")
     root = Path(base) if base else Path.home() / ".cache" / "graph-autofusion"
@@ -138,6 +146,8 @@ def compile_library(
     version = compiler_version(options.compiler)
     key = hashlib.sha256("\0".join([source, options.digest(), version]).encode()).hexdigest()[:24]
     root = Path(cache_dir) if cache_dir is not None else cache_root()
+    if cache_dir is None and not _writable(root):  # a read-only home: a private temp cache
+        root = Path(tempfile.gettempdir()) / f"graph-autofusion-kernels-{os.getuid()}"
     entry = root / key
     lib, src = entry / "kernels.so", entry / "kernels.c"
     if lib.exists() and src.exists():

@@ -70,7 +70,15 @@ PyMODINIT_FUNC PyInit_gaf_shim(void) { return PyModule_Create(&module); }
 
 @functools.lru_cache(maxsize=1)
 def load_shim() -> Any:
-    """The compiled shim module, or ``None`` (no hook, no headers, no compiler)."""
+    """The compiled shim module, or ``None`` (no hook, no headers, no compiler, no writable
+    cache): the callers use ctypes then."""
+    try:
+        return _load_shim()
+    except (OSError, ImportError):
+        return None
+
+
+def _load_shim() -> Any:
     if os.environ.get("GRAPH_AUTOFUSION_NO_SHIM"):
         return None
     try:
