@@ -182,7 +182,7 @@ class GraphAutoFusion:
         with every candidate the target cannot execute refused with its reason.
         ``other_targets``: also plan for the other target and list what it would fuse apart
         (``report.other_targets``)."""
-        from graph_autofusion.pipeline import plan_for_target
+        from graph_autofusion.pipeline import add_other_targets, plan_for_target
 
         opts = self.options if strategy is None else self.options.replace(strategy=strategy)
         profile = hardware if hardware is not None else self.hardware
@@ -190,16 +190,7 @@ class GraphAutoFusion:
             self.model, self.rules, profile, opts, self.feeds(), model_name=self.source_name
         )[1]
         if other_targets:  # listed apart: what the other target would plan instead
-            for name in ("onnxruntime", "cpu"):
-                if name == opts.target:
-                    continue
-                alt = plan_for_target(
-                    self.model, self.rules, profile, opts.replace(target=name), self.feeds()
-                )[1]
-                report.other_targets[name] = {
-                    "fusions": len(alt.chosen),
-                    "performance_improvement": alt.performance_improvement,
-                }
+            add_other_targets(report, self.model, self.rules, profile, opts, self.feeds())
         return report
 
     def estimate_benefit(self, **kwargs: Any) -> dict[str, Any]:

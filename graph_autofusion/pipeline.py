@@ -185,6 +185,27 @@ def plan_for_target(
     return work, analysis, folding, target
 
 
+def add_other_targets(
+    report: Any,
+    original: Model,
+    rules: RuleSet,
+    profile: Any,
+    options: Any,
+    feeds: Mapping[str, Any],
+) -> None:
+    """Plan for every target but ``options.target`` and list, in ``report.other_targets``,
+    what each would fuse instead (shown apart from the plan ``fuse()`` carries out)."""
+    from graph_autofusion.options import TARGETS
+
+    for name in TARGETS:
+        if name != options.target:
+            alt = plan_for_target(original, rules, profile, options.replace(target=name), feeds)[1]
+            report.other_targets[name] = {
+                "fusions": len(alt.chosen),
+                "performance_improvement": alt.performance_improvement,
+            }
+
+
 def _lower(
     work: Model, rules: RuleSet, keys: list[str] | None, analysis: Any
 ) -> tuple[Lowering, list[str]]:
@@ -259,7 +280,7 @@ def fuse_model(
                 original, native, profile, opts, feeds, fold=False
             )
     timings["analyze"] = time.perf_counter() - t
-    _dump(dump_dir, "plan.json", lambda: _json(analysis.to_dict()))
+    dump_artifact(dump_dir, "plan.json", lambda: to_json(analysis.to_dict()))
     t = time.perf_counter()
     lowering, keys = _lower(work, native, None, analysis)
     not_lowered = list(lowering.not_lowered)
@@ -274,7 +295,7 @@ def fuse_model(
             )
         )
     timings["lower"] = time.perf_counter() - t
-    _dump(
+    dump_artifact(
         dump_dir,
         "lowered.txt",
         lambda: "\n".join(f"{low.key}: {' '.join(low.fused_ops)}" for low in lowering.lowered),
@@ -285,7 +306,7 @@ def fuse_model(
     result.shape_folding = folding
     if not safe_mode:
         result.timings = timings
-        _dump(dump_dir, "fused.onnx", lambda: to_onnx_bytes(result.model))
+        dump_artifact(dump_dir, "fused.onnx", lambda: to_onnx_bytes(result.model))
         return result
 
     from graph_autofusion.frontend.onnx_frontend import to_onnx
@@ -364,7 +385,7 @@ def fuse_model(
     timings["end_to_end"] = time.perf_counter() - t
     result.timings = timings
     result.notes = notes
-    _dump(dump_dir, "fused.onnx", lambda: to_onnx_bytes(result.model))
+    dump_artifact(dump_dir, "fused.onnx", lambda: to_onnx_bytes(result.model))
     return result
 
 
@@ -374,13 +395,13 @@ def to_onnx_bytes(model: Model) -> bytes:
     return to_onnx(model).SerializeToString()
 
 
-def _json(data: Any) -> str:
+def to_json(data: Any) -> str:
     import json
 
     return json.dumps(data, indent=1, default=str)
 
 
-def _dump(dump_dir: Any, name: str, make: Callable[[], Any]) -> None:
+def dump_artifact(dump_dir: Any, name: str, make: Callable[[], Any]) -> None:
     """Write one stage's artifact to ``dump_dir`` (nothing when it is None)."""
     if dump_dir is None:
         return

@@ -27,7 +27,6 @@ Stages, in order (each timed in ``result.timings`` and able to dump its artifact
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
@@ -46,7 +45,14 @@ from graph_autofusion.ir.core import Model
 from graph_autofusion.options import FuseOptions
 from graph_autofusion.patterns.matcher import Match
 from graph_autofusion.patterns.rewrite import fuse_match
-from graph_autofusion.pipeline import FuseResult, RolledBack, clone_model, plan_for_target
+from graph_autofusion.pipeline import (
+    FuseResult,
+    RolledBack,
+    clone_model,
+    dump_artifact,
+    plan_for_target,
+    to_json,
+)
 from graph_autofusion.verify.safety import SafetyResult
 
 
@@ -65,12 +71,9 @@ class Stages:
         finally:
             self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t
 
-    def dump(self, name: str, text: str) -> None:
-        if self.dump_dir is None:
-            return
-        os.makedirs(self.dump_dir, exist_ok=True)
-        with open(os.path.join(self.dump_dir, name), "w") as f:
-            f.write(text)
+    def dump(self, name: str, make: Callable[[], Any]) -> None:
+        """Write a stage's artifact (``make()`` runs only when there is a ``dump_dir``)."""
+        dump_artifact(self.dump_dir, name, make)
 
 
 @dataclass
@@ -158,7 +161,7 @@ def fuse_model_cpu(
         )
     for k in ("bind", "candidates", "cost", "plan"):
         stages.timings[f"plan.{k}"] = analysis.timings.get(k, 0.0)
-    stages.dump("plan.json", json.dumps(analysis.to_dict(), indent=1, default=str))
+    stages.dump("plan.json", lambda: to_json(analysis.to_dict()))
     groups: list[KernelGroup] = []
     not_lowered: list[NotLowered] = []
     with stages("lower"):
@@ -185,7 +188,7 @@ def fuse_model_cpu(
                 )
             )
     unique = list({g.kernel.name: g.kernel for g in groups}.values())
-    stages.dump("kernels.txt", "\n\n".join(k.to_text() for k in unique))
+    stages.dump("kernels.txt", lambda: "\n\n".join(k.to_text() for k in unique))
     library = None
     rolled: list[RolledBack] = []
     with stages("compile"):
@@ -353,6 +356,22 @@ def _unfused_runner(
     return run
 
 
+def kernel_and_operators(
+    result: CpuFuseResult, low: Lowered, acts: Mapping[str, Any], opset: int
+) -> tuple[Any, list[Any], Any]:
+    """One fused group's kernel step, its arguments taken from the original's captured
+    activations ``acts``, and a runner of the operators it replaced (what safe mode and
+    ``profile_fusion_kernel`` compare)."""
+    consts = result.program.constants
+    fused = low.new_nodes[0]
+    names = [v.name if v is not None else "" for v in fused.inputs]
+    args = [acts.get(n, consts.get(n)) for n in names]
+    originals = {n.name: n for n in result.original.graph.nodes}
+    nodes = [originals[n] for n in low.original_node_names if n in originals]
+    unfused = _unfused_runner(nodes, names, consts, opset, acts)
+    return result.program.step_of(fused.name), args, unfused
+
+
 def check_kernel(
     low: Lowered,
     step: Any,
@@ -404,26 +423,18 @@ def _safe_mode(result, groups, kernels, feeds, options, build, progress) -> None
 
     ref = TorchRunner(result.original)
     acts = ref.run(feeds, keep_all=True)
-    consts = result.program.constants
-    originals = {n.name: n for n in result.original.graph.nodes}
     failed: dict[str, SafetyResult] = {}
     for i, low in enumerate(result.lowered):
         if progress is not None:
             progress("verify", i, len(result.lowered))
-        fused = low.new_nodes[0]
-        names = [v.name if v is not None else "" for v in fused.inputs]
-        args = [acts.get(n, consts.get(n)) for n in names]
-        unfused = None
-        if options.check_speed:
-            nodes = [originals[n] for n in low.original_node_names if n in originals]
-            unfused = _unfused_runner(nodes, names, consts, ref.opset, acts)
+        step, args, unfused = kernel_and_operators(result, low, acts, ref.opset)
         res = check_kernel(
             low,
-            result.program.step_of(fused.name),
+            step,
             args,
             acts,
             floor=options.cosine_floor if options.cosine_floor is not None else low.tolerance,
-            unfused=unfused,
+            unfused=unfused if options.check_speed else None,
             speed_margin=options.speed_margin,
         )
         result.safety[low.key] = res

@@ -216,30 +216,19 @@ class _Emitter:
                 stack.extend(body[i].args)
         return sorted(need)
 
-    def elem_lines(self, instrs: Sequence[int], depth: int) -> None:
+    def elem_lines(self, instrs: Sequence[int], depth: int, *, row: bool = False) -> None:
+        """One C statement per instruction; ``row``: outside the inner loops (a row-level
+        load reads the row's base)."""
         for i in instrs:
             b = self.k.body[i]
             ct = _CTYPE[b.ctype]
             if b.op == "load":
-                inp = b.attr("input")
-                self.w(f"const {ct} v{i} = {_load(self.k, b, self.inner_offset(inp))};", depth)
+                off = "0" if row else self.inner_offset(b.attr("input"))
+                self.w(f"const {ct} v{i} = {_load(self.k, b, off)};", depth)
             elif b.op == "rowlen":
                 self.w(f"const float v{i} = (float)row_n;", depth)
             elif b.op == "concat":
                 self.w(f"const {ct} v{i} = v{b.args[self.active_branch]};", depth)
-            else:
-                self.w(f"const {ct} v{i} = {_expr(b, [f'v{a}' for a in b.args], self.k)};", depth)
-
-    def row_lines(self, instrs: Sequence[int], depth: int) -> None:
-        for i in instrs:
-            b = self.k.body[i]
-            if b.op == "reduce":
-                continue
-            ct = _CTYPE[b.ctype]
-            if b.op == "load":
-                self.w(f"const {ct} v{i} = {_load(self.k, b, '0')};", depth)
-            elif b.op == "rowlen":
-                self.w(f"const float v{i} = (float)row_n;", depth)
             else:
                 self.w(f"const {ct} v{i} = {_expr(b, [f'v{a}' for a in b.args], self.k)};", depth)
 
@@ -432,7 +421,7 @@ class _Emitter:
             todo = [
                 i for i in row_all if stage[i] <= upto and i not in done and body[i].op != "reduce"
             ]
-            self.row_lines(todo, depth0)
+            self.elem_lines(todo, depth0, row=True)
             done.update(todo)
 
         def elems(roots: list[int], depth: int) -> None:

@@ -104,7 +104,6 @@ class _Builder:
     def __init__(self, binding: Any, opset: int = 17) -> None:
         self.binding = binding
         self.opset = opset
-        self.pending_rank = 0
         self.reduce_extent: tuple[int, ...] = ()
         self.dropped: dict[int, int] = {}
         self.symbolic: dict[int, tuple | None] = {}  # load instr -> the value's declared shape
@@ -175,7 +174,7 @@ class _Builder:
             value = bool(value)
         return self.emit("const", (), ctype, (), value=value)
 
-    def value(self, v: Value | None, *, like: int | None = None) -> int:
+    def value(self, v: Value | None) -> int:
         """The instruction computing ``v`` (a load, an immediate, or an earlier result)."""
         if v is None:
             raise KernelRefused(KernelReason.UNSUPPORTED_OP, "an omitted input is read")
@@ -207,20 +206,38 @@ class _Builder:
             self.env[id(v)] = idx
             return idx
         source, views = self.views.get(id(v), (v, ()))
+        shape = self.declared(v)
+        if shape is None and views:  # the view's shape from its source's
+            shape = self.view_shape(source, views)
+        idx = self.load(v, source, views, storage, shape or self.shape(v))
+        self.symbolic[idx] = v.shape
+        self.env[id(v)] = idx
+        return idx
+
+    def load(
+        self, v: Value, source: Value, views: tuple[View, ...], storage: str, shape: tuple
+    ) -> int:
+        """A load of group input ``source`` through ``views`` (one kernel input per source,
+        views and Concat branch)."""
         key = (source.name, views, self.branch)
         if key not in self.input_index:
             self.input_index[key] = len(self.inputs)
             self.inputs.append(KernelInput(source.name, storage, views, self.branch))
             self.input_values.append(v)
-        shape = self.declared(v)
-        if shape is None and views:  # the view's shape from its source's
-            from graph_autofusion.codegen.views import apply_views
+        return self.emit("load", (), STORAGE_COMPUTE[storage], shape, input=self.input_index[key])
 
-            shape = tuple(apply_views(np.empty(self.shape(source), np.uint8), views).shape)
-        idx = self.emit("load", (), ctype, shape or self.shape(v), input=self.input_index[key])
-        self.symbolic[idx] = v.shape
-        self.env[id(v)] = idx
-        return idx
+    def view_shape(self, source: Value, views: tuple[View, ...]) -> tuple[int, ...]:
+        from graph_autofusion.codegen.views import apply_views
+
+        return tuple(apply_views(np.empty(self.shape(source), np.uint8), views).shape)
+
+    def plain_value(self, v: Value) -> int:
+        """:meth:`value` outside any view context (an immediate, a group input as it is)."""
+        saved, self.view_ctx = self.view_ctx, None
+        try:
+            return self.value(v)
+        finally:
+            self.view_ctx = saved
 
     def shapes_of_input(self, i: int) -> tuple[int, ...]:
         """The (viewed) shape kernel input ``i`` is loaded with."""
@@ -272,7 +289,7 @@ def _axes(node: Node, rank: int, *, input_index: int = 1, attr: str = "axes") ->
 
 
 # ------------------------------------------------------------------ views on inputs
-def _view_of(b: _Builder, node: Node, inside: set[int]) -> View | None:
+def _view_of(b: _Builder, node: Node) -> View | None:
     """The node as a :class:`View` of its data input, or ``None`` if it is not a pure view."""
     op = node.op_type
     x = node.inputs[0]
@@ -482,7 +499,7 @@ def _lower_node(b: _Builder, node: Node) -> None:
         _concat(b, node)
         return
     if op in _VIEW_OPS and b.branch is None:
-        view = _view_of(b, node, set())
+        view = _view_of(b, node)
         if view is not None:  # pushed down to the loads: the producers are recomputed there
             b.set(outs[0], _viewed(b, ins[0], (view,)))
             return
@@ -506,46 +523,23 @@ def _viewed(b: _Builder, v: Value, chain: tuple[View, ...]) -> int:
     group input through the composed views, or ``v``'s elementwise producer recomputed on
     its inputs seen through the same views (index arithmetic instead of a copy)."""
     if not chain:
-        saved, b.view_ctx = b.view_ctx, None
-        try:
-            return b.value(v)
-        finally:
-            b.view_ctx = saved
+        return b.plain_value(v)
     key = (id(v), chain)
     if key in b.venv:
         return b.venv[key]
     c = const_value(v)
     if c is not None and np.asarray(c).size == 1:
-        saved, b.view_ctx = b.view_ctx, None
-        try:
-            idx = b.value(v)
-        finally:
-            b.view_ctx = saved
-        b.venv[key] = idx
-        return idx
+        b.venv[key] = b.plain_value(v)
+        return b.venv[key]
     node = b.node_of.get(id(v))
     if node is None or id(v) in b.views:  # a group input (or a view of one): a load
         source, views = b.views.get(id(v), (v, ()))
-        dt = b.dtype(v) or b.dtype(source)
-        storage = storage_of(dt, f"value {v.name!r}")
+        storage = storage_of(b.dtype(v) or b.dtype(source), f"value {v.name!r}")
         full = (*views, *chain)
-        lkey = (source.name, full, None)
-        if lkey not in b.input_index:
-            b.input_index[lkey] = len(b.inputs)
-            b.inputs.append(KernelInput(source.name, storage, full))
-            b.input_values.append(v)
-        from graph_autofusion.codegen.views import apply_views
-
-        shape = tuple(apply_views(np.empty(b.shape(source), np.uint8), full).shape)
-        saved, b.view_ctx = b.view_ctx, None
-        try:
-            idx = b.emit("load", (), STORAGE_COMPUTE[storage], shape, input=b.input_index[lkey])
-        finally:
-            b.view_ctx = saved
-        b.venv[key] = idx
-        return idx
+        b.venv[key] = b.load(v, source, full, storage, b.view_shape(source, full))
+        return b.venv[key]
     if node.op_type in _VIEW_OPS and node.op_type != "Gather":
-        inner = _view_of(b, node, set())
+        inner = _view_of(b, node)
         if inner is None:
             raise KernelRefused(KernelReason.LAYOUT_INSIDE, f"{node.name}: not a view")
         idx = _viewed(b, node.inputs[0], (inner, *chain))
@@ -868,7 +862,6 @@ def _set_reduce_axes(b: _Builder, x: int, axes_in: list[int], node: Node) -> tup
     that every reduction of the group reduces the same axes."""
     xs = b.shapes[x]
     # loop coordinates are right-aligned: position p in a rank-r shape is p + (R - r)
-    b.pending_rank = max(b.pending_rank, len(xs))
     key = tuple(a - len(xs) for a in axes_in)  # negative, right-aligned
     if b.reduce_axes is None:
         b.reduce_axes = key
@@ -1054,7 +1047,7 @@ def lower_group(
                 and _leading_ones_only(b, n)
             )
         ):
-            view = _view_of(b, n, inside)
+            view = _view_of(b, n)
             if view is not None and only_inside and id(out) not in out_ids:
                 src, chain = b.views.get(id(x), (x, ()))
                 b.views[id(out)] = (src, (*chain, view))
@@ -1067,7 +1060,7 @@ def lower_group(
             and id(out) in out_ids
             and not any(id(u) in inside for u in out.user_nodes)
         ):
-            view = _view_of(b, n, inside)
+            view = _view_of(b, n)
             if view is not None:
                 src, chain = out_views.get(id(x), (x, ()))
                 out_views[id(out)] = (src, (*chain, view))

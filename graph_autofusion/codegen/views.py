@@ -20,13 +20,13 @@ import numpy as np
 from graph_autofusion.codegen.kernel_ir import View
 
 
-def _is_torch(x: Any) -> bool:
+def is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch")
 
 
 def apply_views(x: Any, views: Sequence[View]) -> Any:
     """``x`` seen through ``views`` (NumPy array or torch tensor in, same kind out)."""
-    torch_mode = _is_torch(x)
+    torch_mode = is_torch(x)
     for v in views:
         shape = tuple(x.shape)
         if v.op == "transpose":
@@ -73,7 +73,7 @@ def view_inputs(kernel: Any, inputs: Sequence[Any]) -> list[Any]:
 
 def element_strides(x: Any) -> tuple[int, ...]:
     """Strides in elements of a NumPy array or torch tensor."""
-    if _is_torch(x):
+    if is_torch(x):
         return tuple(int(s) for s in x.stride())
     item = x.itemsize
     return tuple(int(s) // item for s in x.strides)

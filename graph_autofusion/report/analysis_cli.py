@@ -44,7 +44,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     if args.target:
         from graph_autofusion.options import FuseOptions
-        from graph_autofusion.pipeline import plan_for_target
+        from graph_autofusion.pipeline import add_other_targets, plan_for_target
 
         opts = FuseOptions(
             target=args.target,
@@ -57,13 +57,7 @@ def run_analyze(args: argparse.Namespace) -> int:
         feeds = default_feeds(model, symbols=dict(args.dim or ()))
         report = plan_for_target(model, rules, profile, opts, feeds, model_name=str(args.model))[1]
         if args.compare_targets:
-            for name in ("onnxruntime", "cpu"):
-                if name != args.target:
-                    alt = plan_for_target(model, rules, profile, opts.replace(target=name), feeds)
-                    report.other_targets[name] = {
-                        "fusions": len(alt[1].chosen),
-                        "performance_improvement": alt[1].performance_improvement,
-                    }
+            add_other_targets(report, model, rules, profile, opts, feeds)
     else:
         report = analyze_model(
             model,

@@ -21,7 +21,7 @@ def profile_kernel(result: Any, key: str | int, hardware: Any, *, runs: int = 20
     import torch
 
     from graph_autofusion.cost.hardware import load_profile
-    from graph_autofusion.pipeline_cpu import _unfused_runner, median_us
+    from graph_autofusion.pipeline_cpu import kernel_and_operators, median_us
     from graph_autofusion.runtime.torch_runtime import TorchRunner
 
     if getattr(result, "program", None) is None:
@@ -38,23 +38,10 @@ def profile_kernel(result: Any, key: str | int, hardware: Any, *, runs: int = 20
         low = found[0]
     ref = TorchRunner(result.original)
     acts = ref.run(result.feeds, keep_all=True)
-    consts = result.program.constants
-    fused = low.new_nodes[0]
-    names = [v.name if v is not None else "" for v in fused.inputs]
-    args = [acts.get(n, consts.get(n)) for n in names]
-    step = result.program.step_of(fused.name)
-    originals = {n.name: n for n in result.original.graph.nodes}
-    unfused = _unfused_runner(
-        [originals[n] for n in low.original_node_names if n in originals],
-        names,
-        consts,
-        ref.opset,
-        acts,
-    )
+    step, args, unfused = kernel_and_operators(result, low, acts, ref.opset)
     with torch.no_grad():
         outs = step(None, *args)
         outs = outs if isinstance(outs, tuple | list) else (outs,)
-        kernel_us = unfused_us = 0.0
         k_times, u_times = [], []
         for _ in range(3):  # alternate, so both see the same machine state
             k_times.append(median_us(lambda: step(None, *args), max(1, runs // 3)))

@@ -14,6 +14,7 @@ the output allocation and one ctypes call.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from graph_autofusion.codegen.views import (
     apply_views,
     collapse,
     element_strides,
+    is_torch,
     loop_strides,
     view_inputs,
 )
@@ -63,10 +65,6 @@ def _storage_use_count(cdata: int) -> int:
     import torch
 
     return int(torch._C._storage_Use_Count(cdata))
-
-
-def _is_torch(x: Any) -> bool:
-    return type(x).__module__.startswith("torch")
 
 
 def default_threads() -> int:
@@ -338,7 +336,7 @@ class KernelFunction:
         k = self.kernel
         if len(inputs) != len(k.inputs):
             raise TypeError(f"kernel {k.name} takes {len(k.inputs)} inputs, got {len(inputs)}")
-        torch_mode = any(_is_torch(x) for x in inputs)
+        torch_mode = any(is_torch(x) for x in inputs)
         xs = view_inputs(
             k, [self._as_storage(x, inp.dtype, torch_mode) for x, inp in zip(inputs, k.inputs)]
         )
@@ -356,15 +354,17 @@ class KernelFunction:
                 for a, x, i in zip(inputs, xs, k.inputs)
             )
             if same:  # later calls with these tensors' layout skip all of the above
-                fast = CallPlan(**{f: getattr(plan, f) for f in plan.__dataclass_fields__})
-                fast.offsets = tuple(x.data_ptr() - a.data_ptr() for x, a in zip(xs, inputs))
-                fast.out_dtypes = tuple(torch_dtype(o.dtype) for o in k.outputs)
-                fast.pool = [[] for _ in k.outputs]
-                fast.fn_addr = ctypes.cast(fast.fn, ctypes.c_void_p).value or 0
-                fast.offsets_array = np.asarray(
-                    list(fast.offsets) + [0] * len(k.outputs), dtype=np.int64
+                offsets = tuple(x.data_ptr() - a.data_ptr() for x, a in zip(xs, inputs))
+                array = np.asarray(list(offsets) + [0] * len(k.outputs), dtype=np.int64)
+                fast = dataclasses.replace(
+                    plan,
+                    offsets=offsets,
+                    out_dtypes=tuple(torch_dtype(o.dtype) for o in k.outputs),
+                    pool=[[] for _ in k.outputs],
+                    fn_addr=ctypes.cast(plan.fn, ctypes.c_void_p).value or 0,
+                    offsets_array=array,
+                    offsets_addr=array.ctypes.data,
                 )
-                fast.offsets_addr = fast.offsets_array.ctypes.data
                 tkey = tuple((a.shape, a.stride(), a.dtype) for a in inputs)
                 self._tensor_plans[tkey] = fast
 
