@@ -144,8 +144,12 @@ def fuse_model_cpu(
     feeds: Mapping[str, Any] | None = None,
     progress: Callable[[str, int, int], None] | None = None,
     dump_dir: str | os.PathLike[str] | None = None,
+    reference: Mapping[str, Any] | None = None,
 ) -> CpuFuseResult:
-    """Fuse ``original`` for the cpu target (see the module docstring); it is not modified."""
+    """Fuse ``original`` for the cpu target (see the module docstring); it is not modified.
+
+    ``reference``: the original's outputs on ``feeds`` as its own framework computed them
+    (the PyTorch path passes eager's); by default onnxruntime runs the original."""
     from graph_autofusion.codegen.compiler import KernelCompileError, compile_library
     from graph_autofusion.patterns.shape_folding import fold_reshape_shapes
     from graph_autofusion.verify.inputs import generate_inputs
@@ -232,7 +236,7 @@ def fuse_model_cpu(
         with stages("verify"):
             _safe_mode(result, groups, kernels, feeds, options, build, progress)
         with stages("end_to_end"):
-            _end_to_end(result, feeds, options, build, notes)
+            _end_to_end(result, feeds, options, build, notes, reference)
     result.timings = stages.timings
     result.notes = notes
     return result
@@ -459,10 +463,17 @@ def _reference_outputs(original: Model, feeds: Mapping[str, Any]) -> dict[str, n
         return {k: v.float().numpy() for k, v in TorchRunner(original).run(feeds).items()}
 
 
-def _end_to_end(result, feeds, options, build, notes) -> None:
+def _as_float_array(v: Any) -> np.ndarray:
+    return v.detach().float().numpy() if hasattr(v, "detach") else np.asarray(v)
+
+
+def _end_to_end(result, feeds, options, build, notes, reference=None) -> None:
     from graph_autofusion.verify.safety import compare_outputs
 
-    want = _reference_outputs(result.original, feeds)
+    if reference is not None:
+        want = {k: _as_float_array(v) for k, v in reference.items()}
+    else:
+        want = _reference_outputs(result.original, feeds)
     try:
         got = {k: v.float().numpy() for k, v in result.program.run(feeds).items()}
     except Exception as exc:  # noqa: BLE001

@@ -139,10 +139,49 @@ def compile_library(
         CompilerNotFoundError: no C compiler.
         KernelCompileError: the compiler failed (source path, stderr, repro command).
     """
+    options = options or CodegenOptions()
+    source = library_source(kernels, parallel_min_elements=options.parallel_min_elements)
+    built = compile_source(source, options, cache_dir=cache_dir, what=f"{len(kernels)} kernel(s)")
+    return CompiledLibrary(
+        built.path,
+        built.source_path,
+        built.key,
+        tuple(kernels),
+        options,
+        built.from_cache,
+        built.compile_s,
+    )
+
+
+@dataclass(frozen=True)
+class BuiltSource:
+    """A C translation unit built into a shared library (or found in the cache)."""
+
+    path: str
+    source_path: str
+    key: str
+    from_cache: bool
+    compile_s: float
+
+
+def compile_source(
+    source: str,
+    options: CodegenOptions | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    what: str = "kernels",
+) -> BuiltSource:
+    """Compile one C source into a shared library, cached by the source, the options and the
+    compiler's version; written to a temporary name and renamed into place, so a concurrent
+    reader never sees half a file.
+
+    Raises:
+        CompilerNotFoundError: no C compiler.
+        KernelCompileError: the compiler failed (source path, stderr, repro command).
+    """
     import time
 
     options = options or CodegenOptions()
-    source = library_source(kernels, parallel_min_elements=options.parallel_min_elements)
     version = compiler_version(options.compiler)
     key = hashlib.sha256("\0".join([source, options.digest(), version]).encode()).hexdigest()[:24]
     root = Path(cache_dir) if cache_dir is not None else cache_root()
@@ -151,7 +190,7 @@ def compile_library(
     entry = root / key
     lib, src = entry / "kernels.so", entry / "kernels.c"
     if lib.exists() and src.exists():
-        return CompiledLibrary(str(lib), str(src), key, tuple(kernels), options, True, 0.0)
+        return BuiltSource(str(lib), str(src), key, True, 0.0)
     entry.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
     fd, tmp_src = tempfile.mkstemp(prefix=".kernels-", suffix=".c", dir=entry)
@@ -174,11 +213,7 @@ def compile_library(
         repro = " ".join(
             shlex.quote(c) for c in [*cmd[:-4], kept, "-o", "/tmp/kernels.so", "-lmvec", "-lm"]
         )
-        raise KernelCompileError(
-            f"{options.compiler} failed on {len(kernels)} kernel(s)", kept, proc.stderr, repro
-        )
+        raise KernelCompileError(f"{options.compiler} failed on {what}", kept, proc.stderr, repro)
     os.replace(tmp_src, src)
     os.replace(tmp_lib, lib)
-    return CompiledLibrary(
-        str(lib), str(src), key, tuple(kernels), options, False, time.perf_counter() - t
-    )
+    return BuiltSource(str(lib), str(src), key, False, time.perf_counter() - t)

@@ -280,7 +280,10 @@ def _repeat_heads(cx: ConvertContext, t: Value, heads: int) -> Value:
         "Expand",
         [t5, cx.ints([b if isinstance(b, int) else 1, hk, rep, s if isinstance(s, int) else 1, d])],
     )
-    return cx.op("Reshape", [t5, cx.ints([0, heads, -1, d])])
+    out = cx.op("Reshape", [t5, cx.ints([0, heads, -1, d])])
+    if out.shape is None:  # symbolic sizes: shape inference on meta tensors cannot run
+        out.shape, out.dtype = (b, heads, s, d), t.dtype
+    return out
 
 
 @aten_op("scaled_dot_product_attention.default")

@@ -60,15 +60,21 @@ def dtype_of_torch(dt: torch.dtype) -> DType:
 def shape_of_val(val: Any) -> tuple[int | str, ...] | None:
     if not isinstance(val, torch.Tensor):
         return None
-    return tuple(int(d) if isinstance(d, int) or _is_static(d) else str(d) for d in val.shape)
+    return tuple(int(d) if isinstance(d, int) or _is_static(d) else _dim_name(d) for d in val.shape)
+
+
+def _dim_name(d: Any) -> str:
+    """A symbolic size's name: its expression (``s23``, ``s23 + 1``), never its hint."""
+    expr = getattr(getattr(d, "node", None), "expr", None)
+    return str(expr) if expr is not None else str(d)
 
 
 def _is_static(d: Any) -> bool:
-    try:
-        int(d)
-        return not isinstance(d, torch.SymInt) or d.node.is_constant()
-    except Exception:  # noqa: BLE001 - symbolic size
-        return False
+    """True for a size known as a number; never guards (``int()`` of a ``SymInt`` would
+    specialize the symbol it stands for)."""
+    if not isinstance(d, torch.SymInt):
+        return True
+    return d.node.is_constant() or getattr(d.node.expr, "is_number", False)
 
 
 class ConvertContext:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -132,10 +133,19 @@ def from_torch(
 
 
 class _FxWrapper(torch.nn.Module):
-    """Holds a Dynamo graph's lifted parameters/buffers so ``torch.export`` sees them as state."""
+    """Holds a Dynamo graph's lifted parameters/buffers so ``torch.export`` sees them as state.
+
+    A symbolic-size input of the Dynamo graph (a ``SymInt`` placeholder) is not an input of the
+    wrapper: it is read from the size of the user tensor that carries the same symbol
+    (``sizes[i] = (user tensor index, axis)``), so the export sees it as ``sym_size``.
+    """
 
     def __init__(
-        self, gm: torch.fx.GraphModule, consts: dict[int, tuple[str, torch.Tensor]], n_inputs: int
+        self,
+        gm: torch.fx.GraphModule,
+        consts: dict[int, tuple[str, torch.Tensor]],
+        n_inputs: int,
+        sizes: dict[int, tuple[int, int]] | None = None,
     ) -> None:
         super().__init__()
         self.gm = gm
@@ -145,10 +155,19 @@ class _FxWrapper(torch.nn.Module):
             self.register_buffer(key, t.detach())
             self._slots[i] = key
         self.fqns = {f"c{i}": name for i, (name, _) in consts.items()}
+        self._sizes = dict(sizes or {})
 
     def forward(self, *user: Any) -> Any:
         it = iter(user)
-        full = [getattr(self, s) if s is not None else next(it) for s in self._slots]
+        full: list[Any] = []
+        for i, s in enumerate(self._slots):
+            if s is not None:
+                full.append(getattr(self, s))
+            elif i in self._sizes:
+                k, axis = self._sizes[i]
+                full.append(user[k].shape[axis])
+            else:
+                full.append(next(it))
         return self.gm(*full)
 
 
@@ -158,32 +177,121 @@ def _state_name(placeholder: str) -> str:
     return name.strip(".")
 
 
+def _symbol(x: Any) -> str | None:
+    """The free symbol of a plain symbolic size (``s87``), else ``None``."""
+    if isinstance(x, torch.SymInt):
+        expr = x.node.expr
+        if getattr(expr, "is_Symbol", False):
+            return str(expr)
+    return None
+
+
+def is_mutated_input(gm: torch.fx.GraphModule, placeholder: torch.fx.Node) -> bool:
+    """True when the graph writes into ``placeholder`` (an in-place or ``out=`` operator)."""
+    for user in placeholder.users:
+        target = getattr(user, "target", None)
+        schema = getattr(target, "_schema", None)
+        if schema is not None and schema.is_mutable:
+            return True
+        name = getattr(target, "__name__", "")
+        method = user.op == "call_method" and str(user.target).endswith("_")
+        if method or (name.endswith("_") and not name.startswith("_")):
+            return True
+    return False
+
+
 def from_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Model:
+    """Convert a Dynamo backend's ``GraphModule`` (torch-level ops) into a :class:`Model`
+    (:func:`import_fx` without the input map)."""
+    return import_fx(gm, example_inputs).model
+
+
+@dataclass(frozen=True)
+class FxImport:
+    """A Dynamo graph as a :class:`Model`: ``model.graph.inputs[j]`` is the graph's argument
+    ``user_inputs[j]``; the other arguments are constants or sizes read from tensors."""
+
+    model: Model
+    user_inputs: tuple[int, ...]
+
+
+def import_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> FxImport:
     """Convert a Dynamo backend's ``GraphModule`` (torch-level ops) into a :class:`Model`.
 
     The graph is re-exported with ``torch.export`` (non-strict) and converted like a module.
     Inputs that are parameters or buffers of the compiled module (Dynamo passes them as
-    graph inputs) become initializers; the remaining tensors become graph inputs.
+    graph inputs) become initializers, unless the graph writes into them; the remaining
+    tensors become graph inputs. Sizes Dynamo made symbolic stay symbolic (``str`` dims, the
+    symbol's name): a ``SymInt`` input is read from the tensor that carries its symbol.
+
+    Call it outside Dynamo's compilation (on the compiled graph's first call, with the real
+    inputs): an export inside it adds guards to the frame being compiled.
+
+    Raises:
+        FrontendError: the export failed, or a symbolic size is carried by no input tensor.
     """
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     consts: dict[int, tuple[str, torch.Tensor]] = {}
     user: list[Any] = []
+    user_index: list[int] = []
+    user_meta: list[Any] = []
+    sym_inputs: dict[int, str] = {}
     for i, (ph, x) in enumerate(zip(placeholders, example_inputs)):
         is_state = (
             isinstance(x, torch.nn.Parameter)
             or re.search(r"_parameters_|_buffers_", ph.name) is not None
         )
-        if is_state and isinstance(x, torch.Tensor):
+        ev = ph.meta.get("example_value", x)
+        if isinstance(ev, torch.SymInt) or isinstance(x, torch.SymInt):
+            sym = _symbol(ev if isinstance(ev, torch.SymInt) else x)
+            if sym is None:
+                raise FrontendError(f"symbolic input {ph.name} ({ev}) is not a plain size")
+            sym_inputs[i] = sym
+        elif is_state and isinstance(x, torch.Tensor) and not is_mutated_input(gm, ph):
             consts[i] = (_state_name(ph.name), x)
         else:
             user.append(x)
-    wrapper = _FxWrapper(gm, consts, len(placeholders))
+            user_index.append(i)
+            user_meta.append(ph.meta.get("example_value"))
+    # where each symbol lives: (user tensor index, axis)
+    carriers: dict[str, tuple[int, int]] = {}
+    dynamic: list[Any] = []
+    for k, ev in enumerate(user_meta):
+        axes = {}
+        if isinstance(ev, torch.Tensor):
+            for axis, d in enumerate(ev.shape):
+                sym = _symbol(d)
+                if sym is not None:
+                    carriers.setdefault(sym, (k, axis))
+                    axes[axis] = torch.export.Dim.DYNAMIC
+        dynamic.append(axes or None)
+    sizes = {}
+    for i, sym in sym_inputs.items():
+        if sym not in carriers:
+            raise FrontendError(
+                f"symbolic size {sym} ({placeholders[i].name}) is carried by no input tensor"
+            )
+        sizes[i] = carriers[sym]
+    wrapper = _FxWrapper(gm, consts, len(placeholders), sizes)
+    real = [x.detach() if isinstance(x, torch.Tensor) else x for x in user]
     try:
-        ep = torch.export.export(wrapper, tuple(user), strict=False)
+        ep = torch.export.export(
+            wrapper,
+            tuple(real),
+            dynamic_shapes={"user": tuple(dynamic)}
+            if any(d is not None for d in dynamic)
+            else None,
+            strict=False,
+        )
         ep = ep.run_decompositions(decomposition_table())
     except Exception as e:
         raise FrontendError(f"torch.export of the FX graph failed: {e}") from e
-    return convert_exported_program(ep, name="fx_graph", fqn_map=wrapper.fqns)
+    model = convert_exported_program(ep, name="fx_graph", fqn_map=wrapper.fqns)
+    if len(model.graph.inputs) != len(user):
+        raise FrontendError(
+            f"the FX graph has {len(user)} tensor inputs but its export {len(model.graph.inputs)}"
+        )
+    return FxImport(model, tuple(user_index))
 
 
 def _output_names(ep: torch.export.ExportedProgram, n: int) -> list[str]:

@@ -58,9 +58,16 @@ def kernel_step(
 class CpuProgram(TorchRunner):
     """A fused model on the cpu target (kernels registered per fused node name)."""
 
-    def __init__(self, model: Model, steps: Mapping[str, Any]) -> None:
+    def __init__(self, model: Model, steps: Mapping[str, Any], *, gemv: bool = True) -> None:
         super().__init__(model, overrides=steps)
         self.steps = dict(steps)
+        self.gemv: list[Any] = []
+        #: ``MatMul`` nodes by a constant matrix routed through the gemv kernel (few rows).
+        self.gemv_nodes = 0
+        if gemv:
+            from graph_autofusion.runtime.gemv import install_gemv
+
+            self.gemv_nodes = install_gemv(self)
 
     def step_of(self, node_name: str) -> Any:
         return self.steps[node_name]

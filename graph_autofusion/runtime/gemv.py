@@ -1,0 +1,91 @@
+"""``MatMul`` by a constant matrix on the gemv kernel when the activations have few rows.
+
+    count = install_gemv(runner)    # patches a TorchRunner's plan in place
+
+Each ``MatMul`` of the default domain whose right operand is a constant fp32 matrix becomes a
+:class:`GemvMatMul`: a call with at most :data:`~graph_autofusion.codegen.gemv.MAX_ROWS`
+contiguous fp32 rows runs the kernel of :mod:`graph_autofusion.codegen.gemv`; any other call
+(a prefill's GEMM, another dtype, a strided input) runs ``torch.matmul`` exactly as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from graph_autofusion.codegen.gemv import MAX_ROWS, load_gemv
+
+
+class GemvMatMul:
+    """The implementation of one ``MatMul(x, W)`` node (``W`` a constant ``[K, N]`` matrix)."""
+
+    def __init__(self, weight: torch.Tensor, loaded: Any, threads: int) -> None:
+        self._lib, self._fn, self._shim = loaded
+        w = weight.t()
+        self.w = w if w.is_contiguous() else w.contiguous()  # [N, K], row-major
+        self.n, self.k = int(self.w.shape[0]), int(self.w.shape[1])
+        self.threads = threads
+        self._plans: dict[int, tuple[np.ndarray, np.ndarray, int, int, int]] = {}
+        self._offsets = np.zeros(3, dtype=np.int64)
+        self.kernel_calls = 0
+
+    def _plan(self, m: int) -> tuple[np.ndarray, np.ndarray, int, int, int]:
+        sizes = np.array([m, self.n, self.k], dtype=np.int64)
+        strides = np.array([self.k, self.k, self.n], dtype=np.int64)
+        plan = (sizes, strides, sizes.ctypes.data, strides.ctypes.data, self._offsets.ctypes.data)
+        self._plans[m] = plan
+        return plan
+
+    def __call__(self, _call: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if x.dtype is torch.float32 and x.dim() >= 1 and x.shape[-1] == self.k:
+            m = x.numel() // self.k if self.k else 0
+            if 0 < m <= MAX_ROWS and x.is_contiguous() and not x.requires_grad:
+                plan = self._plans.get(m) or self._plan(m)
+                y = torch.empty((*x.shape[:-1], self.n), dtype=torch.float32)
+                self._shim.call(self._fn, plan[2], plan[3], self.threads, plan[4], x, self.w, y)
+                self.kernel_calls += 1
+                return y
+        return torch.matmul(x, w)
+
+
+def gemv_candidates(runner: Any) -> list[int]:
+    """Plan positions of the ``MatMul`` nodes by a constant fp32 matrix."""
+    out = []
+    for k, (node, _impl, _call) in enumerate(runner._plan):
+        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
+            continue
+        if getattr(runner, "steps", {}).get(node.name) is not None:
+            continue
+        w = node.inputs[1] if len(node.inputs) > 1 else None
+        t = runner.constants.get(w.name) if w is not None else None
+        if t is not None and t.dim() == 2 and t.dtype is torch.float32:
+            out.append(k)
+    return out
+
+
+def install_gemv(runner: Any, threads: int | None = None, options: Any = None) -> int:
+    """Route every eligible ``MatMul`` of ``runner`` through the gemv kernel; returns how many
+    (0 when the kernel or its call shim cannot be built)."""
+    from graph_autofusion.runtime.kernels import default_threads
+
+    positions = gemv_candidates(runner)
+    if not positions:
+        return 0
+    try:
+        loaded = load_gemv(options)
+    except Exception:  # noqa: BLE001 - no compiler, no shim: torch's kernels as before
+        return 0
+    if loaded is None:
+        return 0
+    threads = threads or default_threads()
+    shared: dict[int, GemvMatMul] = {}
+    for k in positions:
+        node, _impl, call = runner._plan[k]
+        t = runner.constants[node.inputs[1].name]
+        impl = shared.get(id(t)) or GemvMatMul(t, loaded, threads)
+        shared[id(t)] = impl
+        runner._plan[k] = (node, impl, call)
+    runner.gemv = list(shared.values())
+    return len(positions)

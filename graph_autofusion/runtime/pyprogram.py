@@ -1,0 +1,163 @@
+"""A fused program as straight-line Python: one generated function, no interpreter loop.
+
+    program = generate_program(cpu_program, user_inputs=(0, 2), n_args=3)
+    outputs = program(*args)        # a tuple, in graph-output order
+    print(program.source)
+
+:class:`~graph_autofusion.runtime.torch_runtime.TorchRunner` walks a list of nodes with a
+dictionary of values; that costs a few microseconds per node, which is what decode spends
+most of its time on. The generated function has one line per node (``v12 = f12(c12, v3,
+w0)``), each implementation and constant bound as a name of the function's globals, and
+``del`` of each value after its last use, so buffers are freed (and the kernels' output pool
+reused) as early as liveness allows. Common operators whose ONNX semantics match one torch
+call exactly (``MatMul``, elementwise arithmetic, ``Softmax`` over one axis, ...) are called
+directly, without their ``OpCall`` wrapper.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from graph_autofusion.ir.core import Node
+from graph_autofusion.runtime.torch_ops_aten import ATEN_DOMAIN
+from graph_autofusion.runtime.torch_runtime import impl_for
+
+#: ONNX operators that are exactly one torch call on their inputs (no attribute to honour).
+_DIRECT: dict[str, str] = {
+    "Add": "torch.add",
+    "Sub": "torch.sub",
+    "Mul": "torch.mul",
+    "MatMul": "torch.matmul",
+    "Neg": "torch.neg",
+    "Exp": "torch.exp",
+    "Sqrt": "torch.sqrt",
+    "Tanh": "torch.tanh",
+    "Sigmoid": "torch.sigmoid",
+    "Relu": "torch.relu",
+    "Reciprocal": "torch.reciprocal",
+    "Equal": "torch.eq",
+    "Less": "torch.lt",
+    "Greater": "torch.gt",
+    "Where": "torch.where",
+}
+
+
+class GeneratedProgram:
+    """The generated function and its source (``program.source``)."""
+
+    def __init__(self, fn: Any, source: str, nodes: int) -> None:
+        self.fn = fn
+        self.source = source
+        self.nodes = nodes
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+def _ident(name: str, used: set[str]) -> str:
+    base = re.sub(r"\W", "_", name)
+    if not base or base[0].isdigit() or keyword.iskeyword(base):
+        base = "v_" + base
+    cand, i = "v_" + base, 0
+    while cand in used:
+        i += 1
+        cand = f"v_{base}_{i}"
+    used.add(cand)
+    return cand
+
+
+def _direct_ok(node: Node) -> bool:
+    if node.op_type not in _DIRECT or node.domain not in ("", "ai.onnx"):
+        return False
+    if node.op_type in ("Add", "Sub", "Mul"):  # integer ops of mixed widths promote in torch
+        return all(
+            v is not None and v.dtype is not None and v.dtype == node.outputs[0].dtype
+            for v in node.inputs
+        )
+    return True
+
+
+def generate_program(
+    runner: Any, user_inputs: Sequence[int] | None = None, n_args: int | None = None
+) -> GeneratedProgram:
+    """Generate the straight-line function of a :class:`TorchRunner` (or ``CpuProgram``).
+
+    The function takes ``n_args`` positional arguments; graph input ``j`` is argument
+    ``user_inputs[j]`` (by default graph input ``j`` is argument ``j``); the others are
+    ignored (a Dynamo graph's parameters, which the program holds as constants)."""
+    graph = runner.graph
+    inputs = list(graph.inputs)
+    user_inputs = list(user_inputs) if user_inputs is not None else list(range(len(inputs)))
+    n_args = n_args if n_args is not None else (max(user_inputs) + 1 if user_inputs else 0)
+    used: set[str] = set()
+    names: dict[str, str] = {}
+    env: dict[str, Any] = {"torch": torch}
+    lines: list[str] = []
+    args = [f"a{i}" for i in range(n_args)]
+    used.update(args)
+    for v, i in zip(inputs, user_inputs):
+        names[v.name] = args[i]
+    for cname, t in runner.constants.items():
+        if cname in names:
+            continue  # a graph input with a default value: the caller's tensor wins
+        ident = _ident("c_" + cname, used)
+        names[cname] = ident
+        env[ident] = t
+    outputs = {v.name for v in graph.outputs}
+    last_use: dict[str, int] = {}
+    for k, (node, _impl, _call) in enumerate(runner._plan):
+        for v in node.all_inputs():
+            last_use[v.name] = k
+    frees: dict[int, list[str]] = {}
+    for name, k in last_use.items():
+        if name not in outputs and name not in runner.constants:
+            frees.setdefault(k, []).append(name)
+    steps = getattr(runner, "steps", {}) or {}
+    env["_one"] = _one
+    for k, (node, impl, call) in enumerate(runner._plan):
+        operands = ", ".join(names[v.name] if v is not None else "None" for v in node.inputs)
+        outs = []
+        for v in node.outputs:
+            ident = _ident(v.name, used)
+            names[v.name] = ident
+            outs.append(ident)
+        if node.name not in steps and impl is impl_for(node) and _direct_ok(node):
+            call_src = f"{_DIRECT[node.op_type]}({operands})"
+        else:
+            f_name, c_name = f"f{k}", f"o{k}"
+            env[f_name], env[c_name] = impl, call
+            call_src = f"{f_name}({c_name}{', ' if operands else ''}{operands})"
+        if len(outs) == 1 and node.domain == ATEN_DOMAIN:
+            lines.append(f"    {outs[0]} = _one({call_src})")  # a list-returning aten op
+        elif len(outs) == 1:
+            lines.append(f"    {outs[0]} = {call_src}")
+        else:
+            lines.append(f"    {', '.join(outs)}, *_ = {call_src}")
+        dead = [names[n] for n in frees.get(k, []) if not names[n].startswith("a")]
+        dead += [
+            o
+            for o, v in zip(outs, node.outputs)
+            if v.name not in last_use and v.name not in outputs
+        ]
+        if dead:
+            lines.append(f"    del {', '.join(dict.fromkeys(dead))}")
+    ret = [names[v.name] for v in graph.outputs]
+    lines.append(f"    return ({', '.join(ret)}{',' if len(ret) == 1 else ''})")
+    header = f"def program({', '.join(args)}):"
+    body = "\n".join(lines) if lines else "    pass"
+    source = f"{header}\n{body}\n"
+    code = compile(source, f"<graph-autofusion program {graph.name}>", "exec")
+    scope = dict(env)
+    exec(code, scope)  # noqa: S102 - our own generated source
+    fn = scope["program"]
+    no_grad = torch.no_grad()(fn)
+    return GeneratedProgram(no_grad, source, len(runner._plan))
+
+
+def _one(r: Any) -> Any:
+    return r[0] if isinstance(r, tuple) and len(r) == 1 else r

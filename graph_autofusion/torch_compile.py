@@ -1,0 +1,199 @@
+"""``torch.compile(model, backend="autofusion")``: the PyTorch path's front door.
+
+    compiled = torch.compile(model, backend="autofusion")          # registered entry point
+    compiled = torch.compile(model, backend=autofusion_backend)    # the same, by object
+    compiled = torch.compile(model, backend=make_backend(preset="llm", safe_mode=False))
+
+Dynamo hands the backend each captured FX graph (torch-level operators, parameters as
+inputs). The backend returns a :class:`CompiledGraph` that does the work on its first call,
+with the real inputs (an export inside Dynamo's own compilation would add guards to the frame
+being compiled): the graph is imported into the IR (:func:`~graph_autofusion.frontend.
+torch_frontend.import_fx`; sizes Dynamo made symbolic stay symbolic), planned for the
+calibrated ``host`` profile with the cpu target, its fused groups compiled into C kernels,
+each verified in safe mode against eager's outputs, and the fused program generated as
+straight-line Python (:mod:`graph_autofusion.runtime.pyprogram`): GEMMs and every operator
+without a kernel run on torch's own kernels.
+
+Fallbacks: a graph the importer, planner or compiler cannot handle runs as Dynamo captured it
+(eager), with one warning naming the graph and the reason; a graph break is Dynamo's business
+(each piece is compiled apart). A call whose inputs differ from the first call's in dtype or
+rank (Dynamo's guards normally prevent it) also runs eagerly.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from graph_autofusion.errors import GraphAutoFusionError
+from graph_autofusion.options import FuseOptions
+
+BACKEND_NAME = "autofusion"
+
+
+class AutofusionWarning(UserWarning):
+    """A graph (or part of one) runs in eager because the backend could not compile it."""
+
+
+@dataclass
+class BackendConfig:
+    """What the backend plans with (one per ``make_backend`` call)."""
+
+    preset: str = "all"
+    hardware: Any = "host"
+    options: FuseOptions = field(
+        default_factory=lambda: FuseOptions(target="cpu", check_speed=False)
+    )
+    rules: Any = None  # a RuleSet; the preset's rules when None
+    #: Every graph compiled through this backend, in order (reports and tests read them).
+    graphs: list[CompiledGraph] = field(default_factory=list)
+
+    def ruleset(self) -> Any:
+        if self.rules is None:
+            from graph_autofusion.patterns.library import builtin_rules
+
+            self.rules = builtin_rules().preset(self.preset)
+        return self.rules
+
+
+class CompiledGraph:
+    """One Dynamo graph: compiled on its first call, then the fused program (or eager)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, config: BackendConfig, index: int) -> None:
+        self.gm = gm
+        self.config = config
+        self.index = index
+        self.result: Any = None  # CpuFuseResult
+        self.fallback: str | None = None  # why this graph runs in eager
+        self.compile_seconds = 0.0
+        self.calls = 0
+        self._fn: Callable[..., Any] | None = None
+        self._lock = threading.Lock()
+        self._signature: tuple | None = None
+
+    def __call__(self, *args: Any) -> Any:
+        fn = self._fn
+        if fn is None:
+            with self._lock:
+                if self._fn is None:
+                    self._build(args)
+                fn = self._fn
+        self.calls += 1
+        return fn(*args)
+
+    # ------------------------------------------------------------------ compile
+    def _build(self, args: Sequence[Any]) -> None:
+        t = time.perf_counter()
+        try:
+            self._fn = self._compile(args)
+        except Exception as exc:  # noqa: BLE001 - a graph we cannot compile runs in eager
+            self.fallback = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            warnings.warn(
+                f"autofusion: graph {self.index} runs in eager ({self.fallback})",
+                AutofusionWarning,
+                stacklevel=3,
+            )
+            self._fn = self.gm.forward
+        self.compile_seconds = time.perf_counter() - t
+
+    def _compile(self, args: Sequence[Any]) -> Callable[..., Any]:
+        from graph_autofusion.frontend.torch_frontend import import_fx
+        from graph_autofusion.pipeline_cpu import fuse_model_cpu
+        from graph_autofusion.runtime.pyprogram import generate_program
+
+        _check_outputs(self.gm)
+        with torch.no_grad():
+            expected = self.gm(*args)
+        imported = import_fx(self.gm, args)
+        model = imported.model
+        names = [v.name for v in model.graph.inputs]
+        feeds = {n: args[i] for n, i in zip(names, imported.user_inputs)}
+        outs = expected if isinstance(expected, tuple | list) else (expected,)
+        reference = {v.name: t for v, t in zip(model.graph.outputs, outs)}
+        with torch.no_grad():
+            result = fuse_model_cpu(
+                model,
+                self.config.ruleset(),
+                self.config.hardware,
+                options=self.config.options,
+                feeds=feeds,
+                reference=reference,
+            )
+        self.result = result
+        if result.end_to_end and not result.end_to_end.get("passed", True):
+            raise GraphAutoFusionError(
+                "the fused graph differs from eager (every fusion rolled back)"
+            )
+        program = generate_program(result.program, imported.user_inputs, len(args))
+        self.source = program.source
+        return program
+
+    # ------------------------------------------------------------------ facts
+    def summary(self) -> dict[str, Any]:
+        res = self.result
+        return {
+            "graph": self.index,
+            "fallback": self.fallback,
+            "compile_seconds": round(self.compile_seconds, 3),
+            "nodes": len(res.original.graph.nodes) if res is not None else None,
+            "fused_groups": len(res.lowered) if res is not None else 0,
+            "rolled_back": [(r.key, r.code) for r in res.rolled_back] if res is not None else [],
+            "calls": self.calls,
+        }
+
+
+def _check_outputs(gm: torch.fx.GraphModule) -> None:
+    """Refuse a graph returning something other than tensors (sizes, ``None``)."""
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    for a in torch.fx.node.map_aggregate(out.args[0], lambda x: x) or ():
+        val = a.meta.get("example_value") if isinstance(a, torch.fx.Node) else a
+        if not isinstance(val, torch.Tensor):
+            raise GraphAutoFusionError(f"the graph returns a {type(val).__name__}, not a tensor")
+
+
+def make_backend(
+    *,
+    preset: str = "all",
+    hardware: Any = "host",
+    safe_mode: bool = True,
+    check_speed: bool = False,
+    options: FuseOptions | None = None,
+    rules: Any = None,
+) -> Callable[..., Any]:
+    """A ``torch.compile`` backend with these settings; ``backend.config.graphs`` lists what
+    it compiled. ``check_speed``: safe mode also times each kernel against its operators
+    (slower to compile; off by default)."""
+    opts = options or FuseOptions(target="cpu", safe_mode=safe_mode, check_speed=check_speed)
+    if opts.target != "cpu":
+        opts = opts.replace(target="cpu")
+    config = BackendConfig(preset=preset, hardware=hardware, options=opts, rules=rules)
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        graph = CompiledGraph(gm, config, len(config.graphs))
+        config.graphs.append(graph)
+        return graph
+
+    backend.config = config  # type: ignore[attr-defined]
+    return backend
+
+
+_DEFAULT: Callable[..., Any] | None = None
+
+
+def autofusion_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+    """The registered ``autofusion`` backend (default settings; see :func:`make_backend`)."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = make_backend()
+    return _DEFAULT(gm, example_inputs)
+
+
+def default_graphs() -> list[CompiledGraph]:
+    """The graphs the registered backend compiled in this process."""
+    return list(_DEFAULT.config.graphs) if _DEFAULT is not None else []  # type: ignore[attr-defined]

@@ -1,0 +1,167 @@
+"""``torch.compile(backend="autofusion")``: real Dynamo graphs, real kernels, eager as the judge."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from graph_autofusion.testing.small_hf import SMALL_HF  # noqa: E402
+from graph_autofusion.torch_compile import AutofusionWarning, make_backend  # noqa: E402
+from graph_autofusion.verify.compare import compare_tensors  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("torch_compile")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _tiny_llama(kv_heads: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=256,
+    )
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
+    return compare_tensors(a.detach().float().numpy(), b.detach().float().numpy())["cosine"]
+
+
+def test_backend_is_registered_by_entry_point():
+    assert "autofusion" in torch._dynamo.list_backends()
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
+def test_llama_generate_same_tokens_without_recompiling(kv_heads):
+    model = _tiny_llama(kv_heads)
+    ids = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(1))
+    kw = dict(max_new_tokens=50, do_sample=False, eos_token_id=None, pad_token_id=0)
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+    backend = make_backend()
+    model.forward = torch.compile(model.forward, backend=backend)
+    with torch.no_grad():
+        got = model.generate(ids, **kw)
+    assert torch.equal(got, want)
+    graphs = backend.config.graphs
+    # prefill, the first decode step, then one graph with symbolic cache length for the rest
+    assert 1 <= len(graphs) <= 3, [g.summary() for g in graphs]
+    assert all(g.fallback is None for g in graphs), [g.fallback for g in graphs]
+    assert graphs[-1].calls >= 45
+    assert sum(g.result.kernel_counts()["groups"] for g in graphs) > 0
+    decode = graphs[-1].result.program
+    assert decode.gemv_nodes > 0 and sum(k.kernel_calls for k in decode.gemv) > 0
+
+
+def test_a_graph_it_cannot_import_runs_in_eager_with_one_warning():
+    class Inverse(torch.nn.Module):
+        def forward(self, x):
+            return torch.linalg.inv(x) @ x + 1
+
+    x = torch.randn(4, 4) + 4 * torch.eye(4)
+    backend = make_backend()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = torch.compile(Inverse(), backend=backend)(x)
+    assert torch.allclose(got, Inverse()(x), atol=1e-5)
+    ours = [w for w in caught if issubclass(w.category, AutofusionWarning)]
+    assert len(ours) == 1 and "runs in eager" in str(ours[0].message)
+    assert backend.config.graphs[0].fallback
+
+
+def test_graph_break_compiles_each_piece():
+    class Broken(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(32, 32)
+            self.b = torch.nn.Linear(32, 32)
+
+        def forward(self, x):
+            y = torch.nn.functional.gelu(self.a(x)) * 2 + 1
+            torch._dynamo.graph_break()
+            return torch.sigmoid(self.b(y)) * y
+
+    torch.manual_seed(0)
+    m = Broken().eval()
+    x = torch.randn(4, 32)
+    backend = make_backend()
+    with torch.no_grad():
+        got = torch.compile(m, backend=backend)(x)
+        want = m(x)
+    assert len(backend.config.graphs) == 2
+    assert all(g.fallback is None for g in backend.config.graphs)
+    assert _cos(got, want) >= 0.9999 and torch.allclose(got, want, atol=1e-4)
+
+
+def test_non_contiguous_and_channels_last_inputs():
+    class Conv(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = torch.nn.Conv2d(8, 16, 3, padding=1)
+            self.bn = torch.nn.BatchNorm2d(16)
+
+        def forward(self, x, y):
+            return torch.relu(self.bn(self.c(x))) + y.mean()
+
+    torch.manual_seed(0)
+    m = Conv().eval()
+    x = torch.randn(2, 8, 12, 12).to(memory_format=torch.channels_last)
+    y = torch.randn(12, 6).t()  # a transposed view
+    with torch.no_grad():
+        got = torch.compile(m, backend=make_backend())(x, y)
+        want = m(x, y)
+    assert torch.allclose(got, want, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_half_precision_model(dtype):
+    model = _tiny_llama(2).to(dtype)
+    ids = torch.randint(0, 1000, (1, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = model(ids).logits
+        got = torch.compile(model, backend=make_backend())(ids).logits
+    assert got.dtype == dtype
+    assert _cos(got, want) >= 0.999
+
+
+@pytest.mark.parametrize("name", ["qwen2", "gemma", "phi", "gpt_neox"])
+def test_unseen_decoders_match_eager(name):
+    torch.manual_seed(0)
+    model, inputs = SMALL_HF[name]()
+    model.eval()
+    backend = make_backend()
+    with torch.no_grad():
+        want = model(**inputs).logits
+        got = torch.compile(model, backend=backend)(**inputs).logits
+    assert _cos(got, want) >= 0.9999
+    assert all(g.fallback is None for g in backend.config.graphs), [
+        g.fallback for g in backend.config.graphs
+    ]
+
+
+def test_qwen2_generate_same_tokens():
+    torch.manual_seed(0)
+    model, inputs = SMALL_HF["qwen2"]()
+    model.eval()
+    kw = dict(max_new_tokens=50, do_sample=False, eos_token_id=None, pad_token_id=0)
+    ids = inputs["input_ids"]
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+    model.forward = torch.compile(model.forward, backend="autofusion")
+    with torch.no_grad():
+        got = model.generate(ids, **kw)
+    assert torch.equal(got, want)
