@@ -96,7 +96,17 @@ class GraphAutoFusion:
 
         self.source_path = os.fspath(model) if isinstance(model, str | os.PathLike) else None
         self.source_name = self.source_path or type(model).__name__
-        self.model: Model = load_model(model, example_inputs, example_kwargs)
+        self.torch_module = _torch_module(model)
+        if self.torch_module is not None:  # the PyTorch path: fuse() returns a module
+            from graph_autofusion.torch_module import _example
+
+            args, kwargs = _example(model, example_inputs, example_kwargs)
+            self.example_args, self.example_kwargs = args, kwargs
+            if target == "onnxruntime" and options is None:
+                target = "cpu"  # a module runs in torch: its fused groups are kernels
+            self._model: Model | None = None  # imported when analysis first needs it
+        else:
+            self._model = load_model(model, example_inputs, example_kwargs)
         self.preset = preset
         ruleset = builtin_rules().preset(preset)
         for path in rule_files:
@@ -120,6 +130,22 @@ class GraphAutoFusion:
         self.options: FuseOptions = options
         self.sample_inputs = dict(sample_inputs) if sample_inputs is not None else None
         self.result: Any = None  # the last FuseResult
+
+    @property
+    def model(self) -> Model:
+        """The model in the IR (a PyTorch module is imported with ``torch.export`` on first
+        use, its outputs flattened to tensors: a Hugging Face model without its cache)."""
+        if self._model is None:
+            from graph_autofusion.torch_module import import_for_analysis
+
+            self._model = import_for_analysis(
+                self.torch_module, self.example_args, self.example_kwargs
+            )
+        return self._model
+
+    @model.setter
+    def model(self, value: Model) -> None:
+        self._model = value
 
     # read-only views of the options record
     target = property(lambda self: self.options.target)
@@ -215,6 +241,28 @@ class GraphAutoFusion:
         ``cosine_floor``, ``e2e_cosine_floor``, ``mc_samples``)."""
         from graph_autofusion.pipeline import fuse_model
 
+        if self.torch_module is not None:
+            from graph_autofusion.torch_module import fuse_module
+
+            opts = self.options.replace(
+                target="cpu",
+                safe_mode=self.safe_mode if safe_mode is None else safe_mode,
+                check_speed=check_speed,
+                **options,
+            )
+            self.fused_module = fuse_module(
+                self.torch_module,
+                self.example_args,
+                self.example_kwargs,
+                rules=self.rules,
+                preset=self.preset,
+                hardware=self.hardware,
+                options=opts,
+                source_name=self.source_name,
+            )
+            results = self.fused_module.autofusion.results()
+            self.result = results[0] if results else None
+            return self.fused_module
         if self.target == "cpu":
             from graph_autofusion.pipeline_cpu import fuse_model_cpu
 
@@ -246,6 +294,11 @@ class GraphAutoFusion:
         )
         return self.result.model
 
+    def _module_fusion(self):
+        if getattr(self, "fused_module", None) is None:
+            raise NotFusedYetError("call fuse() or fuse_safe() first")
+        return self.fused_module
+
     def fuse_safe(self, **kwargs: Any):
         """:meth:`fuse` with safe mode on."""
         return self.fuse(safe_mode=True, **kwargs)
@@ -260,6 +313,12 @@ class GraphAutoFusion:
         the end-to-end comparison (a ``SafeFusionReport``)."""
         from graph_autofusion.report.fuse_report import SafeFusionReport
 
+        if self.torch_module is not None:  # one report per compiled graph
+            info = self._module_fusion().autofusion
+            return [
+                SafeFusionReport(r, f"{self.source_name} graph {i}")
+                for i, r in enumerate(info.results())
+            ]
         return SafeFusionReport(self._need_result(), self.source_name)
 
     # ------------------------------------------------------------------ verification
@@ -284,6 +343,15 @@ class GraphAutoFusion:
         from graph_autofusion.verify.compare import compare_tensors
         from graph_autofusion.verify.safety import capture_activations
 
+        if self.torch_module is not None:
+            from graph_autofusion.torch_module import verify_precision
+
+            return verify_precision(
+                original if original is not None else self.torch_module,
+                fused if fused is not None else self._module_fusion(),
+                self.example_args,
+                self.example_kwargs,
+            )
         fused_p = self._proto(fused)
         orig_p = self._proto(original if original is not None else self.model)
         feeds = self.feeds()
@@ -316,10 +384,26 @@ class GraphAutoFusion:
         warmup: int = 3,
         threads: int = 2,
         level: str = "all",
+        new_tokens: int = 0,
     ) -> dict[str, Any]:
         """Measure the original and fused models in onnxruntime, side by side (alternating):
-        median latency and spread, throughput, and the improvement."""
+        median latency and spread, throughput, and the improvement. A PyTorch module: eager
+        against the fused module, and with ``new_tokens`` the tokens/s of greedy
+        ``generate(max_new_tokens=new_tokens)``."""
         from graph_autofusion.verify.subgraph import ort_session
+
+        if self.torch_module is not None:
+            from graph_autofusion.torch_module import verify_performance
+
+            return verify_performance(
+                self.torch_module,
+                fused if fused is not None else self._module_fusion(),
+                self.example_args,
+                self.example_kwargs,
+                runs=runs,
+                warmup=warmup,
+                new_tokens=new_tokens,
+            )
 
         fused_p = self._proto(fused)
         orig_p = self._proto(self.model)
@@ -360,6 +444,17 @@ class GraphAutoFusion:
     def run(self, feeds: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
         """Run the fused result on its target (the sample inputs when ``feeds`` is None);
         returns ``{output name: array}``."""
+        if self.torch_module is not None:  # the fused module, called by argument name
+            import torch
+
+            from graph_autofusion.torch_module import _first_tensor
+
+            fused = self._module_fusion()
+            named = {k: torch.as_tensor(np.asarray(v)) for k, v in (feeds or self.feeds()).items()}
+            with torch.no_grad():
+                outs = _first_tensor(fused(**named))
+            names = [v.name for v in self.model.graph.outputs]
+            return {n: _to_numpy(t) for n, t in zip(names, outs)}
         result = self._need_result()
         feeds = dict(feeds) if feeds is not None else self.feeds()
         if getattr(result, "program", None) is not None:
@@ -383,6 +478,12 @@ class GraphAutoFusion:
         """
         from graph_autofusion.codegen.manifest import write_kernel_dir
 
+        if self.torch_module is not None:  # every compiled graph's kernels, one folder each
+            info = self._module_fusion().autofusion
+            return {
+                f"graph{i}": write_kernel_dir(r, os.path.join(os.fspath(directory), f"graph{i}"))
+                for i, r in enumerate(info.results())
+            }
         result = self._need_result()
         if getattr(result, "kernels", None) is None:
             raise GraphAutoFusionError(
@@ -430,6 +531,18 @@ class GraphAutoFusion:
     AddFusionRule = add_rule
     CompileFusedOperators = compile_fused_operators
     ProfileFusionKernel = profile_fusion_kernel
+
+
+def _torch_module(model: Any) -> Any:
+    if type(model).__module__.startswith(("onnx", "graph_autofusion")) or isinstance(
+        model, str | os.PathLike
+    ):
+        return None
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is optional
+        return None
+    return model if isinstance(model, torch.nn.Module) else None
 
 
 def _to_numpy(t: Any) -> np.ndarray:

@@ -126,6 +126,16 @@ def _sample_shape(model: Model, binding: Any, name: str) -> tuple[int, ...]:
     raise KernelRefused(KernelReason.UNKNOWN_SHAPE, f"no sample shape for {name!r}")
 
 
+def _lowerable(target: Any, ca: Any, binding: Any) -> bool:
+    if ca.payload is None:
+        return False
+    try:
+        target.lower(ca.payload, binding)
+    except Exception:  # noqa: BLE001 - a saved key the target cannot lower is not applied
+        return False
+    return True
+
+
 def finalize_kernel(kernel: Kernel, input_shapes: list[tuple[int, ...]]) -> Kernel:
     """Fix the fast path's stride classes from the sample shapes and name the kernel by its
     structure (identical groups share one compiled function)."""
@@ -145,11 +155,14 @@ def fuse_model_cpu(
     progress: Callable[[str, int, int], None] | None = None,
     dump_dir: str | os.PathLike[str] | None = None,
     reference: Mapping[str, Any] | None = None,
+    chosen_keys: Any = None,
 ) -> CpuFuseResult:
     """Fuse ``original`` for the cpu target (see the module docstring); it is not modified.
 
     ``reference``: the original's outputs on ``feeds`` as its own framework computed them
-    (the PyTorch path passes eager's); by default onnxruntime runs the original."""
+    (the PyTorch path passes eager's); by default onnxruntime runs the original.
+    ``chosen_keys``: apply exactly these candidates (a saved plan) instead of the planner's
+    choice; a key that no longer matches is ignored."""
     from graph_autofusion.codegen.compiler import KernelCompileError, compile_library
     from graph_autofusion.patterns.shape_folding import fold_reshape_shapes
     from graph_autofusion.verify.inputs import generate_inputs
@@ -165,6 +178,10 @@ def fuse_model_cpu(
         )
     for k in ("bind", "candidates", "cost", "plan"):
         stages.timings[f"plan.{k}"] = analysis.timings.get(k, 0.0)
+    if chosen_keys is not None:
+        keep = set(chosen_keys)
+        for ca in analysis.candidates:
+            ca.chosen = ca.key in keep and _lowerable(target, ca, analysis.binding)
     stages.dump("plan.json", lambda: to_json(analysis.to_dict()))
     groups: list[KernelGroup] = []
     not_lowered: list[NotLowered] = []

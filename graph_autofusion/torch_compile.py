@@ -51,6 +51,8 @@ class BackendConfig:
         default_factory=lambda: FuseOptions(target="cpu", check_speed=False)
     )
     rules: Any = None  # a RuleSet; the preset's rules when None
+    #: A saved plan: graph fingerprint -> candidate keys to apply (no planning for those).
+    saved_plan: dict[str, list[str]] | None = None
     #: Every graph compiled through this backend, in order (reports and tests read them).
     graphs: list[CompiledGraph] = field(default_factory=list)
 
@@ -75,7 +77,8 @@ class CompiledGraph:
         self.calls = 0
         self._fn: Callable[..., Any] | None = None
         self._lock = threading.Lock()
-        self._signature: tuple | None = None
+        self.plan_source = ""  # "planned", or "saved" (a loaded plan's choice)
+        self.source = ""  # the generated program
 
     def __call__(self, *args: Any) -> Any:
         fn = self._fn
@@ -115,6 +118,12 @@ class CompiledGraph:
         names = [v.name for v in model.graph.inputs]
         feeds = {n: args[i] for n, i in zip(names, imported.user_inputs)}
         outs = expected if isinstance(expected, tuple | list) else (expected,)
+        chosen = None
+        if self.config.saved_plan is not None:
+            from graph_autofusion.torch_module import graph_fingerprint
+
+            chosen = self.config.saved_plan.get(graph_fingerprint(model))
+        self.plan_source = "saved" if chosen is not None else "planned"
         reference = {v.name: t for v, t in zip(model.graph.outputs, outs)}
         with torch.no_grad():
             result = fuse_model_cpu(
@@ -124,6 +133,7 @@ class CompiledGraph:
                 options=self.config.options,
                 feeds=feeds,
                 reference=reference,
+                chosen_keys=chosen,
             )
         self.result = result
         if result.end_to_end and not result.end_to_end.get("passed", True):
@@ -145,6 +155,7 @@ class CompiledGraph:
             "fused_groups": len(res.lowered) if res is not None else 0,
             "rolled_back": [(r.key, r.code) for r in res.rolled_back] if res is not None else [],
             "calls": self.calls,
+            "plan": self.plan_source,
         }
 
 

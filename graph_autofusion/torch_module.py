@@ -1,0 +1,351 @@
+"""Drop-in fused PyTorch modules: ``GraphAutoFusion(module).fuse()`` for ``torch.nn.Module``.
+
+    fused = GraphAutoFusion(model).fuse()           # same class, same call signature
+    fused.generate(ids, max_new_tokens=50)          # Hugging Face models keep generate()
+    fused.save_pretrained("out")                    # weights + autofusion_plan.json
+    fused = load_fused(AutoModelForCausalLM.from_pretrained("out"), "out")   # same fusions
+
+The fused module is a shallow copy of the user's module (the weights are shared, the module
+itself is not modified) whose ``forward`` is ``torch.compile(..., backend=<autofusion>)``.
+``fuse()`` calls it once on the example inputs, so every graph of that call is compiled,
+verified (safe mode: each kernel against its unfused operators on the real activations,
+the whole graph against eager) and reported before ``fuse()`` returns; graphs of later calls
+(a generate's decode steps) compile on their first call the same way.
+
+The saved plan lists, per compiled graph, a fingerprint of its operators and the fused
+groups kept; :func:`load_fused` hands it to the backend, which applies exactly those groups to
+the graph with the same fingerprint (matching runs again to find the nodes; the planner's
+choice is replaced by the saved one) and plans afresh only a graph it has no entry for.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import statistics
+import time
+import types
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from graph_autofusion.errors import GraphAutoFusionError, ModelLoadError
+
+PLAN_FILE = "autofusion_plan.json"
+PLAN_VERSION = 1
+
+
+def example_inputs_for(module: torch.nn.Module, seq_len: int = 16) -> dict[str, torch.Tensor]:
+    """Example inputs of a Hugging Face model built from its config (token ids within the
+    vocabulary with an all-ones mask, or images of the configured size).
+
+    Raises:
+        ModelLoadError: the module is not a Hugging Face model with a known input kind.
+    """
+    config = getattr(module, "config", None)
+    main = getattr(module, "main_input_name", None)
+    gen = torch.Generator().manual_seed(0)
+    if config is not None and main == "input_ids" and getattr(config, "vocab_size", None):
+        ids = torch.randint(0, int(config.vocab_size), (1, seq_len), generator=gen)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if config is not None and main == "pixel_values":
+        size = getattr(config, "image_size", 224)
+        size = size if isinstance(size, int) else 224
+        chans = getattr(config, "num_channels", 3)
+        return {"pixel_values": torch.randn(1, chans, size, size, generator=gen)}
+    raise ModelLoadError(
+        f"{type(module).__name__}: give example inputs (example_inputs=... or "
+        f"example_kwargs=...); they are built automatically only for Hugging Face models "
+        f"taking input_ids or pixel_values"
+    )
+
+
+class _TensorOutputs(torch.nn.Module):
+    """The module with its outputs flattened to the tensors among them (for ``torch.export``:
+    a model output object, a cache object, ``None`` are left out)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        outs = _first_tensor(self.module(*args, **kwargs))
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def import_for_analysis(module: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> Any:
+    """The module in the IR for ``analyze()``: exported without its KV cache (``use_cache=
+    False`` where its forward takes it), outputs flattened to tensors."""
+    import inspect
+
+    from graph_autofusion.frontend.torch_frontend import from_torch
+
+    kwargs = dict(kwargs)
+    try:
+        params = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "use_cache" in params:
+        kwargs.setdefault("use_cache", False)
+    model = from_torch(_TensorOutputs(module), tuple(args), kwargs)
+    model.graph.name = type(module).__name__
+    return model
+
+
+def graph_fingerprint(model: Any) -> str:
+    """A structural fingerprint of an imported graph: its operators in order and its inputs'
+    ranks (symbol names, which Dynamo numbers per process, are left out)."""
+    parts = [f"{v.dtype}:{len(v.shape or ())}" for v in model.graph.inputs]
+    parts += [f"{n.domain}:{n.op_type}:{len(n.inputs)}" for n in model.graph.nodes]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
+
+
+class FusionInfo:
+    """What fusing a module did: its backend's compiled graphs, plan and reports."""
+
+    def __init__(self, backend: Any, source_name: str) -> None:
+        self.backend = backend
+        self.source_name = source_name
+
+    @property
+    def graphs(self) -> list[Any]:
+        return list(self.backend.config.graphs)
+
+    def results(self) -> list[Any]:
+        return [g.result for g in self.graphs if g.result is not None]
+
+    def plan(self) -> dict[str, Any]:
+        """The fusions kept, per graph fingerprint (what ``save_pretrained`` writes)."""
+        graphs = []
+        for g in self.graphs:
+            if g.result is None:
+                continue
+            graphs.append(
+                {
+                    "fingerprint": graph_fingerprint(g.result.original),
+                    "fused": [low.key for low in g.result.lowered],
+                    "rules": [low.rule for low in g.result.lowered],
+                }
+            )
+        cfg = self.backend.config
+        return {
+            "version": PLAN_VERSION,
+            "preset": cfg.preset,
+            "safe_mode": cfg.options.safe_mode,
+            "graphs": graphs,
+        }
+
+    def summary(self) -> list[dict[str, Any]]:
+        return [g.summary() for g in self.graphs]
+
+
+def _shallow_copy(module: torch.nn.Module) -> torch.nn.Module:
+    fused = copy.copy(module)
+    for attr in ("_parameters", "_buffers", "_modules"):
+        if attr in module.__dict__:
+            fused.__dict__[attr] = dict(module.__dict__[attr])
+    return fused
+
+
+def fuse_module(
+    module: torch.nn.Module,
+    args: tuple[Any, ...] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    rules: Any = None,
+    preset: str = "all",
+    hardware: Any = "host",
+    options: Any = None,
+    plan: Mapping[str, Any] | None = None,
+    source_name: str = "",
+) -> torch.nn.Module:
+    """A drop-in fused copy of ``module`` (see the module docstring); ``module`` itself is not
+    modified. ``plan``: a saved plan (:data:`PLAN_FILE`) to apply instead of planning."""
+    from graph_autofusion.torch_compile import make_backend
+
+    backend = make_backend(preset=preset, hardware=hardware, options=options, rules=rules)
+    if plan is not None:
+        _check_plan(plan)
+        backend.config.saved_plan = {g["fingerprint"]: list(g["fused"]) for g in plan["graphs"]}
+    fused = _shallow_copy(module)
+    forward = types.MethodType(type(module).forward, fused)
+    fused.forward = torch.compile(forward, backend=backend)
+    info = FusionInfo(backend, source_name or type(module).__name__)
+    fused.__dict__["autofusion"] = info
+    if hasattr(type(module), "save_pretrained"):
+        fused.__dict__["save_pretrained"] = types.MethodType(_save_pretrained, fused)
+    was_training = module.training
+    fused.eval()
+    with torch.no_grad():
+        fused(*args, **dict(kwargs or {}))
+    fused.train(was_training)
+    return fused
+
+
+def _check_plan(plan: Mapping[str, Any]) -> None:
+    if not isinstance(plan, Mapping) or plan.get("version") != PLAN_VERSION:
+        raise ModelLoadError(
+            f"not an autofusion plan of version {PLAN_VERSION}: {str(plan)[:80]!r}"
+        )
+    for g in plan.get("graphs", []):
+        if not isinstance(g, Mapping) or "fingerprint" not in g or "fused" not in g:
+            raise ModelLoadError(f"autofusion plan: malformed graph entry {str(g)[:80]!r}")
+
+
+def _save_pretrained(self: torch.nn.Module, save_directory: str | os.PathLike[str], **kw: Any):
+    """The class's ``save_pretrained`` (without our ``forward``), then the fusion plan."""
+    info: FusionInfo = self.__dict__["autofusion"]
+    forward = self.__dict__.pop("forward", None)
+    try:
+        out = type(self).save_pretrained(self, save_directory, **kw)
+    finally:
+        if forward is not None:
+            self.__dict__["forward"] = forward
+    path = os.path.join(os.fspath(save_directory), PLAN_FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(info.plan(), f, indent=1)
+    os.replace(tmp, path)
+    return out
+
+
+def load_fused(
+    module: torch.nn.Module,
+    directory: str | os.PathLike[str],
+    *,
+    example_inputs: Any = None,
+    example_kwargs: Mapping[str, Any] | None = None,
+) -> torch.nn.Module:
+    """Reapply the fusions saved by a fused module's ``save_pretrained`` to ``module`` (loaded
+    from the same directory): ``load_fused(AutoModelForCausalLM.from_pretrained(d), d)``.
+
+    Raises:
+        ModelLoadError: the directory has no readable plan.
+    """
+    path = os.path.join(os.fspath(directory), PLAN_FILE)
+    try:
+        with open(path) as f:
+            plan = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: cannot read the autofusion plan ({exc})") from exc
+    args, kwargs = _example(module, example_inputs, example_kwargs)
+    return fuse_module(module, args, kwargs, preset=plan.get("preset", "all"), plan=plan)
+
+
+def _example(module, example_inputs, example_kwargs) -> tuple[tuple, dict]:
+    if example_inputs is None and example_kwargs is None:
+        return (), example_inputs_for(module)
+    args = (
+        example_inputs
+        if isinstance(example_inputs, tuple)
+        else (() if example_inputs is None else (example_inputs,))
+    )
+    return args, dict(example_kwargs or {})
+
+
+# ---------------------------------------------------------------------- verification
+def _first_tensor(out: Any) -> list[torch.Tensor]:
+    if hasattr(out, "to_tuple"):
+        out = out.to_tuple()
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, tuple | list):
+        return [t for t in out if isinstance(t, torch.Tensor)]
+    return []
+
+
+def verify_precision(
+    original: torch.nn.Module, fused: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Eager and fused outputs on the example inputs: per output cosine and errors, and each
+    fused group's own check (from safe mode) per graph."""
+    from graph_autofusion.verify.compare import compare_tensors
+
+    with torch.no_grad():
+        want = _first_tensor(original(*args, **kwargs))
+        got = _first_tensor(fused(*args, **kwargs))
+    outputs = {
+        f"output_{i}": compare_tensors(g.detach().float().numpy(), w.detach().float().numpy())
+        for i, (g, w) in enumerate(zip(got, want))
+    }
+    layers = {}
+    info: FusionInfo | None = fused.__dict__.get("autofusion")
+    for g in info.graphs if info is not None else []:
+        if g.result is None:
+            continue
+        for key, res in g.result.safety.items():
+            layers[f"graph{g.index}:{key}"] = {
+                "cosine": res.cosine,
+                "max_abs": res.max_abs,
+                "passed": res.passed,
+            }
+    return {
+        "cosine": min((v["cosine"] for v in outputs.values()), default=1.0),
+        "max_abs": max((v["max_abs"] for v in outputs.values()), default=0.0),
+        "outputs": outputs,
+        "layers": layers,
+    }
+
+
+def verify_performance(
+    original: torch.nn.Module,
+    fused: torch.nn.Module,
+    args: tuple,
+    kwargs: Mapping[str, Any],
+    *,
+    runs: int = 20,
+    warmup: int = 3,
+    new_tokens: int = 0,
+) -> dict[str, Any]:
+    """Eager against fused, alternating: median forward latency; with ``new_tokens`` (a
+    generative model) also tokens/s of greedy ``generate(max_new_tokens=new_tokens)``."""
+
+    def timed(fns: dict[str, Any]) -> dict[str, list[float]]:
+        times: dict[str, list[float]] = {k: [] for k in fns}
+        for f in fns.values():
+            for _ in range(warmup):
+                f()
+        for _ in range(runs):
+            for k, f in fns.items():
+                t = time.perf_counter()
+                f()
+                times[k].append(time.perf_counter() - t)
+        return times
+
+    def fwd(m):
+        def run():
+            with torch.no_grad():
+                m(*args, **kwargs)
+
+        return run
+
+    out: dict[str, Any] = {"runs": runs, "threads": torch.get_num_threads()}
+    times = timed({"baseline": fwd(original), "fused": fwd(fused)})
+    for k, ts in times.items():
+        out[k] = {"latency_ms": 1e3 * statistics.median(ts), "min_ms": 1e3 * min(ts)}
+    out["improvement"] = out["baseline"]["latency_ms"] / out["fused"]["latency_ms"] - 1.0
+    if new_tokens and hasattr(original, "generate"):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        kw = dict(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+
+        def gen(m):
+            def run():
+                with torch.no_grad():
+                    m.generate(ids, **kw)
+
+            return run
+
+        g = timed({"baseline": gen(original), "fused": gen(fused)})
+        for k, ts in g.items():
+            out[k]["tokens_per_s"] = new_tokens / statistics.median(ts)
+    return out
+
+
+def require_fused(fused: Any) -> FusionInfo:
+    info = getattr(fused, "__dict__", {}).get("autofusion")
+    if info is None:
+        raise GraphAutoFusionError("not a module returned by GraphAutoFusion.fuse()")
+    return info

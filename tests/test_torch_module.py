@@ -1,0 +1,126 @@
+"""``GraphAutoFusion(module).fuse()``: a drop-in fused module, its plan saved and reapplied."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from graph_autofusion import GraphAutoFusion  # noqa: E402
+from graph_autofusion.torch_module import PLAN_FILE, load_fused  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("torch_compile")
+GEN = dict(max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _tiny_llama() -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def test_fuse_returns_a_drop_in_module_that_generates_the_same_tokens(tmp_path):
+    model = _tiny_llama()
+    ids = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want_tokens = model.generate(ids, **GEN)
+        want_logits = model(ids).logits
+    gaf = GraphAutoFusion(model)  # example inputs built from the config
+    fused = gaf.fuse()
+    assert type(fused) is type(model) and fused is not model
+    assert "forward" not in model.__dict__  # the user's module is untouched
+    info = fused.autofusion
+    assert info.graphs and info.graphs[0].fallback is None
+    assert info.results()[0].lowered  # something was fused, and verified
+    with torch.no_grad():
+        assert torch.equal(fused.generate(ids, **GEN), want_tokens)
+        assert torch.allclose(fused(ids).logits, want_logits, atol=1e-4)
+
+    precision = gaf.verify_precision()
+    assert precision["cosine"] >= 0.9999 and precision["layers"]
+    perf = gaf.verify_performance(runs=2, warmup=1, new_tokens=4)
+    assert perf["fused"]["latency_ms"] > 0 and perf["fused"]["tokens_per_s"] > 0
+    reports = gaf.safe_fusion_report()
+    assert reports and reports[0].to_dict()["fusions"]
+    kernels = gaf.compile_fused_operators(tmp_path / "kernels")
+    assert kernels and (tmp_path / "kernels" / "graph0" / "manifest.json").exists()
+
+    # save_pretrained writes the weights and the plan; loading reapplies the same fusions
+    out = tmp_path / "saved"
+    fused.save_pretrained(out)
+    assert (out / PLAN_FILE).exists() and (out / "config.json").exists()
+    torch._dynamo.reset()
+    loaded = load_fused(transformers.LlamaForCausalLM.from_pretrained(out), out)
+    graph = loaded.autofusion.graphs[0]
+    assert graph.plan_source == "saved"
+    assert [low.key for low in graph.result.lowered] == [
+        low.key for low in info.graphs[0].result.lowered
+    ]
+    with torch.no_grad():
+        assert torch.allclose(loaded(ids).logits, want_logits, atol=1e-4)
+        assert torch.equal(loaded.generate(ids, **GEN), want_tokens)
+
+
+def test_safe_mode_rolls_back_a_wrong_kernel_alone(monkeypatch):
+    """A kernel that computes a wrong answer (its outputs negated after the real call) fails
+    safe mode's comparison on the real activations and is rolled back alone."""
+    from graph_autofusion import pipeline_cpu
+
+    real = pipeline_cpu._kernel_functions
+    victims: list[str] = []
+
+    def one_wrong(library, groups, options):
+        fns = real(library, groups, options)
+        name = groups[0].kernel.name
+        victims.append(name)
+        good = fns[name]
+
+        def wrong(*xs):
+            return [-o for o in good(*xs)]
+
+        wrong.kernel = good.kernel
+        return {**fns, name: wrong}
+
+    monkeypatch.setattr(pipeline_cpu, "_kernel_functions", one_wrong)
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln = torch.nn.LayerNorm(64)
+            self.fc = torch.nn.Linear(64, 128)
+
+        def forward(self, x):
+            h = self.ln(x)
+            return torch.nn.functional.gelu(self.fc(h)) * 2.0 + torch.sigmoid(h).sum(-1, True)
+
+    torch.manual_seed(0)
+    m = Block().eval()
+    x = torch.randn(2, 8, 64)
+    gaf = GraphAutoFusion(m, example_inputs=(x,))
+    fused = gaf.fuse(check_speed=False)
+    (result,) = fused.autofusion.results()
+    bad = [b for b in result.rolled_back if b.code == "numerics"]
+    assert bad, result.rolled_back
+    assert all(low.payload.kernel.name not in victims for low in result.lowered), (
+        "the wrong kernel stayed"
+    )
+    with torch.no_grad():
+        assert torch.allclose(fused(x), m(x), atol=1e-4)
+    text = gaf.safe_fusion_report()[0].to_text()
+    assert "numerics" in text
