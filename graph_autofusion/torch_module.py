@@ -85,7 +85,12 @@ def import_for_analysis(module: torch.nn.Module, args: tuple, kwargs: Mapping[st
 
     kwargs = dict(kwargs)
     try:
-        params = inspect.signature(module.forward).parameters
+        sig = inspect.signature(module.forward)
+        bound = sig.bind_partial(*args, **kwargs)  # inputs named after forward's parameters
+        named = {k: v for k, v in bound.arguments.items() if not _variadic(sig, k)}
+        if len(named) == len(bound.arguments):
+            args, kwargs = (), named
+        params = sig.parameters
     except (TypeError, ValueError):
         params = {}
     if "use_cache" in params:
@@ -93,6 +98,13 @@ def import_for_analysis(module: torch.nn.Module, args: tuple, kwargs: Mapping[st
     model = from_torch(_TensorOutputs(module), tuple(args), kwargs)
     model.graph.name = type(module).__name__
     return model
+
+
+def _variadic(sig: Any, name: str) -> bool:
+    import inspect
+
+    kind = sig.parameters[name].kind
+    return kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 
 def graph_fingerprint(model: Any) -> str:
