@@ -16,6 +16,10 @@ timed round-robin, median of ``--runs`` (>= 20) after warm-up, with p10-p90:
   one matrix-vector product back to back, with torch's kernel and with ours).
 
 Every configuration's outputs are compared with eager's (cosine; decode: same tokens).
+Compiles are cold: each model's process gets a fresh Inductor cache
+(``TORCHINDUCTOR_CACHE_DIR``) and a fresh kernel cache (``GRAPH_AUTOFUSION_CACHE``). The
+forward's configurations compile first, so the decode's first-call times are warm for
+Dynamo's and Inductor's in-process caches (read the forward's compile column for cold).
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -286,7 +292,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     results = []
     for name in args.models:
-        env = dict(os.environ, OMP_NUM_THREADS=str(THREADS))
+        # cold compiles for every compiler: a fresh Inductor cache and a fresh kernel cache
+        cold = tempfile.mkdtemp(prefix=f"torch_e2e_{name}_")
+        env = dict(
+            os.environ,
+            OMP_NUM_THREADS=str(THREADS),
+            TORCHINDUCTOR_CACHE_DIR=os.path.join(cold, "inductor"),
+            GRAPH_AUTOFUSION_CACHE=os.path.join(cold, "autofusion"),
+        )
         proc = subprocess.run(
             [sys.executable, __file__, "--one", name, "--runs", str(args.runs)],
             capture_output=True,
@@ -298,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: failed\n{proc.stderr[-3000:]}", file=sys.stderr)
             continue
         results.append(json.loads(line[len("RESULT ") :]))
+        shutil.rmtree(cold, ignore_errors=True)
         print(f"{name}: done", file=sys.stderr)
     table = _table(results)
     print(table)

@@ -53,10 +53,67 @@ MAX_ROUNDS = 4
 
 
 def clone_model(model: Model) -> Model:
-    """An independent copy of ``model`` (through its ONNX form)."""
-    from graph_autofusion.frontend.onnx_frontend import load_onnx, to_onnx
+    """An independent copy of ``model``: its own graph, nodes and values; constant arrays are
+    shared (the pipeline never writes into one). A graph with subgraph attributes (If, Loop)
+    or with untyped values is copied through its ONNX form, whose import infers the types."""
+    import copy
 
-    return load_onnx(to_onnx(model))
+    from graph_autofusion.ir.core import Graph, Node, Value
+
+    g = model.graph
+    subgraphs = any(isinstance(a, Graph) for n in g.nodes for a in _attr_leaves(n.attrs))
+    untyped = any(v.dtype is None or v.shape is None for n in g.nodes for v in n.outputs)
+    if subgraphs or untyped:  # the ONNX round trip also runs shape inference
+        from graph_autofusion.frontend.onnx_frontend import load_onnx, to_onnx
+
+        return load_onnx(to_onnx(model))
+    vmap: dict[int, Value] = {}
+
+    def value(v: Value) -> Value:
+        nv = Value(v.name, v.dtype, v.shape, const=v.const)
+        nv.meta, nv.doc = dict(v.meta), v.doc
+        vmap[id(v)] = nv
+        return nv
+
+    ng = Graph(g.name)
+    ng.doc, ng.meta = g.doc, copy.copy(g.meta)
+    for v in g.inputs:
+        ng.add_input(vmap.get(id(v)) or value(v))
+    for name, v in g.initializers.items():
+        nv = vmap.get(id(v)) or value(v)
+        if nv.name not in ng._names:
+            ng._claim_value_name(nv)
+        ng.initializers[name] = nv
+    for n in g.nodes:
+        ins = [vmap[id(v)] if v is not None else None for v in n.inputs]
+        node = Node(
+            n.op_type,
+            ins,
+            copy.deepcopy(n.attrs),
+            domain=n.domain,
+            name=n.name,
+            outputs=[value(o) for o in n.outputs],
+        )
+        node.attr_types, node.meta = dict(n.attr_types), dict(n.meta)
+        node.doc, node.overload = n.doc, n.overload
+        ng.add_node(node)
+    ng.set_outputs([vmap[id(v)] for v in g.outputs])
+    ng.value_info = {k: vmap.get(id(v)) or value(v) for k, v in g.value_info.items()}
+    out = Model(ng, dict(model.opset_imports))
+    for attr in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
+        setattr(out, attr, getattr(model, attr))
+    out.doc = model.doc
+    out.metadata_props = dict(model.metadata_props)
+    out.functions = list(model.functions)
+    out.meta = copy.copy(model.meta)
+    return out
+
+
+def _attr_leaves(attrs: dict[str, Any]) -> list[Any]:
+    out: list[Any] = []
+    for a in attrs.values():
+        out.extend(a if isinstance(a, list | tuple) else [a])
+    return out
 
 
 @dataclass

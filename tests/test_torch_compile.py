@@ -165,3 +165,36 @@ def test_qwen2_generate_same_tokens():
     with torch.no_grad():
         got = model.generate(ids, **kw)
     assert torch.equal(got, want)
+
+
+def test_gpt2_generate_same_tokens():
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=1000, n_positions=128)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    ids = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(4))
+    kw = dict(max_new_tokens=50, do_sample=False, eos_token_id=None, pad_token_id=0)
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+    backend = make_backend()
+    model.forward = torch.compile(model.forward, backend=backend)
+    with torch.no_grad():
+        got = model.generate(ids, **kw)
+    assert torch.equal(got, want)
+    assert all(g.fallback is None for g in backend.config.graphs)
+
+
+@pytest.mark.parametrize("name", ["minilm", "lstm"])
+def test_zoo_models_match_eager(name):
+    from graph_autofusion.testing.builders import build_model
+
+    module, inputs = build_model(name, seq_len=32)
+    backend = make_backend()
+    with torch.no_grad():
+        want = module(**inputs)
+        got = torch.compile(module, backend=backend)(**inputs)
+    want = want if isinstance(want, tuple) else (want,)
+    got = got if isinstance(got, tuple) else (got,)
+    assert all(_cos(g, w) >= 0.9999 for g, w in zip(got, want))
+    assert all(g.fallback is None for g in backend.config.graphs), [
+        g.fallback for g in backend.config.graphs
+    ]

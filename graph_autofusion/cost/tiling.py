@@ -42,7 +42,8 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -276,6 +277,53 @@ def _operand_elems(op: _Operand, space: tuple[int, ...], tile: tuple[int, ...], 
     return elems
 
 
+_PLAN_CACHE: dict[tuple, tuple[TilePlan | None, tuple[str, ...]]] = {}
+_PLAN_CACHE_MAX = 4096
+
+
+def _attr_key(a: Any) -> Any:
+    if isinstance(a, np.ndarray):
+        return ("array", a.shape, str(a.dtype), a.tobytes()[:256])
+    if isinstance(a, list | tuple):
+        return tuple(_attr_key(x) for x in a)
+    return a if isinstance(a, int | float | str | bool | type(None)) else repr(a)
+
+
+def _group_key(
+    nodes: Sequence[Node],
+    capacity: int,
+    inputs: Sequence[Value],
+    outputs: Sequence[Value],
+    intermediates: Sequence[Value],
+) -> tuple[tuple, tuple[str, ...]]:
+    """A key equal for groups of the same structure, shapes and dtypes (the repeated layers
+    of a model), and the group's value names in canonical order."""
+    ids: dict[str, int] = {}
+
+    def vid(v: Value | None) -> Any:
+        if v is None:
+            return None
+        c = const_value(v)  # axes, shapes: small constants the search reads
+        data = tuple(c.ravel().tolist()) if c is not None and c.size <= 64 else None
+        return (ids.setdefault(v.name, len(ids)), str(v.dtype), v.shape, data)
+
+    parts: list[Any] = [capacity]
+    for n in nodes:
+        attrs = tuple(sorted((k, _attr_key(a)) for k, a in n.attrs.items()))
+        parts.append(
+            (
+                n.op_type,
+                n.domain,
+                attrs,
+                tuple(vid(v) for v in n.inputs),
+                tuple(vid(v) for v in n.outputs),
+            )
+        )
+    for vs in (inputs, outputs, intermediates):
+        parts.append(tuple(vid(v) for v in vs))
+    return tuple(parts), tuple(ids)
+
+
 def plan_tiles(
     nodes: Sequence[Node],
     capacity_bytes: int,
@@ -286,6 +334,9 @@ def plan_tiles(
 ) -> TilePlan | None:
     """Tiling search for a fused group (``None`` when a needed shape is not static).
 
+    The search runs once per group structure: a group equal to an earlier one in structure,
+    shapes and dtypes (the next layer's) takes its plan, footprints renamed to its values.
+
     Args:
         nodes: The group's nodes with concrete shapes (shadow nodes), topological order.
         capacity_bytes: Local memory available to one tile.
@@ -293,6 +344,31 @@ def plan_tiles(
         outputs: Values written back to main memory.
         intermediates: Values produced and consumed inside the group.
     """
+    try:
+        key, names = _group_key(nodes, capacity_bytes, inputs, outputs, intermediates)
+    except TypeError:  # an unhashable attribute: search without the cache
+        return _plan_tiles(nodes, capacity_bytes, inputs, outputs, intermediates)
+    hit = _PLAN_CACHE.get(key)
+    if hit is None:
+        plan = _plan_tiles(nodes, capacity_bytes, inputs, outputs, intermediates)
+        if len(_PLAN_CACHE) >= _PLAN_CACHE_MAX:
+            _PLAN_CACHE.clear()
+        _PLAN_CACHE[key] = (plan, names)
+        return plan
+    plan, first = hit
+    if plan is None:
+        return None
+    rename = dict(zip(first, names))
+    return replace(plan, footprints={rename.get(k, k): b for k, b in plan.footprints.items()})
+
+
+def _plan_tiles(
+    nodes: Sequence[Node],
+    capacity_bytes: int,
+    inputs: Sequence[Value],
+    outputs: Sequence[Value],
+    intermediates: Sequence[Value],
+) -> TilePlan | None:
     computed = [o for n in nodes for o in n.outputs]
     if not all(_static(v) for v in [*inputs, *outputs, *intermediates]) or not computed:
         return None
