@@ -40,7 +40,7 @@ import numpy as np
 from graph_autofusion.codegen.kernel_ir import Kernel
 from graph_autofusion.codegen.lower import KernelReason, KernelRefused
 from graph_autofusion.codegen.onnxruntime import Lowered, NotLowered
-from graph_autofusion.codegen.targets import candidate_nodes_outputs
+from graph_autofusion.codegen.targets import candidate_nodes_outputs, native_form
 from graph_autofusion.ir.core import Model
 from graph_autofusion.options import FuseOptions
 from graph_autofusion.patterns.matcher import Match
@@ -94,11 +94,25 @@ class KernelGroup:
 
 
 @dataclass
+class NativeGroup:
+    """One planned rule match the cpu target runs as its rule's native rewrite (a fused
+    operator torch executes, :data:`~graph_autofusion.codegen.targets.TORCH_NATIVE_OPS`)."""
+
+    key: str
+    rule: Any  # the FusionRule
+    root: str
+    node_names: list[str]
+    output_names: list[str]
+    tolerance: float = 0.999
+
+
+@dataclass
 class CpuFuseResult(FuseResult):
     """:class:`~graph_autofusion.pipeline.FuseResult` plus the cpu target's kernels."""
 
     target: str = "cpu"
     kernels: list[KernelGroup] = field(default_factory=list)
+    natives: list[NativeGroup] = field(default_factory=list)
     library: Any = None  # codegen.compiler.CompiledLibrary
     program: Any = None  # runtime.cpu_runtime.CpuProgram
 
@@ -185,11 +199,28 @@ def fuse_model_cpu(
     stages.dump("plan.json", lambda: to_json(analysis.to_dict()))
     groups: list[KernelGroup] = []
     not_lowered: list[NotLowered] = []
+    natives: list[NativeGroup] = []
     with stages("lower"):
         for ca in analysis.candidates:
             if not ca.chosen:
                 continue
-            low = target.lower(ca.payload, analysis.binding)
+            try:
+                low = target.lower(ca.payload, analysis.binding)
+            except KernelRefused:
+                if not native_form(ca.payload):
+                    raise
+                m = ca.payload.match
+                natives.append(
+                    NativeGroup(
+                        ca.key,
+                        ca.payload.rule,
+                        m.root.name,
+                        [n.name for n in m.nodes],
+                        [v.name for v in m.outputs],
+                        ca.payload.rule.tolerance,
+                    )
+                )
+                continue
             nodes, outputs = candidate_nodes_outputs(ca.payload)
             shapes = [_sample_shape(work, analysis.binding, i.name) for i in low.kernel.inputs]
             kernel = finalize_kernel(low.kernel, shapes)
@@ -240,12 +271,15 @@ def fuse_model_cpu(
     result.library = library
     result.rolled_back = rolled
 
-    def build(keep: list[KernelGroup]) -> None:
+    result.natives = natives
+
+    def build(keep: list[KernelGroup], keep_native: list[NativeGroup] | None = None) -> None:
         fresh = clone_model(original)
         if folding is not None and folding.folded:
             fold_reshape_shapes(fresh)
+        native_done = _apply_natives(fresh, natives if keep_native is None else keep_native)
         lowered, program = _rewrite(fresh, keep, kernels, opset)
-        result.model, result.lowered, result.program = fresh, lowered, program
+        result.model, result.lowered, result.program = fresh, native_done + lowered, program
 
     with stages("rewrite"):
         build(groups)
@@ -257,6 +291,83 @@ def fuse_model_cpu(
     result.timings = stages.timings
     result.notes = notes
     return result
+
+
+def _apply_natives(model: Model, natives: list[NativeGroup]) -> list[Lowered]:
+    """Each native group's rule rewrite on ``model`` (re-matched at its root by name; a
+    group whose match no longer holds is left unfused)."""
+    from graph_autofusion.patterns.matcher import Match as _Match
+    from graph_autofusion.patterns.matcher import match_at
+
+    by_name = {n.name: n for n in model.graph.nodes}
+    done: list[Lowered] = []
+    for grp in natives:
+        root = by_name.get(grp.root)
+        if root is None or root.graph is None:
+            continue
+        rule = grp.rule
+        m = match_at(rule.pattern, root, checks=rule.checks, exported=rule.exported)
+        if not isinstance(m, _Match):
+            continue
+        try:
+            new_nodes = fuse_match(
+                model, m, rule.fuse_pattern, rewrite=rule.rewrite, rule_name=rule.name
+            )
+        except Exception:  # noqa: BLE001 - a rewrite that declines leaves the group unfused
+            continue
+        outputs = [o for o in grp.output_names if model.graph.has_value_name(o)]
+        inputs = _external(new_nodes)
+        done.append(
+            Lowered(
+                grp.key,
+                rule.name,
+                list(grp.node_names),
+                new_nodes,
+                inputs,
+                outputs,
+                [n.qualified_op for n in new_nodes],
+                grp.tolerance,
+                grp,
+            )
+        )
+    return done
+
+
+def _external(nodes: list) -> list[str]:
+    produced = {id(o) for n in nodes for o in n.outputs}
+    seen: dict[str, None] = {}
+    for n in nodes:
+        for v in n.all_inputs():
+            if id(v) not in produced and v.const is None:
+                seen.setdefault(v.name, None)
+    return list(seen)
+
+
+def _native_step(low: Lowered, opset: int, consts: Mapping[str, Any]) -> tuple[Any, list[str]]:
+    """A callable running a native group's new nodes on torch: ``step(None, *args)`` with
+    ``args`` for the returned input names; returns the group's outputs in order."""
+    from graph_autofusion.runtime.torch_ops import OpCall
+    from graph_autofusion.runtime.torch_runtime import const_to_tensor, impl_for
+
+    names = list(low.inputs)
+    calls = [(n, impl_for(n), OpCall(n, opset)) for n in low.new_nodes]
+    local = {
+        v.name: consts.get(v.name, None) if v.name in consts else const_to_tensor(v)
+        for n in low.new_nodes
+        for v in n.all_inputs()
+        if v.const is not None
+    }
+
+    def step(_call: Any, *args: Any) -> Any:
+        env = {**local, **dict(zip(names, args))}
+        for n, impl, call in calls:
+            out = impl(call, *[env[v.name] if v is not None else None for v in n.inputs])
+            for v, t in zip(n.outputs, out if isinstance(out, tuple | list) else (out,)):
+                env[v.name] = t
+        outs = [env[o] for o in low.outputs]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    return step, names
 
 
 def _kernel_functions(
@@ -384,11 +495,15 @@ def kernel_and_operators(
     activations ``acts``, and a runner of the operators it replaced (what safe mode and
     ``profile_fusion_kernel`` compare)."""
     consts = result.program.constants
+    originals = {n.name: n for n in result.original.graph.nodes}
+    nodes = [originals[n] for n in low.original_node_names if n in originals]
+    if isinstance(low.payload, NativeGroup):
+        step, names = _native_step(low, opset, consts)
+        args = [acts.get(n, consts.get(n)) for n in names]
+        return step, args, _unfused_runner(nodes, names, consts, opset, acts)
     fused = low.new_nodes[0]
     names = [v.name if v is not None else "" for v in fused.inputs]
     args = [acts.get(n, consts.get(n)) for n in names]
-    originals = {n.name: n for n in result.original.graph.nodes}
-    nodes = [originals[n] for n in low.original_node_names if n in originals]
     unfused = _unfused_runner(nodes, names, consts, opset, acts)
     return result.program.step_of(fused.name), args, unfused
 
@@ -463,7 +578,10 @@ def _safe_mode(result, groups, kernels, feeds, options, build, progress) -> None
             failed[low.key] = res
             result.rolled_back.append(RolledBack(low.key, low.rule, res.code, res.message, res))
     if failed:
-        build([g for g in groups if g.key not in failed])
+        build(
+            [g for g in groups if g.key not in failed],
+            [n for n in result.natives if n.key not in failed],
+        )
 
 
 def _reference_outputs(original: Model, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -505,4 +623,4 @@ def _end_to_end(result, feeds, options, build, notes, reference=None) -> None:
             result.rolled_back.append(
                 RolledBack(low.key, low.rule, "end-to-end", "the whole fused model differs")
             )
-        build([])
+        build([], [])

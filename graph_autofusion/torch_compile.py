@@ -47,9 +47,7 @@ class BackendConfig:
 
     preset: str = "all"
     hardware: Any = "host"
-    options: FuseOptions = field(
-        default_factory=lambda: FuseOptions(target="cpu", check_speed=False)
-    )
+    options: FuseOptions = field(default_factory=lambda: FuseOptions(target="cpu"))
     rules: Any = None  # a RuleSet; the preset's rules when None
     #: A saved plan: graph fingerprint -> candidate keys to apply (no planning for those).
     saved_plan: dict[str, list[str]] | None = None
@@ -173,13 +171,14 @@ def make_backend(
     preset: str = "all",
     hardware: Any = "host",
     safe_mode: bool = True,
-    check_speed: bool = False,
+    check_speed: bool = True,
     options: FuseOptions | None = None,
     rules: Any = None,
 ) -> Callable[..., Any]:
     """A ``torch.compile`` backend with these settings; ``backend.config.graphs`` lists what
-    it compiled. ``check_speed``: safe mode also times each kernel against its operators
-    (slower to compile; off by default)."""
+    it compiled. ``check_speed``: safe mode also times each fusion against its operators on
+    the real shapes (rolled back when slower) and plans the close calls the cost model marks
+    ``maybe``."""
     opts = options or FuseOptions(target="cpu", safe_mode=safe_mode, check_speed=check_speed)
     if opts.target != "cpu":
         opts = opts.replace(target="cpu")

@@ -74,8 +74,32 @@ class CpuTarget:
         try:
             self.lower(candidate, binding)
         except KernelRefused as exc:
+            if native_form(candidate):
+                return None
             return exc.code, exc.message
         return None
+
+
+#: Fused patterns whose rule's native rewrite the cpu target applies: what the rewrite
+#: produces torch runs as one call with its epilogue in place (a Conv with a
+#: BatchNormalization folded into its weights; ``FusedConv``: then the residual add and the
+#: activation on the conv's own output).
+TORCH_NATIVE_OPS = frozenset(
+    {
+        ("com.microsoft", "FusedConv"),
+        ("", "ConvBatchNorm"),
+        ("", "DepthwiseConvBatchNorm"),
+    }
+)
+
+
+def native_form(candidate: Any) -> bool:
+    """True for a rule match the cpu target runs as its rule's native rewrite (a group no
+    kernel can hold, a contraction other than MatMul, whose fused operator torch runs well)."""
+    if not isinstance(candidate, RuleMatch) or candidate.rule.rewrite is None:
+        return False
+    rule = candidate.rule
+    return (rule.fused_domain, rule.fuse_pattern) in TORCH_NATIVE_OPS
 
 
 def get_target(name: str, *, opset: int = 17) -> Any:

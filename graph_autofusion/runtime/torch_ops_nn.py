@@ -235,17 +235,75 @@ def _bias_add(call: OpCall, x: Tensor, bias: Tensor, skip: Tensor) -> Tensor:
 _ACT = {"Relu": torch.relu, "Sigmoid": torch.sigmoid, "Tanh": torch.tanh, "": lambda t: t}
 
 
+def _packed_conv(call: OpCall, x, w, b, z) -> Tensor | None:
+    """The fused conv on oneDNN with its weight reordered once into the blocked layout
+    (``mkldnn._convolution_pointwise``, what Inductor's freezing uses), the residual add and
+    the Relu as its post-ops; ``None`` when this call does not qualify (the caller runs the
+    plain form). The reordered weight is cached per node, weight and input shape."""
+    act = call.attr("activation", "")
+    if act not in ("", "Relu") or x.dim() != 4 or x.dtype != torch.float32 or x.requires_grad:
+        return None
+    if not torch.backends.mkldnn.is_available() or w.requires_grad:
+        return None
+    kernel = list(w.shape[2:])
+    strides = list(call.attr("strides", [1, 1]))
+    dil = list(call.attr("dilations", [1, 1]))
+    pads = _spatial_pads(call, x, kernel, strides, dil)
+    if pads[:2] != pads[2:]:
+        return None
+    pad = list(pads[:2])
+    groups = call.attr("group", 1)
+    cache = call.__dict__.setdefault("_packed", {})
+    key = (id(w), w._version, tuple(x.shape))
+    packed = cache.get(key)
+    if packed is None:
+        if len(cache) >= 4:
+            cache.clear()
+        try:
+            packed = torch.ops.mkldnn._reorder_convolution_weight(
+                w, pad, strides, dil, groups, list(x.shape)
+            )
+        except (RuntimeError, AttributeError):
+            return None
+        cache[key] = packed
+    unary = "relu" if act == "Relu" else "none"
+    if z is None:
+        return torch.ops.mkldnn._convolution_pointwise(
+            x, packed, b, pad, strides, dil, groups, unary, [], ""
+        )
+    out_hw = [
+        (x.shape[2 + i] + 2 * pad[i] - dil[i] * (kernel[i] - 1) - 1) // strides[i] + 1
+        for i in range(2)
+    ]
+    if tuple(z.shape) != (x.shape[0], w.shape[0], *out_hw) or z.dtype != x.dtype:
+        return None
+    if unary == "none":  # oneDNN's binary post-op is defined only with an activation after it
+        y = torch.ops.mkldnn._convolution_pointwise(
+            x, packed, b, pad, strides, dil, groups, "none", [], ""
+        )
+        return y.add_(z)
+    return torch.ops.mkldnn._convolution_pointwise(
+        x, z, packed, b, pad, strides, dil, groups, "add", 1.0, unary, [], ""
+    )
+
+
 @torch_op("FusedConv", domain=_MS)
 def _fused_conv(call: OpCall, x, w, b=None, z=None) -> Tensor:
-    y = _conv(call, x, w, b)
+    fast = _packed_conv(call, x, w, b, z)
+    if fast is not None:
+        return fast
+    y = _conv(call, x, w, b)  # a fresh tensor: the epilogue runs in place on it
+    inplace = not y.requires_grad
     if z is not None:
-        y = y + z
+        y = y.add_(z) if inplace and z.shape == y.shape else y + z
     act = call.attr("activation", "")
     if act == "LeakyRelu":
-        return F.leaky_relu(y, (call.attr("activation_params") or [0.01])[0])
+        return F.leaky_relu(y, (call.attr("activation_params") or [0.01])[0], inplace=inplace)
     if act == "Clip":
         lo, hi = call.attr("activation_params")
-        return torch.clamp(y, lo, hi)
+        return y.clamp_(lo, hi) if inplace else torch.clamp(y, lo, hi)
+    if act == "Relu" and inplace:
+        return y.relu_()
     return _ACT[act](y)
 
 
