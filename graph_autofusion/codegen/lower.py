@@ -367,6 +367,41 @@ def _view_of(b: _Builder, node: Node) -> View | None:
 
 
 # ------------------------------------------------------------------ operators
+#: ``Pow`` by these constant exponents becomes multiplications, a square root or a
+#: reciprocal (the vector ``powf`` is a log and an exp: ~10x the time of a multiply).
+_SMALL_POWERS = (1.0, 2.0, 3.0, 4.0, 0.5, -1.0, -0.5)
+
+
+def _lower_small_pow(b: _Builder, node: Node) -> bool:
+    e_val = node.inputs[1]
+    c = const_value(e_val) if e_val is not None else None
+    if c is None or c.size != 1 or not np.issubdtype(c.dtype, np.number):
+        return False
+    e = float(np.asarray(c).reshape(-1)[0])
+    if e not in _SMALL_POWERS:
+        return False
+    a = b.value(node.inputs[0])
+    if b.body[a].ctype != "f32":
+        return False
+    if e == 1.0:
+        r = b.emit("id", (a,))
+    elif e == 2.0:
+        r = b.emit("mul", (a, a))
+    elif e == 3.0:
+        r = b.emit("mul", (b.emit("mul", (a, a)), a))
+    elif e == 4.0:
+        sq = b.emit("mul", (a, a))
+        r = b.emit("mul", (sq, sq))
+    elif e == 0.5:
+        r = b.emit("sqrt", (a,))
+    elif e == -1.0:
+        r = b.emit("recip", (a,))
+    else:
+        r = b.emit("recip", (b.emit("sqrt", (a,)),))
+    b.set(node.outputs[0], r)
+    return True
+
+
 def _lower_node(b: _Builder, node: Node) -> None:
     op, ins, outs = node.op_type, node.inputs, node.outputs
     val = b.value
@@ -384,6 +419,8 @@ def _lower_node(b: _Builder, node: Node) -> None:
         "Round": "round", "Sign": "sign", "Not": "not", "IsNaN": "isnan", "IsInf": "isinf",
         "Softplus": "softplus",
     }  # fmt: skip
+    if op == "Pow" and _lower_small_pow(b, node):
+        return
     if op in simple:
         a, c = val(ins[0]), val(ins[1])
         if op == "Div" and b.body[a].ctype != "f32":

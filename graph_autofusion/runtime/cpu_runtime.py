@@ -15,6 +15,17 @@ from graph_autofusion.runtime.torch_ops import OpCall
 from graph_autofusion.runtime.torch_runtime import TorchRunner, impl_for
 
 
+def _prologue_impl(node: Node) -> Any:
+    """A prologue's implementation: a ``MatMul`` by a constant matrix takes the gemv / oneDNN
+    path the program's own contractions take."""
+    w = node.inputs[1] if node.op_type == "MatMul" and len(node.inputs) > 1 else None
+    if node.domain in ("", "ai.onnx") and w is not None and w.const is not None:
+        from graph_autofusion.runtime.gemv import LazyConstMatMul
+
+        return LazyConstMatMul()
+    return impl_for(node)
+
+
 def kernel_step(
     fn: Any,
     input_names: Sequence[str],
@@ -41,7 +52,7 @@ def kernel_step(
     calls = []
     for node in prologue:
         ins = [slot[v.name] if v is not None else None for v in node.inputs]
-        calls.append((impl_for(node), OpCall(node, opset), ins))
+        calls.append((_prologue_impl(node), OpCall(node, opset), ins))
         slot[node.outputs[0].name] = len(slot)
     index = [slot[n] for n in kin]
 

@@ -71,6 +71,36 @@ def _pack(w: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
+class LazyConstMatMul:
+    """A ``MatMul`` whose right operand is a constant the caller passes in (a kernel's
+    prologue): the first call with a given weight builds its :class:`GemvMatMul`."""
+
+    def __init__(self, threads: int | None = None, options: Any = None) -> None:
+        self.threads, self.options = threads, options
+        self._impl: GemvMatMul | None = None
+        self._weight: torch.Tensor | None = None
+        self._failed = False
+
+    def __call__(self, call: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if self._weight is not w and not self._failed:
+            self._impl = None
+            if w.dim() == 2 and w.dtype is torch.float32 and not w.requires_grad:
+                try:
+                    loaded = load_gemv(self.options)
+                except Exception:  # noqa: BLE001 - no compiler or shim: torch's matmul
+                    loaded = None
+                if loaded is None:
+                    self._failed = True
+                else:
+                    from graph_autofusion.runtime.kernels import default_threads
+
+                    self._impl = GemvMatMul(w, loaded, self.threads or default_threads())
+            self._weight = w
+        if self._impl is not None:
+            return self._impl(call, x, w)
+        return torch.matmul(x, w)
+
+
 def gemv_candidates(runner: Any) -> list[int]:
     """Plan positions of the ``MatMul`` nodes by a constant fp32 matrix."""
     out = []
