@@ -198,3 +198,32 @@ def test_zoo_models_match_eager(name):
     assert all(g.fallback is None for g in backend.config.graphs), [
         g.fallback for g in backend.config.graphs
     ]
+
+
+def test_resnet_convolutions_take_their_native_forms():
+    """Conv + BatchNorm (+ Relu) groups no kernel can hold run as the conv rules' native
+    rewrites (BatchNorm folded into the weights, FusedConv on oneDNN), verified like kernels."""
+    torch.manual_seed(0)
+    cfg = transformers.ResNetConfig(
+        embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="bottleneck"
+    )
+    model = transformers.ResNetForImageClassification(cfg).eval()
+    with torch.no_grad():  # non-trivial statistics, so a wrong fold would show
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.1, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+                m.weight.uniform_(0.75, 1.25)
+    x = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(5))
+    backend = make_backend()
+    with torch.no_grad():
+        want = model(pixel_values=x).logits
+        got = torch.compile(model, backend=backend)(pixel_values=x).logits
+    assert _cos(got, want) >= 0.9999 and torch.allclose(got, want, atol=1e-4)
+    (graph,) = backend.config.graphs
+    res = graph.result
+    planned = {low.rule for low in res.lowered} | {b.rule for b in res.rolled_back}
+    assert planned & {"conv_bn", "conv_bn_relu"}, planned
+    assert all(b.code == "slower" for b in res.rolled_back), res.rolled_back
+    natives = [low for low in res.lowered if low.rule.startswith("conv_bn")]
+    assert all("BatchNormalization" not in " ".join(low.fused_ops) for low in natives)

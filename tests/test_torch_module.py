@@ -124,3 +124,20 @@ def test_safe_mode_rolls_back_a_wrong_kernel_alone(monkeypatch):
         assert torch.allclose(fused(x), m(x), atol=1e-4)
     text = gaf.safe_fusion_report()[0].to_text()
     assert "numerics" in text
+
+
+@pytest.mark.parametrize("name", ["phi", "gemma"])
+def test_unseen_decoders_fuse_as_drop_in_modules(name):
+    from graph_autofusion.testing.small_hf import SMALL_HF
+
+    torch.manual_seed(0)
+    model, inputs = SMALL_HF[name]()
+    model.eval()
+    with torch.no_grad():
+        want = model(**inputs).logits
+    fused = GraphAutoFusion(model, example_kwargs=inputs).fuse(check_speed=False)
+    assert type(fused) is type(model)
+    with torch.no_grad():
+        got = fused(**inputs).logits
+    cos = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
+    assert float(cos) >= 0.9999
