@@ -14,10 +14,12 @@ each verified in safe mode against eager's outputs, and the fused program genera
 straight-line Python (:mod:`graph_autofusion.runtime.pyprogram`): GEMMs and every operator
 without a kernel run on torch's own kernels.
 
-Fallbacks: a graph the importer, planner or compiler cannot handle runs as Dynamo captured it
-(eager), with one warning naming the graph and the reason; a graph break is Dynamo's business
-(each piece is compiled apart). A call whose inputs differ from the first call's in dtype or
-rank (Dynamo's guards normally prevent it) also runs eagerly.
+Fallbacks: a graph the importer, planner or compiler cannot handle (one that writes into its
+inputs or buffers among them) runs as Dynamo captured it (eager), with one warning naming the
+graph and the reason; a graph break is Dynamo's business (each piece is compiled apart); a call
+autograd must record runs eagerly. Before a compiled program is used, the generated function
+itself is run on the first call's inputs and compared with eager's outputs (cosine and
+relative error).
 """
 
 from __future__ import annotations
@@ -35,6 +37,15 @@ from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.options import FuseOptions
 
 BACKEND_NAME = "autofusion"
+#: Weight sets one graph compiles for (other modules of the same class) before eager.
+MAX_WEIGHT_SETS = 4
+#: Largest relative L2 error of an output against eager's, per dtype.
+REL_TOLERANCE = {
+    torch.float32: 1e-3,
+    torch.float64: 1e-6,
+    torch.float16: 1e-2,
+    torch.bfloat16: 3e-2,
+}
 
 
 class AutofusionWarning(UserWarning):
@@ -63,7 +74,14 @@ class BackendConfig:
 
 
 class CompiledGraph:
-    """One Dynamo graph: compiled on its first call, then the fused program (or eager)."""
+    """One Dynamo graph: compiled on its first call, then the fused program (or eager).
+
+    The program holds the graph's parameters as constants. Dynamo passes them as arguments and
+    may reuse one graph for another module of the same class, so each call checks that the
+    constant arguments are the same tensors at the same version (a cheap identity test) and
+    compiles again for other weights (at most :data:`MAX_WEIGHT_SETS` sets, then eager). A call
+    that autograd must record (grad enabled and an argument requiring grad) runs eagerly.
+    """
 
     def __init__(self, gm: torch.fx.GraphModule, config: BackendConfig, index: int) -> None:
         self.gm = gm
@@ -73,45 +91,75 @@ class CompiledGraph:
         self.fallback: str | None = None  # why this graph runs in eager
         self.compile_seconds = 0.0
         self.calls = 0
-        self._fn: Callable[..., Any] | None = None
+        self.eager_calls = 0  # calls autograd had to record
         self._lock = threading.Lock()
         self.plan_source = ""  # "planned", or "saved" (a loaded plan's choice)
         self.source = ""  # the generated program
+        #: (constant argument indices and the tensors/versions compiled for, program)
+        self._programs: list[tuple[tuple[int, ...], list[Any], list[int], Any]] = []
+        self._grad_warned = False
 
     def __call__(self, *args: Any) -> Any:
-        fn = self._fn
-        if fn is None:
-            with self._lock:
-                if self._fn is None:
-                    self._build(args)
-                fn = self._fn
         self.calls += 1
-        return fn(*args)
+        if torch.is_grad_enabled() and any(
+            isinstance(a, torch.Tensor) and a.requires_grad for a in args
+        ):
+            self.eager_calls += 1
+            if not self._grad_warned:
+                self._grad_warned = True
+                warnings.warn(
+                    f"autofusion: graph {self.index} runs in eager while autograd records "
+                    f"(call it under torch.no_grad() or torch.inference_mode())",
+                    AutofusionWarning,
+                    stacklevel=2,
+                )
+            return self.gm.forward(*args)
+        for indices, refs, versions, program in self._programs:
+            if all(args[i] is r and r._version == v for i, r, v in zip(indices, refs, versions)):
+                return program(*args)
+        with self._lock:
+            return self._build(args)
 
     # ------------------------------------------------------------------ compile
-    def _build(self, args: Sequence[Any]) -> None:
+    def _build(self, args: Sequence[Any]) -> Any:
+        """Compile for these arguments' weights and run this call; a graph that cannot be
+        compiled (or a weight set past the limit) runs as Dynamo captured it from now on."""
+        if self.fallback is not None or len(self._programs) >= MAX_WEIGHT_SETS:
+            if self.fallback is None:
+                self._fail(f"more than {MAX_WEIGHT_SETS} weight sets")
+            return self.gm.forward(*args)
         t = time.perf_counter()
         try:
-            self._fn = self._compile(args)
+            program, indices, outs = self._compile(args)
         except Exception as exc:  # noqa: BLE001 - a graph we cannot compile runs in eager
-            self.fallback = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-            warnings.warn(
-                f"autofusion: graph {self.index} runs in eager ({self.fallback})",
-                AutofusionWarning,
-                stacklevel=3,
-            )
-            self._fn = self.gm.forward
-        self.compile_seconds = time.perf_counter() - t
+            self._fail(f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+            self.compile_seconds += time.perf_counter() - t
+            return self.gm.forward(*args)
+        refs = [args[i] for i in indices]
+        self._programs.append((indices, refs, [r._version for r in refs], program))
+        self.compile_seconds += time.perf_counter() - t
+        return outs
 
-    def _compile(self, args: Sequence[Any]) -> Callable[..., Any]:
+    def _fail(self, why: str) -> None:
+        self.fallback = why
+        self._programs.clear()
+        warnings.warn(
+            f"autofusion: graph {self.index} runs in eager ({why})",
+            AutofusionWarning,
+            stacklevel=4,
+        )
+
+    def _compile(self, args: Sequence[Any]) -> tuple[Any, tuple[int, ...], Any]:
         from graph_autofusion.frontend.torch_frontend import import_fx
         from graph_autofusion.pipeline_cpu import fuse_model_cpu
         from graph_autofusion.runtime.pyprogram import generate_program
 
         _check_outputs(self.gm)
+        # the import has no side effects and refuses graphs that write into their inputs,
+        # so the reference run below is this call's only eager run
+        imported = import_fx(self.gm, args)
         with torch.no_grad():
             expected = self.gm(*args)
-        imported = import_fx(self.gm, args)
         model = imported.model
         names = [v.name for v in model.graph.inputs]
         feeds = {n: args[i] for n, i in zip(names, imported.user_inputs)}
@@ -140,7 +188,10 @@ class CompiledGraph:
             )
         program = generate_program(result.program, imported.user_inputs, len(args))
         self.source = program.source
-        return program
+        with torch.no_grad():  # the generated function itself, against eager
+            got = program(*args)
+        _same_as_eager(got, outs, self.config.options.e2e_cosine_floor)
+        return program, imported.constant_inputs, expected
 
     # ------------------------------------------------------------------ facts
     def summary(self) -> dict[str, Any]:
@@ -153,8 +204,39 @@ class CompiledGraph:
             "fused_groups": len(res.lowered) if res is not None else 0,
             "rolled_back": [(r.key, r.code) for r in res.rolled_back] if res is not None else [],
             "calls": self.calls,
+            "eager_calls": self.eager_calls,
+            "weight_sets": len(self._programs),
             "plan": self.plan_source,
         }
+
+
+def _same_as_eager(got: Sequence[Any], want: Sequence[Any], floor: float) -> None:
+    """Raise unless every output matches eager's (cosine, and relative error: a scaled
+    answer has cosine 1)."""
+    from graph_autofusion.verify.compare import compare_tensors
+
+    if len(got) != len(want):
+        raise GraphAutoFusionError(f"the program returns {len(got)} outputs, eager {len(want)}")
+    for i, (g, w) in enumerate(zip(got, want)):
+        if tuple(g.shape) != tuple(w.shape) or g.dtype != w.dtype:
+            raise GraphAutoFusionError(
+                f"output {i}: {tuple(g.shape)} {g.dtype} where eager gives {tuple(w.shape)} "
+                f"{w.dtype}"
+            )
+        if g.numel() == 0:
+            continue
+        if not w.dtype.is_floating_point:
+            if not torch.equal(g, w):
+                raise GraphAutoFusionError(f"output {i} differs from eager's")
+            continue
+        cmp = compare_tensors(g.detach().float().numpy(), w.detach().float().numpy())
+        scale = float(w.detach().float().norm())
+        rel = float((g.detach().float() - w.detach().float()).norm()) / max(scale, 1e-30)
+        if cmp["cosine"] < floor or rel > REL_TOLERANCE[w.dtype]:
+            raise GraphAutoFusionError(
+                f"output {i} differs from eager's (cosine {cmp['cosine']:.6f}, relative "
+                f"error {rel:.2e})"
+            )
 
 
 def _check_outputs(gm: torch.fx.GraphModule) -> None:

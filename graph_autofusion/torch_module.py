@@ -15,7 +15,9 @@ the whole graph against eager) and reported before ``fuse()`` returns; graphs of
 The saved plan lists, per compiled graph, a fingerprint of its operators and the fused
 groups kept; :func:`load_fused` hands it to the backend, which applies exactly those groups to
 the graph with the same fingerprint (matching runs again to find the nodes; the planner's
-choice is replaced by the saved one) and plans afresh only a graph it has no entry for.
+choice is replaced by the saved one; safe mode checks their numerics but does not time them
+again, so timing noise cannot change a saved plan) and plans afresh only a graph it has no
+entry for.
 """
 
 from __future__ import annotations
@@ -108,10 +110,19 @@ def _variadic(sig: Any, name: str) -> bool:
 
 
 def graph_fingerprint(model: Any) -> str:
-    """A structural fingerprint of an imported graph: its operators in order and its inputs'
-    ranks (symbol names, which Dynamo numbers per process, are left out)."""
-    parts = [f"{v.dtype}:{len(v.shape or ())}" for v in model.graph.inputs]
-    parts += [f"{n.domain}:{n.op_type}:{len(n.inputs)}" for n in model.graph.nodes]
+    """A structural fingerprint of an imported graph: its operators in order with their
+    attribute names and static output sizes, its inputs' dtypes and sizes (symbolic sizes,
+    which Dynamo numbers per process, count as ``?``)."""
+
+    def dims(v: Any) -> str:
+        return ",".join(str(d) if isinstance(d, int) else "?" for d in (v.shape or ()))
+
+    parts = [f"{v.dtype}:[{dims(v)}]" for v in model.graph.inputs]
+    parts += [
+        f"{n.domain}:{n.op_type}:{len(n.inputs)}:{sorted(n.attrs)}:"
+        + ";".join(dims(o) for o in n.outputs)
+        for n in model.graph.nodes
+    ]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
 
 
@@ -155,10 +166,14 @@ class FusionInfo:
 
 
 def _shallow_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A new module object sharing the submodules and weights; its own registries and hooks
+    (a hook registered on the copy does not fire on the original)."""
     fused = copy.copy(module)
-    for attr in ("_parameters", "_buffers", "_modules"):
-        if attr in module.__dict__:
-            fused.__dict__[attr] = dict(module.__dict__[attr])
+    for attr, value in module.__dict__.items():
+        if attr.startswith("_") and isinstance(value, dict) and attr != "__dict__":
+            fused.__dict__[attr] = (
+                type(value)(value) if not hasattr(value, "copy") else value.copy()
+            )
     return fused
 
 
@@ -178,6 +193,10 @@ def fuse_module(
     modified. ``plan``: a saved plan (:data:`PLAN_FILE`) to apply instead of planning."""
     from graph_autofusion.torch_compile import make_backend
 
+    if plan is not None:  # the saved fusions were timed when planned: numerics only now
+        from graph_autofusion.options import FuseOptions
+
+        options = (options or FuseOptions(target="cpu")).replace(check_speed=False)
     backend = make_backend(preset=preset, hardware=hardware, options=options, rules=rules)
     if plan is not None:
         _check_plan(plan)
@@ -189,11 +208,14 @@ def fuse_module(
     fused.__dict__["autofusion"] = info
     if hasattr(type(module), "save_pretrained"):
         fused.__dict__["save_pretrained"] = types.MethodType(_save_pretrained, fused)
-    was_training = module.training
+    modes = [(m, m.training) for m in fused.modules()]  # restored one by one (shared)
     fused.eval()
-    with torch.no_grad():
-        fused(*args, **dict(kwargs or {}))
-    fused.train(was_training)
+    try:
+        with torch.no_grad():
+            fused(*args, **dict(kwargs or {}))
+    finally:
+        for m, mode in modes:
+            m.training = mode
     return fused
 
 

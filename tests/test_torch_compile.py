@@ -227,3 +227,66 @@ def test_resnet_convolutions_take_their_native_forms():
     assert all(b.code == "slower" for b in res.rolled_back), res.rolled_back
     natives = [low for low in res.lowered if low.rule.startswith("conv_bn")]
     assert all("BatchNormalization" not in " ".join(low.fused_ops) for low in natives)
+
+
+class _MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(16, 32)
+        self.b = torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.b(torch.nn.functional.gelu(self.a(x)) * 2.0 + 1.0)
+
+
+def test_each_module_and_each_weight_update_gets_its_own_answer():
+    """Dynamo passes parameters as arguments and reuses one graph for modules of one class:
+    the program must not answer with the weights it was compiled for."""
+    torch.manual_seed(0)
+    m1, m2 = _MLP().eval(), _MLP().eval()
+    x = torch.randn(4, 16)
+    backend = make_backend(check_speed=False)
+    c1, c2 = torch.compile(m1, backend=backend), torch.compile(m2, backend=backend)
+    with torch.no_grad():
+        assert torch.allclose(c1(x), m1(x), atol=1e-5)
+        assert torch.allclose(c2(x), m2(x), atol=1e-5)
+        assert torch.allclose(c1(x), m1(x), atol=1e-5)
+        m1.a.weight.mul_(0.5)  # an in-place update after compiling
+        assert torch.allclose(c1(x), m1(x), atol=1e-5)
+
+
+def test_autograd_calls_run_in_eager_and_train():
+    torch.manual_seed(0)
+    m = _MLP()
+    x = torch.randn(4, 16)
+    compiled = torch.compile(m, backend=make_backend(check_speed=False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AutofusionWarning)
+        out = compiled(x)
+    out.sum().backward()
+    assert m.a.weight.grad is not None and m.a.weight.grad.abs().sum() > 0
+
+
+def test_a_graph_writing_into_its_input_runs_in_eager_exactly_once():
+    def accumulate(x, acc):
+        acc.add_(x)
+        return acc * 2
+
+    acc, x = torch.zeros(4), torch.ones(4)
+    compiled = torch.compile(accumulate, backend=make_backend(check_speed=False))
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore", AutofusionWarning)
+        assert compiled(x, acc).tolist() == [2.0] * 4 and acc.tolist() == [1.0] * 4
+        assert compiled(x, acc).tolist() == [4.0] * 4 and acc.tolist() == [2.0] * 4
+
+
+def test_an_output_computed_from_constants_is_a_new_tensor_each_call():
+    def f(x):
+        return x + 1, torch.zeros(4)
+
+    compiled = torch.compile(f, backend=make_backend(check_speed=False))
+    with torch.no_grad():
+        _, z = compiled(torch.ones(4))
+        z.add_(7)
+        _, z2 = compiled(torch.ones(4))
+    assert z2.tolist() == [0.0] * 4

@@ -213,6 +213,9 @@ class FxImport:
 
     model: Model
     user_inputs: tuple[int, ...]
+    #: Arguments taken as constants (parameters, buffers): a caller passing other tensors
+    #: there needs another import.
+    constant_inputs: tuple[int, ...] = ()
 
 
 def import_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> FxImport:
@@ -286,12 +289,18 @@ def import_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> FxImpo
         ep = ep.run_decompositions(decomposition_table())
     except Exception as e:
         raise FrontendError(f"torch.export of the FX graph failed: {e}") from e
+    sig = ep.graph_signature
+    mutated = [*sig.buffers_to_mutate.values(), *sig.user_inputs_to_mutate.values()]
+    if mutated:
+        raise FrontendError(
+            f"the graph writes into its inputs or buffers ({', '.join(map(str, mutated[:4]))})"
+        )
     model = convert_exported_program(ep, name="fx_graph", fqn_map=wrapper.fqns)
     if len(model.graph.inputs) != len(user):
         raise FrontendError(
             f"the FX graph has {len(user)} tensor inputs but its export {len(model.graph.inputs)}"
         )
-    return FxImport(model, tuple(user_index))
+    return FxImport(model, tuple(user_index), tuple(sorted(consts)))
 
 
 def _output_names(ep: torch.export.ExportedProgram, n: int) -> list[str]:

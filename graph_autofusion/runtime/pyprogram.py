@@ -24,7 +24,6 @@ from typing import Any
 import torch
 
 from graph_autofusion.ir.core import Node
-from graph_autofusion.runtime.torch_ops_aten import ATEN_DOMAIN
 from graph_autofusion.runtime.torch_runtime import impl_for
 
 #: ONNX operators that are exactly one torch call on their inputs (no attribute to honour).
@@ -118,7 +117,7 @@ def generate_program(
         if name not in outputs and name not in runner.constants:
             frees.setdefault(k, []).append(name)
     steps = getattr(runner, "steps", {}) or {}
-    env["_one"] = _one
+    env["_one"], env["_seq"] = _one, _seq
     for k, (node, impl, call) in enumerate(runner._plan):
         operands = ", ".join(names[v.name] if v is not None else "None" for v in node.inputs)
         outs = []
@@ -132,12 +131,12 @@ def generate_program(
             f_name, c_name = f"f{k}", f"o{k}"
             env[f_name], env[c_name] = impl, call
             call_src = f"{f_name}({c_name}{', ' if operands else ''}{operands})"
-        if len(outs) == 1 and node.domain == ATEN_DOMAIN:
-            lines.append(f"    {outs[0]} = _one({call_src})")  # a list-returning aten op
-        elif len(outs) == 1:
+        if len(outs) == 1 and call_src.startswith("torch."):
             lines.append(f"    {outs[0]} = {call_src}")
-        else:
-            lines.append(f"    {', '.join(outs)}, *_ = {call_src}")
+        elif len(outs) == 1:  # an implementation may return a 1-tuple (Split, LSTM, aten)
+            lines.append(f"    {outs[0]} = _one({call_src})")
+        else:  # as TorchRunner: a lone tensor is the first output, missing ones None
+            lines.append(f"    {', '.join(outs)} = _seq({call_src}, {len(outs)})")
         dead = [names[n] for n in frees.get(k, []) if not names[n].startswith("a")]
         dead += [
             o
@@ -146,7 +145,16 @@ def generate_program(
         ]
         if dead:
             lines.append(f"    del {', '.join(dict.fromkeys(dead))}")
-    ret = [names[v.name] for v in graph.outputs]
+    # an output computed from constants alone is the same tensor every call: a copy each time
+    const_derived = set(runner.constants)
+    for node, _impl, _call in runner._plan:
+        ins = [v for v in node.all_inputs()]
+        if ins and all(v.name in const_derived for v in ins):
+            const_derived.update(v.name for v in node.outputs)
+    ret = [
+        f"{names[v.name]}.clone()" if v.name in const_derived else names[v.name]
+        for v in graph.outputs
+    ]
     lines.append(f"    return ({', '.join(ret)}{',' if len(ret) == 1 else ''})")
     header = f"def program({', '.join(args)}):"
     body = "\n".join(lines) if lines else "    pass"
@@ -160,4 +168,9 @@ def generate_program(
 
 
 def _one(r: Any) -> Any:
-    return r[0] if isinstance(r, tuple) and len(r) == 1 else r
+    return r[0] if isinstance(r, tuple | list) and len(r) == 1 else r
+
+
+def _seq(r: Any, n: int) -> tuple[Any, ...]:
+    out = tuple(r) if isinstance(r, tuple | list) else (r,)
+    return (out + (None,) * n)[:n]

@@ -255,7 +255,8 @@ def _packed_conv(call: OpCall, x, w, b, z) -> Tensor | None:
     groups = call.attr("group", 1)
     cache = call.__dict__.setdefault("_packed", {})
     key = (id(w), w._version, tuple(x.shape))
-    packed = cache.get(key)
+    hit = cache.get(key)
+    packed = hit[1] if hit is not None and hit[0] is w else None  # the same tensor, not an id
     if packed is None:
         if len(cache) >= 4:
             cache.clear()
@@ -265,7 +266,7 @@ def _packed_conv(call: OpCall, x, w, b, z) -> Tensor | None:
             )
         except (RuntimeError, AttributeError):
             return None
-        cache[key] = packed
+        cache[key] = (w, packed)
     unary = "relu" if act == "Relu" else "none"
     if z is None:
         return torch.ops.mkldnn._convolution_pointwise(
