@@ -313,6 +313,35 @@ def _reorder_iofc_to_ifgo(t: Tensor, hidden: int) -> Tensor:
     return torch.cat([i, f, c, o], dim=0)
 
 
+def _lstm_params(call: OpCall, w, r, b, dirs: int, hidden: int, x) -> list[Tensor]:
+    """torch's LSTM weights (gates reordered iofc -> ifgo), cached per node while the same
+    weight tensors at the same versions come in (constants: reordered once, not per call)."""
+    key = tuple((t, t._version) if t is not None else None for t in (w, r, b))
+    hit = call.__dict__.get("_lstm_params")
+    if (
+        hit is not None
+        and all(
+            (a is None and c is None)
+            or (a is not None and c is not None and a[0] is c[0] and a[1] == c[1])
+            for a, c in zip(hit[0], key)
+        )
+        and hit[2] == (x.dtype, x.device)
+    ):
+        return hit[1]
+    params: list[Tensor] = []
+    for d in range(dirs):
+        bias = b[d] if b is not None else torch.zeros(8 * hidden, dtype=x.dtype, device=x.device)
+        params += [
+            _reorder_iofc_to_ifgo(w[d], hidden),
+            _reorder_iofc_to_ifgo(r[d], hidden),
+            _reorder_iofc_to_ifgo(bias[: 4 * hidden], hidden),
+            _reorder_iofc_to_ifgo(bias[4 * hidden :], hidden),
+        ]
+    if not any(t is not None and t.requires_grad for t in (w, r, b)):
+        call.__dict__["_lstm_params"] = (key, params, (x.dtype, x.device))
+    return params
+
+
 @torch_op("LSTM")
 def _lstm(call: OpCall, x, w, r, b=None, seq_lens=None, h0=None, c0=None, p=None):
     """ONNX LSTM executed by torch's fused LSTM (gates reordered iofc -> ifgo)."""
@@ -333,15 +362,7 @@ def _lstm(call: OpCall, x, w, r, b=None, seq_lens=None, h0=None, c0=None, p=None
         h0 = torch.zeros(dirs, batch, hidden, dtype=x.dtype, device=x.device)
     if c0 is None:
         c0 = torch.zeros(dirs, batch, hidden, dtype=x.dtype, device=x.device)
-    params: list[Tensor] = []
-    for d in range(dirs):
-        bias = b[d] if b is not None else torch.zeros(8 * hidden, dtype=x.dtype, device=x.device)
-        params += [
-            _reorder_iofc_to_ifgo(w[d], hidden),
-            _reorder_iofc_to_ifgo(r[d], hidden),
-            _reorder_iofc_to_ifgo(bias[: 4 * hidden], hidden),
-            _reorder_iofc_to_ifgo(bias[4 * hidden :], hidden),
-        ]
+    params = _lstm_params(call, w, r, b, dirs, hidden, x)
     direction = call.attr("direction", "forward")
     if direction == "reverse":
         x = torch.flip(x, [0])
