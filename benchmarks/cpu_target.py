@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ import torch
 
 from graph_autofusion import GraphAutoFusion
 from graph_autofusion.runtime.ort_session import ort_session
+from graph_autofusion.runtime.timing import round_robin, summarize
 from graph_autofusion.runtime.torch_runtime import TorchRunner
 from graph_autofusion.testing.models import MODEL_NAMES, build_model, example_feeds, export_onnx
 from graph_autofusion.verify.compare import compare_tensors
@@ -42,24 +42,7 @@ THREADS = 2
 
 
 def _median_round_robin(fns: dict, runs: int) -> dict[str, dict[str, float]]:
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for f in fns.values():
-        for _ in range(3):
-            f()
-    for _ in range(runs):
-        for k, f in fns.items():
-            t = time.perf_counter()
-            f()
-            times[k].append(time.perf_counter() - t)
-    out = {}
-    for k, ts in times.items():
-        ts = sorted(ts)
-        out[k] = {
-            "ms": statistics.median(ts) * 1e3,
-            "p10": ts[len(ts) // 10] * 1e3,
-            "p90": ts[(9 * len(ts)) // 10] * 1e3,
-        }
-    return out
+    return summarize(round_robin(fns, runs, warmup=3))
 
 
 def _time_split(program, feeds) -> dict[str, float]:

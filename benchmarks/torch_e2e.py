@@ -43,26 +43,10 @@ MODELS = ("llama", "llama_gqa", "bert", "gpt2", "minilm", "resnet50", "lstm")
 CONFIGS = ("eager", "inductor", "inductor_freezing", "autofusion")
 
 
-def _stats(ts: list[float]) -> dict[str, float]:
-    ts = sorted(ts)
-    return {
-        "ms": statistics.median(ts) * 1e3,
-        "p10": ts[len(ts) // 10] * 1e3,
-        "p90": ts[(9 * len(ts)) // 10] * 1e3,
-    }
-
-
 def _round_robin(fns: dict, runs: int, warmup: int = 2) -> dict[str, dict[str, float]]:
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for f in fns.values():
-        for _ in range(warmup):
-            f()
-    for _ in range(runs):
-        for k, f in fns.items():
-            t = time.perf_counter()
-            f()
-            times[k].append(time.perf_counter() - t)
-    return {k: _stats(v) for k, v in times.items()}
+    from graph_autofusion.runtime.timing import round_robin, summarize
+
+    return summarize(round_robin(fns, runs, warmup))
 
 
 def _freezing_backend(gm, example_inputs):

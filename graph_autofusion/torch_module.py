@@ -27,7 +27,6 @@ import hashlib
 import json
 import os
 import statistics
-import time
 import types
 from collections.abc import Mapping
 from typing import Any
@@ -336,18 +335,10 @@ def verify_performance(
 ) -> dict[str, Any]:
     """Eager against fused, alternating: median forward latency; with ``new_tokens`` (a
     generative model) also tokens/s of greedy ``generate(max_new_tokens=new_tokens)``."""
+    from graph_autofusion.runtime.timing import round_robin
 
     def timed(fns: dict[str, Any]) -> dict[str, list[float]]:
-        times: dict[str, list[float]] = {k: [] for k in fns}
-        for f in fns.values():
-            for _ in range(warmup):
-                f()
-        for _ in range(runs):
-            for k, f in fns.items():
-                t = time.perf_counter()
-                f()
-                times[k].append(time.perf_counter() - t)
-        return times
+        return round_robin(fns, runs, warmup)
 
     def fwd(m):
         def run():

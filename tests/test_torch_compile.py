@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from graph_autofusion.testing.small_hf import SMALL_HF  # noqa: E402
+from graph_autofusion.testing.small_hf import SMALL_HF, tiny_llama  # noqa: E402
 from graph_autofusion.torch_compile import AutofusionWarning, make_backend  # noqa: E402
 from graph_autofusion.verify.compare import compare_tensors  # noqa: E402
 
@@ -23,20 +23,6 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
-def _tiny_llama(kv_heads: int) -> torch.nn.Module:
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=1000,
-        hidden_size=64,
-        intermediate_size=176,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=256,
-    )
-    return transformers.LlamaForCausalLM(cfg).eval()
-
-
 def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
     return compare_tensors(a.detach().float().numpy(), b.detach().float().numpy())["cosine"]
 
@@ -45,19 +31,23 @@ def test_backend_is_registered_by_entry_point():
     assert "autofusion" in torch._dynamo.list_backends()
 
 
-@pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
-def test_llama_generate_same_tokens_without_recompiling(kv_heads):
-    model = _tiny_llama(kv_heads)
-    ids = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(1))
+def _generate_eager_then_compiled(model, ids, backend=None):
+    """Greedy 50-token generate in eager, then with the forward compiled by ``backend``."""
     kw = dict(max_new_tokens=50, do_sample=False, eos_token_id=None, pad_token_id=0)
+    backend = backend or make_backend()
     with torch.no_grad():
         want = model.generate(ids, **kw)
-    backend = make_backend()
     model.forward = torch.compile(model.forward, backend=backend)
     with torch.no_grad():
         got = model.generate(ids, **kw)
+    return want, got, backend.config.graphs if hasattr(backend, "config") else []
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
+def test_llama_generate_same_tokens_without_recompiling(kv_heads):
+    ids = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(1))
+    want, got, graphs = _generate_eager_then_compiled(tiny_llama(kv_heads), ids)
     assert torch.equal(got, want)
-    graphs = backend.config.graphs
     # prefill, the first decode step, then one graph with symbolic cache length for the rest
     assert 1 <= len(graphs) <= 3, [g.summary() for g in graphs]
     assert all(g.fallback is None for g in graphs), [g.fallback for g in graphs]
@@ -129,7 +119,7 @@ def test_non_contiguous_and_channels_last_inputs():
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_half_precision_model(dtype):
-    model = _tiny_llama(2).to(dtype)
+    model = tiny_llama(2).to(dtype)
     ids = torch.randint(0, 1000, (1, 12), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         want = model(ids).logits
@@ -154,33 +144,20 @@ def test_unseen_decoders_match_eager(name):
 
 
 def test_qwen2_generate_same_tokens():
+    """Through the registered name, as a user writes it."""
     torch.manual_seed(0)
     model, inputs = SMALL_HF["qwen2"]()
-    model.eval()
-    kw = dict(max_new_tokens=50, do_sample=False, eos_token_id=None, pad_token_id=0)
-    ids = inputs["input_ids"]
-    with torch.no_grad():
-        want = model.generate(ids, **kw)
-    model.forward = torch.compile(model.forward, backend="autofusion")
-    with torch.no_grad():
-        got = model.generate(ids, **kw)
+    want, got, _ = _generate_eager_then_compiled(model.eval(), inputs["input_ids"], "autofusion")
     assert torch.equal(got, want)
 
 
 def test_gpt2_generate_same_tokens():
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=1000, n_positions=128)
-    model = transformers.GPT2LMHeadModel(cfg).eval()
     ids = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(4))
-    kw = dict(max_new_tokens=50, do_sample=False, eos_token_id=None, pad_token_id=0)
-    with torch.no_grad():
-        want = model.generate(ids, **kw)
-    backend = make_backend()
-    model.forward = torch.compile(model.forward, backend=backend)
-    with torch.no_grad():
-        got = model.generate(ids, **kw)
+    want, got, graphs = _generate_eager_then_compiled(transformers.GPT2LMHeadModel(cfg).eval(), ids)
     assert torch.equal(got, want)
-    assert all(g.fallback is None for g in backend.config.graphs)
+    assert all(g.fallback is None for g in graphs)
 
 
 @pytest.mark.parametrize("name", ["minilm", "lstm"])

@@ -8,6 +8,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from graph_autofusion import GraphAutoFusion  # noqa: E402
+from graph_autofusion.testing.small_hf import tiny_llama  # noqa: E402
 from graph_autofusion.torch_module import PLAN_FILE, load_fused  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("torch_compile")
@@ -21,22 +22,8 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
-def _tiny_llama() -> torch.nn.Module:
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=1000,
-        hidden_size=64,
-        intermediate_size=176,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    return transformers.LlamaForCausalLM(cfg).eval()
-
-
 def test_fuse_returns_a_drop_in_module_that_generates_the_same_tokens(tmp_path):
-    model = _tiny_llama()
+    model = tiny_llama()
     ids = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         want_tokens = model.generate(ids, **GEN)

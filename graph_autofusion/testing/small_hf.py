@@ -64,6 +64,21 @@ def _llm(config_cls: str, model_cls: str, **cfg: Any) -> Callable[[], tuple[Any,
     return build
 
 
+def tiny_llama(kv_heads: int = 2, *, seed: int = 0) -> Any:
+    """A 2-layer Llama (hidden 64, vocab 1000, ``kv_heads`` of 4 heads), random weights, eval."""
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=256,
+    )
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
 def _encoder(config_cls: str, model_cls: str, inputs: Callable[[], dict], **cfg: Any):
     def build() -> tuple[Any, dict]:
         config = getattr(transformers, config_cls)(**cfg)
