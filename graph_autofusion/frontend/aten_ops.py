@@ -320,6 +320,10 @@ for _a, _o in _LOGIC.items():
     _register_logic(_a, _o, "")
 for _a, (_b, _i) in _BITWISE.items():
     _register_logic(_a, _b, _i)
+# Python's ``&``, ``|``, ``^`` on tensors (the export's pre-decomposition form)
+_register_logic("__and__", "And", "BitwiseAnd")
+_register_logic("__or__", "Or", "BitwiseOr")
+_register_logic("__xor__", "Xor", "BitwiseXor")
 
 
 @aten_op("where.self", "where.ScalarSelf", "where.ScalarOther", "where.Scalar")
@@ -335,7 +339,16 @@ def _masked_fill(cx: ConvertContext, x: Any, mask: Any, value: Any) -> Value:
 
 
 # ----- casts and aliases ------------------------------------------------------------------------
-@aten_op("_to_copy.default", "to.dtype", "_to_dtype")
+@aten_op(
+    "_to_copy.default",
+    "to.dtype",
+    "_to_dtype",
+    "to.device",
+    "to.dtype_layout",
+    "to.other",
+    "to.prim_Device",
+    "type_as.default",
+)
 def _to_copy(cx: ConvertContext, x: Any, *args: Any, **kwargs: Any) -> Any:
     dt = cx.out_dtype
     if isinstance(x, Value) and x.dtype == dt:

@@ -286,21 +286,50 @@ def import_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> FxImpo
             else None,
             strict=False,
         )
-        ep = ep.run_decompositions(decomposition_table())
     except Exception as e:
         raise FrontendError(f"torch.export of the FX graph failed: {e}") from e
+    _refuse_mutations(ep)
+    model = _convert_undecomposed(ep, wrapper.fqns)
+    if model is None:
+        try:
+            ep = ep.run_decompositions(decomposition_table())
+        except Exception as e:
+            raise FrontendError(f"torch.export of the FX graph failed: {e}") from e
+        _refuse_mutations(ep)  # functionalized: in-place writes now show in the signature
+        model = convert_exported_program(ep, name="fx_graph", fqn_map=wrapper.fqns)
+    if len(model.graph.inputs) != len(user):
+        raise FrontendError(
+            f"the FX graph has {len(user)} tensor inputs but its export {len(model.graph.inputs)}"
+        )
+    return FxImport(model, tuple(user_index), tuple(sorted(consts)))
+
+
+def _refuse_mutations(ep: torch.export.ExportedProgram) -> None:
     sig = ep.graph_signature
     mutated = [*sig.buffers_to_mutate.values(), *sig.user_inputs_to_mutate.values()]
     if mutated:
         raise FrontendError(
             f"the graph writes into its inputs or buffers ({', '.join(map(str, mutated[:4]))})"
         )
-    model = convert_exported_program(ep, name="fx_graph", fqn_map=wrapper.fqns)
-    if len(model.graph.inputs) != len(user):
-        raise FrontendError(
-            f"the FX graph has {len(user)} tensor inputs but its export {len(model.graph.inputs)}"
-        )
-    return FxImport(model, tuple(user_index), tuple(sorted(consts)))
+
+
+def _convert_undecomposed(ep: torch.export.ExportedProgram, fqns: dict[str, str]) -> Model | None:
+    """The export converted as it is, before ``run_decompositions`` (which re-traces the whole
+    graph: about a second on a 4-layer Llama), when that is as good: every operator functional
+    and every one converted (no opaque ``aten`` node). ``None``: decompose first."""
+    from graph_autofusion.runtime.torch_ops_aten import ATEN_DOMAIN
+
+    for n in ep.graph.nodes:
+        schema = getattr(n.target, "_schema", None)
+        if n.op == "call_function" and schema is not None and schema.is_mutable:
+            return None
+    try:
+        model = convert_exported_program(ep, name="fx_graph", fqn_map=fqns)
+    except Exception:  # noqa: BLE001 - the decomposed form is the reference path
+        return None
+    if any(n.domain == ATEN_DOMAIN for n in model.graph.nodes):
+        return None
+    return model
 
 
 def _output_names(ep: torch.export.ExportedProgram, n: int) -> list[str]:
