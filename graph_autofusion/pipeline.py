@@ -62,8 +62,14 @@ def clone_model(model: Model) -> Model:
 
     g = model.graph
     subgraphs = any(isinstance(a, Graph) for n in g.nodes for a in _attr_leaves(n.attrs))
-    untyped = any(v.dtype is None or v.shape is None for n in g.nodes for v in n.outputs)
-    if subgraphs or untyped:  # the ONNX round trip also runs shape inference
+    # The ONNX round trip also runs onnx's shape inference, which a hand-built IR may need. A
+    # torch import is typed from the FX metadata (what stays untyped has symbolic sizes the
+    # inference cannot improve on), and the round trip would copy its weights.
+    from_torch = model.producer_name == "graph-autofusion.torch"
+    untyped = not from_torch and any(
+        v.dtype is None or v.shape is None for n in g.nodes for v in n.outputs
+    )
+    if subgraphs or untyped:
         from graph_autofusion.frontend.onnx_frontend import load_onnx, to_onnx
 
         return load_onnx(to_onnx(model))

@@ -559,7 +559,7 @@ def check_kernel(
 def _safe_mode(result, groups, kernels, feeds, options, build, progress) -> None:
     from graph_autofusion.runtime.torch_runtime import TorchRunner
 
-    ref = TorchRunner(result.original)
+    ref = TorchRunner(result.original, shared_constants=_same_values(result))
     acts = ref.run(feeds, keep_all=True)
     failed: dict[str, SafetyResult] = {}
     for i, low in enumerate(result.lowered):
@@ -584,6 +584,21 @@ def _safe_mode(result, groups, kernels, feeds, options, build, progress) -> None
             [g for g in groups if g.key not in failed],
             [n for n in result.natives if n.key not in failed],
         )
+
+
+def _same_values(result: CpuFuseResult) -> dict[str, Any]:
+    """The program's constant tensors made from the very array the original's initializer of
+    that name holds (the fused model is a clone sharing constant arrays; a rewrite's new
+    weights have new names and arrays): safe mode's reference runner reuses them."""
+    if result.program is None:
+        return {}
+    fused = result.model.graph.initializers
+    consts = result.program.constants
+    return {
+        name: consts[name]
+        for name, v in result.original.graph.initializers.items()
+        if name in consts and name in fused and v.const is not None and fused[name].const is v.const
+    }
 
 
 def _reference_outputs(original: Model, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:

@@ -35,7 +35,8 @@ class GemvMatMul:
         self.w = w if w.is_contiguous() else w.contiguous()  # [N, K], row-major
         self.n, self.k = int(self.w.shape[0]), int(self.w.shape[1])
         self.threads = threads
-        self.packed = _pack(self.w)  # oneDNN's blocked layout, or None
+        self.packed: torch.Tensor | None = None  # oneDNN's blocked layout, on first need
+        self._pack_tried = False
         self._plans: dict[int, tuple[np.ndarray, np.ndarray, int, int, int]] = {}
         self._offsets = np.zeros(3, dtype=np.int64)
         self.kernel_calls = 0
@@ -56,6 +57,9 @@ class GemvMatMul:
                 self._shim.call(self._fn, plan[2], plan[3], self.threads, plan[4], x, self.w, y)
                 self.kernel_calls += 1
                 return y
+            if not self._pack_tried:  # a graph that only decodes never needs the copy
+                self._pack_tried = True
+                self.packed = _pack(self.w)
             if self.packed is not None and not x.requires_grad and x.dim() >= 2:
                 return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
         return torch.matmul(x, w)

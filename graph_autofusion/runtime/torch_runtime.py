@@ -71,6 +71,7 @@ class TorchRunner:
         model: Model,
         device: str | torch.device = "cpu",
         overrides: Mapping[str, TorchImpl] | None = None,
+        shared_constants: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         self.model = model
         self.graph: Graph = model.graph
@@ -88,8 +89,12 @@ class TorchRunner:
                 f"no torch implementation for operators {missing}; the torch runtime cannot "
                 f"execute this model"
             )
+        # ``shared_constants``: tensors another runner of a model with the same initializers
+        # already holds (safe mode's reference run), taken as they are instead of copied
+        shared = dict(shared_constants or {})
         self.constants: dict[str, torch.Tensor] = {
-            name: const_to_tensor(v).to(device) for name, v in self.graph.initializers.items()
+            name: shared[name] if name in shared else const_to_tensor(v).to(device)
+            for name, v in self.graph.initializers.items()
         }
         # A constant 2-D right operand of MatMul is a Linear weight stored transposed (as the
         # ONNX exporters store it). Keep it as a transposed view of an [N, K] tensor, the
@@ -97,7 +102,12 @@ class TorchRunner:
         for node in self.graph.nodes:
             if node.op_type == "MatMul" and node.domain in ("", "ai.onnx"):
                 w = node.inputs[1]
-                if w is not None and w.name in self.constants and self.constants[w.name].dim() == 2:
+                if (
+                    w is not None
+                    and w.name in self.constants
+                    and w.name not in shared
+                    and self.constants[w.name].dim() == 2
+                ):
                     t = self.constants[w.name]
                     if t.is_contiguous():
                         self.constants[w.name] = t.t().contiguous().t()
