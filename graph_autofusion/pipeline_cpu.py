@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -296,80 +296,37 @@ def fuse_model_cpu(
 
 
 def _apply_natives(model: Model, natives: list[NativeGroup]) -> list[Lowered]:
-    """Each native group's rule rewrite on ``model`` (re-matched at its root by name; a
-    group whose match no longer holds is left unfused)."""
+    """Each native group's rule rewrite on ``model``, as the onnxruntime target applies them
+    (re-matched at its root by name; a group whose match no longer holds, or whose rewrite
+    declines, is left unfused)."""
+    from graph_autofusion.codegen.onnxruntime import lower_onnxruntime
     from graph_autofusion.patterns.matcher import Match as _Match
     from graph_autofusion.patterns.matcher import match_at
+    from graph_autofusion.patterns.rules import RuleMatch
 
     by_name = {n.name: n for n in model.graph.nodes}
-    done: list[Lowered] = []
+    matches, groups = [], {}
     for grp in natives:
         root = by_name.get(grp.root)
         if root is None or root.graph is None:
             continue
         rule = grp.rule
         m = match_at(rule.pattern, root, checks=rule.checks, exported=rule.exported)
-        if not isinstance(m, _Match):
-            continue
-        try:
-            new_nodes = fuse_match(
-                model, m, rule.fuse_pattern, rewrite=rule.rewrite, rule_name=rule.name
-            )
-        except Exception:  # noqa: BLE001 - a rewrite that declines leaves the group unfused
-            continue
-        outputs = [o for o in grp.output_names if model.graph.has_value_name(o)]
-        inputs = _external(new_nodes)
-        done.append(
-            Lowered(
-                grp.key,
-                rule.name,
-                list(grp.node_names),
-                new_nodes,
-                inputs,
-                outputs,
-                [n.qualified_op for n in new_nodes],
-                grp.tolerance,
-                grp,
-            )
-        )
+        if isinstance(m, _Match):
+            matches.append(RuleMatch(rule, m))
+            groups[grp.key] = grp
+    done = lower_onnxruntime(model, matches).lowered
+    for low in done:
+        low.payload = groups[low.key]
     return done
-
-
-def _external(nodes: list) -> list[str]:
-    produced = {id(o) for n in nodes for o in n.outputs}
-    seen: dict[str, None] = {}
-    for n in nodes:
-        for v in n.all_inputs():
-            if id(v) not in produced and v.const is None:
-                seen.setdefault(v.name, None)
-    return list(seen)
 
 
 def _native_step(low: Lowered, opset: int, consts: Mapping[str, Any]) -> tuple[Any, list[str]]:
     """A callable running a native group's new nodes on torch: ``step(None, *args)`` with
     ``args`` for the returned input names; returns the group's outputs in order."""
-    from graph_autofusion.runtime.torch_ops import OpCall
-    from graph_autofusion.runtime.torch_runtime import const_to_tensor, impl_for
-
     names = list(low.inputs)
-    calls = [(n, impl_for(n), OpCall(n, opset)) for n in low.new_nodes]
-    local = {
-        v.name: consts.get(v.name, None) if v.name in consts else const_to_tensor(v)
-        for n in low.new_nodes
-        for v in n.all_inputs()
-        if v.const is not None
-    }
-
-    def step(_call: Any, *args: Any) -> Any:
-        env = {**local, **dict(zip(names, args))}
-        for n, impl, call in calls:
-            out = impl(call, *[env[v.name] if v is not None else None for v in n.inputs])
-            for v, t in zip(n.outputs, out if isinstance(out, tuple | list) else (out,)):
-                env[v.name] = t
-        outs = [env[o] for o in low.outputs]
-        return outs[0] if len(outs) == 1 else tuple(outs)
-
-    return step, names
+    run = _unfused_runner(low.new_nodes, names, consts, opset, outputs=low.outputs)
+    return (lambda _call, *args: run(*args)), names
 
 
 def _kernel_functions(
@@ -461,31 +418,37 @@ def _unfused_runner(
     consts: Mapping[str, Any],
     opset: int,
     acts: Mapping[str, Any] | None = None,
+    outputs: Sequence[str] = (),
 ):
     """A callable running ``nodes`` (of the original model) one by one on torch's kernels:
     what a kernel replaces. Values outside the fused node's inputs (a shape the original
     computes at run time where the fused model has a folded constant) come from ``consts`` or
-    the captured activations ``acts``."""
+    the captured activations ``acts``. It returns the ``outputs`` named (one value, a tuple
+    of several, ``None`` for none)."""
     acts = acts or {}
     from graph_autofusion.runtime.torch_ops import OpCall
     from graph_autofusion.runtime.torch_runtime import impl_for
 
     calls = [(n, impl_for(n), OpCall(n, opset)) for n in nodes]
 
-    def run(*args: Any) -> None:
+    def run(*args: Any) -> Any:
         env = dict(zip(input_names, args))
         for n, impl, call in calls:
             ins = [
-                env[v.name]
+                None
+                if v is None
+                else env[v.name]
                 if v.name in env
                 else consts.get(v.name, acts.get(v.name))
-                if v is not None
-                else None
                 for v in n.inputs
             ]
             out = impl(call, *ins)
             for v, t in zip(n.outputs, out if isinstance(out, tuple | list) else (out,)):
                 env[v.name] = t
+        if not outputs:
+            return None
+        outs = [env[o] for o in outputs]
+        return outs[0] if len(outs) == 1 else tuple(outs)
 
     return run
 
