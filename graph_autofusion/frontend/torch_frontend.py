@@ -186,20 +186,6 @@ def _symbol(x: Any) -> str | None:
     return None
 
 
-def is_mutated_input(gm: torch.fx.GraphModule, placeholder: torch.fx.Node) -> bool:
-    """True when the graph writes into ``placeholder`` (an in-place or ``out=`` operator)."""
-    for user in placeholder.users:
-        target = getattr(user, "target", None)
-        schema = getattr(target, "_schema", None)
-        if schema is not None and schema.is_mutable:
-            return True
-        name = getattr(target, "__name__", "")
-        method = user.op == "call_method" and str(user.target).endswith("_")
-        if method or (name.endswith("_") and not name.startswith("_")):
-            return True
-    return False
-
-
 def from_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Model:
     """Convert a Dynamo backend's ``GraphModule`` (torch-level ops) into a :class:`Model`
     (:func:`import_fx` without the input map)."""
@@ -223,8 +209,9 @@ def import_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> FxImpo
 
     The graph is re-exported with ``torch.export`` (non-strict) and converted like a module.
     Inputs that are parameters or buffers of the compiled module (Dynamo passes them as
-    graph inputs) become initializers, unless the graph writes into them; the remaining
-    tensors become graph inputs. Sizes Dynamo made symbolic stay symbolic (``str`` dims, the
+    graph inputs) become initializers; the remaining tensors become graph inputs. A graph
+    that writes into any of its inputs (a parameter or buffer included) is refused: the
+    export's signature lists the writes. Sizes Dynamo made symbolic stay symbolic (``str`` dims, the
     symbol's name): a ``SymInt`` input is read from the tensor that carries its symbol.
 
     Call it outside Dynamo's compilation (on the compiled graph's first call, with the real
@@ -250,7 +237,7 @@ def import_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> FxImpo
             if sym is None:
                 raise FrontendError(f"symbolic input {ph.name} ({ev}) is not a plain size")
             sym_inputs[i] = sym
-        elif is_state and isinstance(x, torch.Tensor) and not is_mutated_input(gm, ph):
+        elif is_state and isinstance(x, torch.Tensor):
             consts[i] = (_state_name(ph.name), x)
         else:
             user.append(x)
@@ -266,6 +253,8 @@ def import_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> FxImpo
                 sym = _symbol(d)
                 if sym is not None:
                     carriers.setdefault(sym, (k, axis))
+                    # DYNAMIC, not AUTO: an export that would specialize the size fails (the
+                    # graph then runs in eager) instead of silently fixing it to this call's
                     axes[axis] = torch.export.Dim.DYNAMIC
         dynamic.append(axes or None)
     sizes = {}
