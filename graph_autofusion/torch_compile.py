@@ -36,7 +36,6 @@ import torch
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.options import FuseOptions
 
-BACKEND_NAME = "autofusion"
 #: Weight sets one graph compiles for (other modules of the same class) before eager.
 MAX_WEIGHT_SETS = 4
 #: Largest relative L2 error of an output against eager's, per dtype.

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from graph_autofusion.errors import GraphAutoFusionError, ModelLoadError
+from graph_autofusion.errors import ModelLoadError
 
 PLAN_FILE = "autofusion_plan.json"
 PLAN_VERSION = 1
@@ -169,10 +169,8 @@ def _shallow_copy(module: torch.nn.Module) -> torch.nn.Module:
     (a hook registered on the copy does not fire on the original)."""
     fused = copy.copy(module)
     for attr, value in module.__dict__.items():
-        if attr.startswith("_") and isinstance(value, dict) and attr != "__dict__":
-            fused.__dict__[attr] = (
-                type(value)(value) if not hasattr(value, "copy") else value.copy()
-            )
+        if attr.startswith("_") and isinstance(value, dict):
+            fused.__dict__[attr] = value.copy()  # an OrderedDict stays one
     return fused
 
 
@@ -269,14 +267,11 @@ def load_fused(
 
 
 def _example(module, example_inputs, example_kwargs) -> tuple[tuple, dict]:
+    from graph_autofusion.frontend.loader import as_args
+
     if example_inputs is None and example_kwargs is None:
         return (), example_inputs_for(module)
-    args = (
-        example_inputs
-        if isinstance(example_inputs, tuple)
-        else (() if example_inputs is None else (example_inputs,))
-    )
-    return args, dict(example_kwargs or {})
+    return as_args(example_inputs), dict(example_kwargs or {})
 
 
 # ---------------------------------------------------------------------- verification
@@ -337,9 +332,6 @@ def verify_performance(
     generative model) also tokens/s of greedy ``generate(max_new_tokens=new_tokens)``."""
     from graph_autofusion.runtime.timing import round_robin
 
-    def timed(fns: dict[str, Any]) -> dict[str, list[float]]:
-        return round_robin(fns, runs, warmup)
-
     def fwd(m):
         def run():
             with torch.no_grad():
@@ -348,7 +340,7 @@ def verify_performance(
         return run
 
     out: dict[str, Any] = {"runs": runs, "threads": torch.get_num_threads()}
-    times = timed({"baseline": fwd(original), "fused": fwd(fused)})
+    times = round_robin({"baseline": fwd(original), "fused": fwd(fused)}, runs, warmup)
     for k, ts in times.items():
         out[k] = {"latency_ms": 1e3 * statistics.median(ts), "min_ms": 1e3 * min(ts)}
     out["improvement"] = out["baseline"]["latency_ms"] / out["fused"]["latency_ms"] - 1.0
@@ -363,14 +355,7 @@ def verify_performance(
 
             return run
 
-        g = timed({"baseline": gen(original), "fused": gen(fused)})
+        g = round_robin({"baseline": gen(original), "fused": gen(fused)}, runs, warmup)
         for k, ts in g.items():
             out[k]["tokens_per_s"] = new_tokens / statistics.median(ts)
     return out
-
-
-def require_fused(fused: Any) -> FusionInfo:
-    info = getattr(fused, "__dict__", {}).get("autofusion")
-    if info is None:
-        raise GraphAutoFusionError("not a module returned by GraphAutoFusion.fuse()")
-    return info

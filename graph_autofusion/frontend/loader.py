@@ -9,6 +9,14 @@ from graph_autofusion.errors import ModelLoadError
 from graph_autofusion.ir.core import Model
 
 
+def as_args(example_inputs: Any) -> tuple[Any, ...]:
+    """Positional example inputs as a tuple: a tuple as given, one value as a 1-tuple, ``None``
+    as no arguments."""
+    if isinstance(example_inputs, tuple):
+        return example_inputs
+    return () if example_inputs is None else (example_inputs,)
+
+
 def load_model(source: Any, example_inputs: Any = None, example_kwargs: Any = None) -> Model:
     """Load ``source`` into the IR.
 
@@ -42,12 +50,7 @@ def load_model(source: Any, example_inputs: Any = None, example_kwargs: Any = No
             )
         from graph_autofusion.frontend.torch_frontend import from_torch
 
-        args = (
-            example_inputs
-            if isinstance(example_inputs, tuple)
-            else (() if example_inputs is None else (example_inputs,))
-        )
-        return from_torch(source, args, example_kwargs or {})
+        return from_torch(source, as_args(example_inputs), example_kwargs or {})
     raise ModelLoadError(
         f"cannot load a model from {type(source).__name__}: expected a path to an .onnx file, "
         f"an onnx.ModelProto or a torch.nn.Module"
