@@ -108,14 +108,8 @@ def generate_program(
         names[cname] = ident
         env[ident] = t
     outputs = {v.name for v in graph.outputs}
-    last_use: dict[str, int] = {}
-    for k, (node, _impl, _call) in enumerate(runner._plan):
-        for v in node.all_inputs():
-            last_use[v.name] = k
-    frees: dict[int, list[str]] = {}
-    for name, k in last_use.items():
-        if name not in outputs and name not in runner.constants:
-            frees.setdefault(k, []).append(name)
+    graph_inputs = {v.name for v in inputs}
+    kept = outputs | {v.name for node, _impl, _call in runner._plan for v in node.all_inputs()}
     steps = getattr(runner, "steps", {}) or {}
     env["_one"], env["_seq"] = _one, _seq
     for k, (node, impl, call) in enumerate(runner._plan):
@@ -137,12 +131,9 @@ def generate_program(
             lines.append(f"    {outs[0]} = _one({call_src})")
         else:  # as TorchRunner: a lone tensor is the first output, missing ones None
             lines.append(f"    {', '.join(outs)} = _seq({call_src}, {len(outs)})")
-        dead = [names[n] for n in frees.get(k, []) if not names[n].startswith("a")]
-        dead += [
-            o
-            for o, v in zip(outs, node.outputs)
-            if v.name not in last_use and v.name not in outputs
-        ]
+        # the runner's own liveness: what dies after node k (the caller's arguments stay)
+        dead = [names[n] for n in runner._free[k] if n not in graph_inputs]
+        dead += [o for o, v in zip(outs, node.outputs) if v.name not in kept]
         if dead:
             lines.append(f"    del {', '.join(dict.fromkeys(dead))}")
     # an output computed from constants alone is the same tensor every call: a copy each time
