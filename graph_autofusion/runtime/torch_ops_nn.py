@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -235,6 +237,30 @@ def _bias_add(call: OpCall, x: Tensor, bias: Tensor, skip: Tensor) -> Tensor:
 _ACT = {"Relu": torch.relu, "Sigmoid": torch.sigmoid, "Tanh": torch.tanh, "": lambda t: t}
 
 
+def node_cached(
+    call: OpCall,
+    slot: str,
+    sources: tuple[Tensor | None, ...],
+    extra: Any,
+    make: Any,
+    limit: int = 4,
+) -> Any:
+    """``make()``, kept on the node's call while the same ``sources`` tensors (the same
+    objects, at the same versions) and ``extra`` come in: a weight derived from a constant
+    (reordered, packed) is made once, not per call. Sources that require grad are not cached."""
+    cache = call.__dict__.setdefault(slot, {})
+    key = (tuple(None if t is None else (id(t), t._version) for t in sources), extra)
+    hit = cache.get(key)
+    if hit is not None and all(a is t for a, t in zip(hit[0], sources)):  # ids can be reused
+        return hit[1]
+    value = make()
+    if not any(t is not None and t.requires_grad for t in sources):
+        if len(cache) >= limit:
+            cache.clear()
+        cache[key] = (sources, value)
+    return value
+
+
 def _packed_conv(call: OpCall, x, w, b, z) -> Tensor | None:
     """The fused conv on oneDNN with its weight reordered once into the blocked layout
     (``mkldnn._convolution_pointwise``, what Inductor's freezing uses), the residual add and
@@ -253,20 +279,18 @@ def _packed_conv(call: OpCall, x, w, b, z) -> Tensor | None:
         return None
     pad = list(pads[:2])
     groups = call.attr("group", 1)
-    cache = call.__dict__.setdefault("_packed", {})
-    key = (id(w), w._version, tuple(x.shape))
-    hit = cache.get(key)
-    packed = hit[1] if hit is not None and hit[0] is w else None  # the same tensor, not an id
-    if packed is None:
-        if len(cache) >= 4:
-            cache.clear()
-        try:
-            packed = torch.ops.mkldnn._reorder_convolution_weight(
+    try:
+        packed = node_cached(
+            call,
+            "_packed_conv",
+            (w,),
+            tuple(x.shape),
+            lambda: torch.ops.mkldnn._reorder_convolution_weight(
                 w, pad, strides, dil, groups, list(x.shape)
-            )
-        except (RuntimeError, AttributeError):
-            return None
-        cache[key] = (w, packed)
+            ),
+        )
+    except (RuntimeError, AttributeError):
+        return None
     unary = "relu" if act == "Relu" else "none"
     if z is None:
         return torch.ops.mkldnn._convolution_pointwise(
@@ -316,30 +340,21 @@ def _reorder_iofc_to_ifgo(t: Tensor, hidden: int) -> Tensor:
 def _lstm_params(call: OpCall, w, r, b, dirs: int, hidden: int, x) -> list[Tensor]:
     """torch's LSTM weights (gates reordered iofc -> ifgo), cached per node while the same
     weight tensors at the same versions come in (constants: reordered once, not per call)."""
-    key = tuple((t, t._version) if t is not None else None for t in (w, r, b))
-    hit = call.__dict__.get("_lstm_params")
-    if (
-        hit is not None
-        and all(
-            (a is None and c is None)
-            or (a is not None and c is not None and a[0] is c[0] and a[1] == c[1])
-            for a, c in zip(hit[0], key)
-        )
-        and hit[2] == (x.dtype, x.device)
-    ):
-        return hit[1]
-    params: list[Tensor] = []
-    for d in range(dirs):
-        bias = b[d] if b is not None else torch.zeros(8 * hidden, dtype=x.dtype, device=x.device)
-        params += [
-            _reorder_iofc_to_ifgo(w[d], hidden),
-            _reorder_iofc_to_ifgo(r[d], hidden),
-            _reorder_iofc_to_ifgo(bias[: 4 * hidden], hidden),
-            _reorder_iofc_to_ifgo(bias[4 * hidden :], hidden),
-        ]
-    if not any(t is not None and t.requires_grad for t in (w, r, b)):
-        call.__dict__["_lstm_params"] = (key, params, (x.dtype, x.device))
-    return params
+
+    def reorder() -> list[Tensor]:
+        params: list[Tensor] = []
+        for d in range(dirs):
+            zeros = torch.zeros(8 * hidden, dtype=x.dtype, device=x.device)
+            bias = b[d] if b is not None else zeros
+            params += [
+                _reorder_iofc_to_ifgo(w[d], hidden),
+                _reorder_iofc_to_ifgo(r[d], hidden),
+                _reorder_iofc_to_ifgo(bias[: 4 * hidden], hidden),
+                _reorder_iofc_to_ifgo(bias[4 * hidden :], hidden),
+            ]
+        return params
+
+    return node_cached(call, "_lstm_params", (w, r, b), (x.dtype, x.device), reorder)
 
 
 @torch_op("LSTM")
