@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -130,6 +131,7 @@ class GraphAutoFusion:
         self.options: FuseOptions = options
         self.sample_inputs = dict(sample_inputs) if sample_inputs is not None else None
         self.result: Any = None  # the last FuseResult
+        self.fused_module: Any = None  # the last fuse() of a PyTorch module
 
     @property
     def model(self) -> Model:
@@ -295,7 +297,7 @@ class GraphAutoFusion:
         return self.result.model
 
     def _module_fusion(self):
-        if getattr(self, "fused_module", None) is None:
+        if self.fused_module is None:
             raise NotFusedYetError("call fuse() or fuse_safe() first")
         return self.fused_module
 
@@ -534,15 +536,10 @@ class GraphAutoFusion:
 
 
 def _torch_module(model: Any) -> Any:
-    if type(model).__module__.startswith(("onnx", "graph_autofusion")) or isinstance(
-        model, str | os.PathLike
-    ):
-        return None
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is optional
-        return None
-    return model if isinstance(model, torch.nn.Module) else None
+    """``model`` if it is a ``torch.nn.Module`` (without importing torch: an object can only
+    be one once torch is imported)."""
+    torch = sys.modules.get("torch")
+    return model if torch is not None and isinstance(model, torch.nn.Module) else None
 
 
 def _to_numpy(t: Any) -> np.ndarray:
