@@ -31,7 +31,7 @@ import os
 import time
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -218,6 +218,42 @@ def _export_torchscript(
     return TORCHSCRIPT_OPSET
 
 
+def write_cached(path: Path, what: str, produce: Callable[[Path], dict[str, Any]]) -> Path:
+    """Create the cached file ``path`` once, safely under concurrency, with its JSON sidecar.
+
+    ``produce(tmp)`` writes the file to the temporary path ``tmp`` and returns the sidecar's
+    fields; ``file_bytes``, ``created`` and ``versions`` are added. It runs under the ``fcntl``
+    lock of ``path`` and only when ``path`` does not exist (also after waiting for the lock);
+    the file and the sidecar are moved into place with ``os.replace``.
+
+    Raises:
+        GraphAutoFusionError: ``produce`` failed (``what`` names the export in the message).
+    """
+    if path.is_file():
+        return path
+    with _locked(path):
+        if path.is_file():  # another process exported it while we waited
+            return path
+        tmp = path.with_name(f".{path.stem}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            info = {
+                **produce(tmp),
+                "file_bytes": tmp.stat().st_size,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "versions": _versions(),
+            }
+            side_tmp = tmp.with_suffix(".json.tmp")
+            side_tmp.write_text(json.dumps(info, indent=2, sort_keys=True))
+            os.replace(side_tmp, path.with_name(path.name + ".json"))
+            os.replace(tmp, path)
+        except Exception as exc:
+            raise GraphAutoFusionError(f"exporting {what} failed: {exc}") from exc
+        finally:
+            for leftover in (tmp, tmp.with_suffix(".json.tmp")):
+                leftover.unlink(missing_ok=True)
+    return path
+
+
 def export_onnx(name: str, exporter: str = "dynamo", *, seq_len: int = 16) -> Path:
     """Export a zoo model to ONNX (or return the cached export).
 
@@ -232,44 +268,25 @@ def export_onnx(name: str, exporter: str = "dynamo", *, seq_len: int = 16) -> Pa
     Raises:
         GraphAutoFusionError: Unknown model/exporter, or the exporter failed.
     """
+
+    def produce(tmp: Path) -> dict[str, Any]:
+        module, inputs = build_model(name, seq_len=seq_len)
+        dyn = _dynamic(name, seq_len)
+        fn = _export_dynamo if exporter == "dynamo" else _export_torchscript
+        start = time.perf_counter()
+        with _quiet(), torch.no_grad():
+            opset = fn(name, module, inputs, tmp, dyn)
+        return {
+            "name": name,
+            "exporter": exporter,
+            "seq_len": seq_len,
+            "opset": opset,
+            "dynamic_axes": model_spec(name).dynamic_axes if dyn else {},
+            "export_seconds": round(time.perf_counter() - start, 3),
+        }
+
     path = export_path(name, exporter, seq_len=seq_len)
-    if path.is_file():
-        return path
-    with _locked(path):
-        if path.is_file():  # another process exported it while we waited
-            return path
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-        try:
-            module, inputs = build_model(name, seq_len=seq_len)
-            dyn = _dynamic(name, seq_len)
-            fn = _export_dynamo if exporter == "dynamo" else _export_torchscript
-            start = time.perf_counter()
-            with _quiet(), torch.no_grad():
-                opset = fn(name, module, inputs, tmp, dyn)
-            seconds = time.perf_counter() - start
-            info = {
-                "name": name,
-                "exporter": exporter,
-                "seq_len": seq_len,
-                "opset": opset,
-                "dynamic_axes": model_spec(name).dynamic_axes if dyn else {},
-                "export_seconds": round(seconds, 3),
-                "file_bytes": tmp.stat().st_size,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                "versions": _versions(),
-            }
-            side_tmp = tmp.with_suffix(".json.tmp")
-            side_tmp.write_text(json.dumps(info, indent=2, sort_keys=True))
-            os.replace(side_tmp, path.with_name(path.name + ".json"))
-            os.replace(tmp, path)
-        except Exception as exc:
-            raise GraphAutoFusionError(
-                f"exporting {name!r} with the {exporter} exporter failed: {exc}"
-            ) from exc
-        finally:
-            for leftover in (tmp, tmp.with_suffix(".json.tmp")):
-                leftover.unlink(missing_ok=True)
-    return path
+    return write_cached(path, f"{name!r} with the {exporter} exporter", produce)
 
 
 def example_feeds(name: str, *, seq_len: int = 16, batch: int = 1) -> dict[str, np.ndarray]:

@@ -22,7 +22,14 @@ resnet50       ResNetForImageClassification(ResNetConfig()), 224x224      logits
 resnet50_bn    variant (not in MODEL_NAMES): resnet50, exports keep BN    logits
 minilm         all-MiniLM-L6-v2 (real weights, real tokenized sentence)   last_hidden_state
 lstm           Linear(32->64), 2-layer LSTM(64), Linear(64->16)           output
+qwen2          decoder-only (not in MODEL_NAMES, no build_model/export):  logits, presents
+               Qwen2ForCausalLM, hidden 512, 4 layers, 8 heads / 2 kv
 =============  =========================================================  =================
+
+KV-cache decoders (:mod:`.kv_cache`): ``export_decoder(name, exporter)`` exports ``llama``,
+``llama_gqa``, ``gpt2`` and ``qwen2`` (:data:`DECODER_NAMES`) with past key/values inputs and
+present outputs, one graph for prefill (past length 0) and decode steps, both exporters,
+cached like ``export_onnx``; ``greedy_decode_ort``/``greedy_decode_torch`` run generation.
 """
 
 from graph_autofusion.testing.builders import (
@@ -49,8 +56,24 @@ from graph_autofusion.testing.export import (
     minilm_onnx_embeddings,
     ort_outputs,
 )
+from graph_autofusion.testing.kv_cache import (
+    DECODER_NAMES,
+    KVDecoder,
+    decoder_dims,
+    decoder_dynamic_axes,
+    decoder_export_path,
+    decoder_input_names,
+    decoder_module,
+    decoder_output_names,
+    empty_past,
+    export_decoder,
+    greedy_decode_ort,
+    greedy_decode_torch,
+    past_names,
+)
 from graph_autofusion.testing.specs import (
     ALL_NAMES,
+    DECODER_ONLY_NAMES,
     MINILM_EXAMPLE_SENTENCE,
     MODEL_NAMES,
     VARIANT_NAMES,
@@ -64,6 +87,8 @@ from graph_autofusion.testing.specs import (
 
 __all__ = [
     "ALL_NAMES",
+    "DECODER_NAMES",
+    "DECODER_ONLY_NAMES",
     "EXPORTERS",
     "MINILM_CHECK_SENTENCES",
     "MINILM_EXAMPLE_SENTENCE",
@@ -74,16 +99,27 @@ __all__ = [
     "CausalLMLogits",
     "EncoderOutputs",
     "ImageLogits",
+    "KVDecoder",
     "LSTMModel",
     "ModelSpec",
     "build_model",
     "cache_dir",
     "config_fingerprint",
+    "decoder_dims",
+    "decoder_dynamic_axes",
+    "decoder_export_path",
+    "decoder_input_names",
+    "decoder_module",
+    "decoder_output_names",
+    "empty_past",
     "example_feeds",
     "example_inputs",
+    "export_decoder",
     "export_info",
     "export_onnx",
     "export_path",
+    "greedy_decode_ort",
+    "greedy_decode_torch",
     "hf_config",
     "minilm_onnx_embeddings",
     "minilm_path",
@@ -92,5 +128,6 @@ __all__ = [
     "minilm_tokenizer",
     "model_spec",
     "ort_outputs",
+    "past_names",
     "run_eager",
 ]
