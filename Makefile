@@ -2,6 +2,9 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# onnxruntime's C API header for the custom-operator library (tools/ort_headers.sh: a private
+# download of Debian's libonnxruntime-dev; without network the project works without it)
+ORT_HEADERS := .cache/ort-headers/.tried
 
 .PHONY: venv demo test lint bench clean
 
@@ -11,12 +14,16 @@ $(STAMP): pyproject.toml tools/sysdeps.sh
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-venv: $(STAMP)
+$(ORT_HEADERS): tools/ort_headers.sh
+	sh tools/ort_headers.sh .cache/ort-headers
+	mkdir -p .cache/ort-headers && touch $(ORT_HEADERS)
 
-demo: $(STAMP)
+venv: $(STAMP) $(ORT_HEADERS)
+
+demo: $(STAMP) $(ORT_HEADERS)
 	$(BIN)/graph-autofusion demo
 
-test: $(STAMP)
+test: $(STAMP) $(ORT_HEADERS)
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 lint: $(STAMP)

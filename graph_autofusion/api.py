@@ -132,6 +132,7 @@ class GraphAutoFusion:
         self.sample_inputs = dict(sample_inputs) if sample_inputs is not None else None
         self.result: Any = None  # the last FuseResult
         self.fused_module: Any = None  # the last fuse() of a PyTorch module
+        self.kernel_dir = ""  # the custom-operator folder the last save() wrote
 
     @property
     def model(self) -> Model:
@@ -292,7 +293,7 @@ class GraphAutoFusion:
             strategy=self.strategy,
             check_speed=check_speed,
             progress=progress,
-            **options,
+            **{"custom_ops": self.options.custom_ops, "codegen": self.options.codegen, **options},
         )
         return self.result.model
 
@@ -505,7 +506,10 @@ class GraphAutoFusion:
     # ------------------------------------------------------------------ saving
     def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> None:
         """Write the fused model atomically. Refuses the input file's own path unless
-        ``overwrite``; never leaves a partial file."""
+        ``overwrite``; never leaves a partial file. A model using generated custom operators
+        (onnxruntime target) gets its kernel folder beside it (``PATH.kernels/``: sources,
+        library, manifest; ``self.kernel_dir``) and metadata naming the library; open it
+        with :func:`graph_autofusion.runtime.ort_session.fused_session`."""
         from graph_autofusion.errors import ModelWriteError
         from graph_autofusion.frontend.onnx_frontend import save_onnx
 
@@ -520,6 +524,14 @@ class GraphAutoFusion:
             raise ModelWriteError(
                 f"{path}: refusing to overwrite the input model (pass overwrite=True / --overwrite)"
             )
+        lib = getattr(result, "custom_ops", None)
+        if lib is not None:  # the model needs its custom-operator library: written beside it
+            from graph_autofusion.codegen.ort_customop import save_with_library
+
+            groups = [low.payload for low in result.lowered if hasattr(low.payload, "kernel")]
+            self.kernel_dir = save_with_library(result.model, dest, lib, groups)
+            return
+        self.kernel_dir = ""
         save_onnx(result.model, dest)
 
     # ------------------------------------------------------------------ the articles' names

@@ -139,11 +139,23 @@ def _cmd_fuse(args: argparse.Namespace) -> int:
         sample_inputs=_load_feeds(args.inputs),
         target=args.target,
     )
+    if args.custom_ops:
+        gaf.options = gaf.options.replace(custom_ops=True)
     gaf.fuse(check_speed=not args.no_speed_check, progress=_progress_bar("fuse"))
     report = gaf.safe_fusion_report()
     print(json.dumps(report.to_dict(), indent=2, default=str) if args.json else report.to_text())
     gaf.save(args.output, overwrite=args.overwrite)
     print(f"fused model written to {args.output}", file=sys.stderr)
+    if gaf.kernel_dir:
+        from graph_autofusion.codegen.ort_customop import load_line
+
+        print(
+            f"it uses generated custom operators: library and sources in {gaf.kernel_dir}\n"
+            f"load it with:  {load_line(args.output)}\n"
+            f"(plain onnxruntime: so = onnxruntime.SessionOptions(); "
+            f"so.register_custom_ops_library({gaf.kernel_dir + '/libgaf_custom_ops.so'!r}))",
+            file=sys.stderr,
+        )
     if args.target == "cpu":
         kdir = os.path.splitext(out)[0] + ".kernels"
         data = gaf.compile_fused_operators(kdir)
@@ -307,6 +319,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="onnxruntime",
         choices=["onnxruntime", "cpu"],
         help="onnxruntime's fused operators, or generated C kernels (cpu; writes OUTPUT.kernels/)",
+    )
+    p.add_argument(
+        "--custom-ops",
+        action="store_true",
+        help="onnxruntime target: groups with no onnxruntime operator become generated custom "
+        "operators (writes OUTPUT.kernels/, which the fused model then needs)",
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_fuse)

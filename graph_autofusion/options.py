@@ -51,6 +51,9 @@ class FuseOptions:
         backend: ``c`` (compiled kernels) or ``reference`` (NumPy executes the kernel IR;
             only when asked for: it is slow).
         codegen: Compiler options (hashed into the kernel cache key).
+        custom_ops: onnxruntime target: planned groups with no onnxruntime operator become
+            generated kernels in one custom-operator library per model, which the fused
+            model then needs (off by default: ``docs/onnxruntime-kernels.md`` says why).
     """
 
     target: str = "onnxruntime"
@@ -69,6 +72,7 @@ class FuseOptions:
     threads: int | None = None
     backend: str = "c"
     codegen: CodegenOptions = field(default_factory=CodegenOptions)
+    custom_ops: bool = False
 
     def __post_init__(self) -> None:
         from graph_autofusion.planner.plan import STRATEGIES

@@ -148,6 +148,8 @@ class FuseResult:
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     shape_folding: Any = None  # patterns.shape_folding.ShapeFolding, when it ran
+    #: the custom-operator library the fused model needs (codegen.ort_customop), or None
+    custom_ops: Any = None
 
     @property
     def fused(self) -> list[Lowered]:
@@ -224,11 +226,19 @@ def plan_for_target(
     from graph_autofusion.patterns.shape_folding import fold_reshape_shapes
     from graph_autofusion.planner.analysis import analyze_model
 
-    target = get_target(options.target, opset=int(original.opset_imports.get("", 17)))
+    opset = int(original.opset_imports.get("", 17))
+    if options.target == "onnxruntime" and getattr(options, "custom_ops", False):
+        from graph_autofusion.codegen.ort_customop import kernel_target, ort_include_dir
+
+        target = kernel_target(opset) if ort_include_dir() else get_target("onnxruntime")
+    else:
+        target = get_target(options.target, opset=opset)
     work = clone_model(original)
     folding = None
     if options.fold_shapes if fold is None else fold:
         folding = fold_reshape_shapes(work)
+    if hasattr(target, "prefer_native"):
+        target.prefer_native(work.graph, rules)
     analysis = analyze_model(
         work,
         target.select_rules(rules),
@@ -241,7 +251,7 @@ def plan_for_target(
         clustering=options.clustering and target.clustering,
         accept_maybe=options.safe_mode and options.check_speed,  # safe mode times close calls
         native_target=target.native_target,
-        target=target if target.name != "onnxruntime" else None,
+        target=target if target.name != "onnxruntime" or hasattr(target, "custom_ops") else None,
         model_name=model_name,
     )
     analysis.target = target.name
@@ -270,17 +280,22 @@ def add_other_targets(
 
 
 def _lower(
-    work: Model, rules: RuleSet, keys: list[str] | None, analysis: Any
+    work: Model, rules: RuleSet, keys: list[str] | None, analysis: Any, custom: Any = None
 ) -> tuple[Lowering, list[str]]:
     """Lower the analysis' chosen matches, or (``keys`` given) the matches with these keys
-    found again on a fresh copy."""
+    found again on a fresh copy. ``custom`` (:class:`~graph_autofusion.pipeline_ort_kernels.
+    CustomOps`): the groups without a native form become custom operators."""
     if keys is None:
         chosen = analysis.chosen_matches()
+        if custom is not None:  # the rest are custom's groups
+            chosen = [c for c in chosen if getattr(getattr(c, "rule", None), "rewrite", None)]
     else:
         kept = match_rules(work.graph, rules).kept
         by_key = {candidate_key(k.rule.name, k.match.root): k for k in kept}
         chosen = [by_key[k] for k in keys if k in by_key]
     lowering = lower_onnxruntime(work, chosen)
+    if custom is not None:
+        lowering.lowered += custom.lower(work, keys)
     _drop_unused_initializers(work)
     return lowering, [low.key for low in lowering.lowered]
 
@@ -311,15 +326,68 @@ def fuse_model(
     progress: Callable[[str, int, int], None] | None = None,
     fold_shapes: bool = True,
     dump_dir: Any = None,
+    custom_ops: bool = False,
+    codegen: Any = None,
 ) -> FuseResult:
     """Fuse ``original`` for onnxruntime (see the module docstring). ``original`` is not
     modified. ``fold_shapes``: first fold provable ``Reshape`` shape computations into
     constants (:mod:`graph_autofusion.patterns.shape_folding`). ``dump_dir``: write each
-    stage's artifact there (``plan.json``, ``lowered.txt``, ``fused.onnx``)."""
+    stage's artifact there (``plan.json``, ``lowered.txt``, ``fused.onnx``).
+
+    ``custom_ops``: planned groups with no onnxruntime operator become generated kernels in
+    one custom-operator library (``result.custom_ops``, :mod:`graph_autofusion.
+    pipeline_ort_kernels`); a library that fails to build or load gives the model without
+    custom operators, with a note saying why. ``codegen``: their compiler options."""
+    from graph_autofusion.pipeline_ort_kernels import CustomOps, CustomOpsUnavailable
+
+    args = dict(
+        feeds=feeds,
+        safe_mode=safe_mode,
+        benefit_threshold=benefit_threshold,
+        strategy=strategy,
+        cosine_floor=cosine_floor,
+        e2e_cosine_floor=e2e_cosine_floor,
+        check_speed=check_speed,
+        speed_margin=speed_margin,
+        mc_samples=mc_samples,
+        progress=progress,
+        fold_shapes=fold_shapes,
+        dump_dir=dump_dir,
+    )
+    notes: list[str] = []
+    custom = CustomOps.start(custom_ops, codegen, notes)
+    if custom is not None:
+        try:
+            return _fuse_model(original, rules, profile, custom=custom, notes=notes, **args)
+        except CustomOpsUnavailable as exc:
+            notes.append(f"custom operators off: {exc}; fused without them")
+    return _fuse_model(original, rules, profile, custom=None, notes=notes, **args)
+
+
+def _fuse_model(
+    original: Model,
+    rules: RuleSet,
+    profile: Any,
+    *,
+    feeds: Mapping[str, Any] | None,
+    safe_mode: bool,
+    benefit_threshold: float,
+    strategy: str,
+    cosine_floor: float | None,
+    e2e_cosine_floor: float,
+    check_speed: bool,
+    speed_margin: float,
+    mc_samples: int,
+    progress: Callable[[str, int, int], None] | None,
+    fold_shapes: bool,
+    dump_dir: Any,
+    custom: Any,
+    notes: list[str],
+) -> FuseResult:
     from graph_autofusion.verify.inputs import generate_inputs
 
     timings: dict[str, float] = {}
-    notes: list[str] = []
+    notes = list(notes)
     native = RuleSet(tuple(r for r in rules if r.rewrite is not None))
     generic_only = RuleSet(tuple(r for r in rules if r.rewrite is None))
     feeds = dict(feeds) if feeds is not None else generate_inputs(original)
@@ -332,22 +400,25 @@ def fuse_model(
         safe_mode=safe_mode,
         check_speed=check_speed,
         fold_shapes=fold_shapes,
+        custom_ops=custom is not None,
     )
+    planned = rules if custom is not None else native  # custom: every rule, and clusters
     t = time.perf_counter()
-    work, analysis, folding, _target = plan_for_target(original, native, profile, opts, feeds)
+    work, analysis, folding, _target = plan_for_target(original, planned, profile, opts, feeds)
     if folding is not None and folding.folded and safe_mode:
         problem = _check_folding(original, work, feeds, e2e_cosine_floor)
         if problem:
             notes.append(f"shape folding rolled back: {problem}")
             work, analysis, folding, _target = plan_for_target(
-                original, native, profile, opts, feeds, fold=False
+                original, planned, profile, opts, feeds, fold=False
             )
     timings["analyze"] = time.perf_counter() - t
     dump_artifact(dump_dir, "plan.json", lambda: to_json(analysis.to_dict()))
     t = time.perf_counter()
-    lowering, keys = _lower(work, native, None, analysis)
-    not_lowered = list(lowering.not_lowered)
-    for rm in match_rules(original.graph, generic_only).kept:
+    custom_refused = custom.prepare(work, analysis, _target) if custom is not None else []
+    lowering, keys = _lower(work, native, None, analysis, custom)
+    not_lowered = list(lowering.not_lowered) + custom_refused
+    for rm in match_rules(original.graph, generic_only).kept if custom is None else ():
         not_lowered.append(
             NotLowered(
                 candidate_key(rm.rule.name, rm.match.root),
@@ -369,6 +440,9 @@ def fuse_model(
     result.shape_folding = folding
     if not safe_mode:
         result.timings = timings
+        result.notes = notes
+        if custom is not None:
+            custom.finish(result)
         dump_artifact(dump_dir, "fused.onnx", lambda: to_onnx_bytes(result.model))
         return result
 
@@ -422,7 +496,7 @@ def fuse_model(
         fresh = clone_model(original)
         if folding is not None and folding.folded:
             fold_reshape_shapes(fresh)  # deterministic: the same folds as the first time
-        lowering, keys = _lower(fresh, native, keys, None)
+        lowering, keys = _lower(fresh, native, keys, None, custom)
         result.model = fresh
         result.lowered = lowering.lowered
         for low in result.lowered:
@@ -448,6 +522,8 @@ def fuse_model(
     timings["end_to_end"] = time.perf_counter() - t
     result.timings = timings
     result.notes = notes
+    if custom is not None:
+        custom.finish(result)
     dump_artifact(dump_dir, "fused.onnx", lambda: to_onnx_bytes(result.model))
     return result
 

@@ -281,6 +281,7 @@ def test_end_to_end_failure_rolls_back_everything():
 
 
 def test_generic_only_rule_is_reported_no_native_form_and_left_unfused():
+    """Without custom operators (the default; tests/test_ort_custom_ops.py has them)."""
     original = parse_model(TRANSFORMER_BLOCK)
     gaf = GraphAutoFusion(original, rules=[NEG_EXP_GENERIC], preset="all", hardware=PROFILE)
     fused = gaf.fuse(check_speed=False)

@@ -1,0 +1,583 @@
+"""Generated kernels inside onnxruntime: planned groups with no contrib operator become custom
+operators of the ``ai.graph_autofusion`` domain, in one library per model.
+
+    include = ort_include_dir()                   # None: no onnxruntime_c_api.h here
+    groups = plan_groups(work, analysis)          # the planned groups the wrapper can call
+    built = build_library([g.kernel for g in groups], options.codegen)
+    register_library(built.path, op_names)        # ort_session() registers it for our ops
+    lowered = apply_groups(model, groups)         # one custom node per group
+
+The header comes from Debian's ``libonnxruntime-dev`` (``tools/ort_headers.sh``, run by
+``make``, unpacks it into ``.cache/ort-headers``); ``$GRAPH_AUTOFUSION_ORT_INCLUDE`` names
+another folder. The library is built with the kernel cache of
+:mod:`graph_autofusion.codegen.compiler`; the C is
+:mod:`graph_autofusion.codegen.ort_customop_c`.
+
+A group's leading contraction (a ``MatMul`` prologue) and run-time-shaped ``Reshape`` stay
+ordinary onnxruntime nodes feeding the custom operator, so a MatMul epilogue runs on
+onnxruntime's GEMM and then the generated kernel.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from graph_autofusion.codegen.compiler import BuiltSource, CodegenOptions, compile_source
+from graph_autofusion.codegen.kernel_ir import Kernel
+from graph_autofusion.codegen.ort_customop_c import (
+    DOMAIN,
+    customop_library_source,
+    op_name,
+    wrapper_refusal,
+)
+from graph_autofusion.errors import GraphAutoFusionError
+
+#: Model metadata keys of a fused model that needs the library.
+META_LIBRARY = "graph_autofusion.custom_ops_library"  # path relative to the model file
+META_DOMAIN = "graph_autofusion.custom_ops_domain"
+#: ``$GRAPH_AUTOFUSION_CUSTOM_OP_CFLAGS``: extra compiler flags for the custom-operator
+#: library only (``-DGAF_BREAK`` style flags to test the fallback of a failing build).
+ENV_CFLAGS = "GRAPH_AUTOFUSION_CUSTOM_OP_CFLAGS"
+HEADER = "onnxruntime_c_api.h"
+NO_HEADER = "onnxruntime C API header not available"
+
+
+class CustomOpReason:
+    """Why a planned group is not a custom operator (reason codes, docs/reasons.md)."""
+
+    NO_HEADER = "customop-no-header"
+    WRAPPER = "customop-unsupported"
+    NATIVE_PREFERRED = "customop-native-preferred"
+    BUILD_FAILED = "customop-build-failed"
+    LOAD_FAILED = "customop-load-failed"
+
+
+class CustomOpBuildError(GraphAutoFusionError):
+    """The custom-operator library could not be built or loaded."""
+
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def ort_include_dir() -> str | None:
+    """The folder holding ``onnxruntime_c_api.h``, or ``None``.
+
+    Looked up in ``$GRAPH_AUTOFUSION_ORT_INCLUDE`` (an empty value: none), the project's
+    ``.cache/ort-headers/include/onnxruntime`` (``tools/ort_headers.sh``), the virtual
+    environment's ``include/onnxruntime`` and the system's ``/usr/include/onnxruntime``."""
+    env = os.environ.get("GRAPH_AUTOFUSION_ORT_INCLUDE")
+    if env is not None:
+        return env if env and os.path.isfile(os.path.join(env, HEADER)) else None
+    import sys
+
+    candidates = [
+        _repo_root() / ".cache" / "ort-headers" / "include" / "onnxruntime",
+        Path(sys.prefix) / ".cache" / "ort-headers" / "include" / "onnxruntime",
+        Path(sys.prefix) / "include" / "onnxruntime",
+        Path("/usr/include/onnxruntime"),
+        Path("/usr/local/include/onnxruntime"),
+    ]
+    for c in candidates:
+        if (c / HEADER).is_file():
+            return str(c)
+    return None
+
+
+@dataclass(frozen=True)
+class CustomOpCodegenOptions(CodegenOptions):
+    """:class:`CodegenOptions` for the custom-operator library: the C API header's folder and
+    ``-fopenmp-simd`` instead of ``-fopenmp`` (no second thread pool inside onnxruntime)."""
+
+    include_dir: str = ""
+
+    def flags(self) -> list[str]:
+        out = [f for f in super().flags() if f != "-fopenmp"]
+        out.insert(0, "-fopenmp-simd")
+        if self.include_dir:
+            out.append(f"-I{self.include_dir}")
+        return out
+
+
+def customop_options(base: CodegenOptions | None = None) -> CustomOpCodegenOptions:
+    """The library's compile options from the kernels' (raises :class:`CustomOpBuildError`
+    without the header)."""
+    include = ort_include_dir()
+    if include is None:
+        raise CustomOpBuildError(f"{NO_HEADER} (run `make` or sh tools/ort_headers.sh)")
+    base = base or CodegenOptions()
+    extra = tuple(base.extra_flags) + tuple(os.environ.get(ENV_CFLAGS, "").split())
+    return CustomOpCodegenOptions(
+        compiler=base.compiler,
+        opt_level=base.opt_level,
+        march=base.march,
+        vector_width=base.vector_width,
+        parallel_min_elements=base.parallel_min_elements,
+        extra_flags=extra,
+        include_dir=include,
+    )
+
+
+@dataclass(frozen=True)
+class CustomOpLibrary:
+    """A built custom-operator library."""
+
+    path: str
+    source_path: str
+    ops: tuple[str, ...]
+    kernels: tuple[Kernel, ...]
+    options: CustomOpCodegenOptions
+    from_cache: bool
+    compile_s: float
+
+
+def build_library(kernels: Sequence[Kernel], base: CodegenOptions | None = None) -> CustomOpLibrary:
+    """Compile ``kernels`` (finalized) and their operators into one library (cached).
+
+    Raises:
+        CustomOpBuildError: no header, no compiler, or the compiler failed.
+    """
+    from graph_autofusion.codegen.compiler import CompilerNotFoundError, KernelCompileError
+
+    opts = customop_options(base)
+    unique = list({op_name(k): k for k in kernels}.values())
+    source = customop_library_source(unique)
+    try:
+        built: BuiltSource = compile_source(source, opts, what="custom-operator library")
+    except (KernelCompileError, CompilerNotFoundError) as exc:
+        raise CustomOpBuildError(f"custom-operator library failed to build: {exc}") from exc
+    ops = tuple(op_name(k) for k in unique)
+    return CustomOpLibrary(
+        built.path, built.source_path, ops, tuple(unique), opts, built.from_cache, built.compile_s
+    )
+
+
+# ----------------------------------------------------------------------------- registry
+_LOCK = threading.Lock()
+_LIBRARIES: list[tuple[str, frozenset[str]]] = []
+
+
+def register_library(path: str, ops: Iterable[str]) -> None:
+    """Make :func:`graph_autofusion.runtime.ort_session.ort_session` register ``path`` for a
+    model using these operators (safe mode's subgraph sessions, the end-to-end check)."""
+    with _LOCK:
+        entry = (os.fspath(path), frozenset(ops))
+        if entry not in _LIBRARIES:
+            _LIBRARIES.append(entry)
+
+
+def library_for(ops: Iterable[str]) -> str | None:
+    """A registered library defining every operator in ``ops`` (the newest first)."""
+    want = set(ops)
+    with _LOCK:
+        for path, have in reversed(_LIBRARIES):
+            if want <= have and os.path.exists(path):
+                return path
+    return None
+
+
+def custom_ops_of(proto: Any) -> list[str]:
+    """The ``ai.graph_autofusion`` operators a ``ModelProto`` uses (main graph)."""
+    return sorted({n.op_type for n in proto.graph.node if n.domain == DOMAIN})
+
+
+def library_path_from_metadata(proto: Any, model_path: str | None) -> str | None:
+    """The library a saved fused model names in its metadata (resolved next to the file)."""
+    meta = {p.key: p.value for p in proto.metadata_props}
+    rel = meta.get(META_LIBRARY)
+    if not rel:
+        return None
+    if os.path.isabs(rel) or model_path is None:
+        return rel
+    return os.path.join(os.path.dirname(os.path.abspath(model_path)), rel)
+
+
+def check_loads(path: str) -> str:
+    """``""`` when onnxruntime registers the library, else why not."""
+    import onnxruntime as ort
+
+    try:
+        so = ort.SessionOptions()
+        so.register_custom_ops_library(path)
+    except Exception as exc:  # noqa: BLE001 - reported, the model falls back
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+# ----------------------------------------------------------------------------- groups
+@dataclass
+class CustomOpGroup:
+    """One planned group as one custom operator."""
+
+    key: str
+    rule: str
+    node_names: list[str]  # the nodes the operator replaces (the prologue excluded)
+    prologue: list[str]  # nodes kept as onnxruntime nodes before it
+    input_names: list[str]  # the operator's inputs: the kernel's, in order
+    output_names: list[str]  # the kernel's outputs, in order
+    kernel: Kernel
+    tolerance: float = 0.999
+    original_nodes: list[str] = field(default_factory=list)  # every node of the group
+
+    @property
+    def op(self) -> str:
+        return op_name(self.kernel)
+
+
+def group_refusal(low: Any, nodes: Sequence[Any], outputs: Sequence[Any]) -> str | None:
+    """Why a lowered group (a :class:`~graph_autofusion.codegen.lower.GroupLowering`) cannot
+    be one custom operator, or ``None``."""
+    why = wrapper_refusal(low.kernel)
+    if why:
+        return why
+    made_by_prologue = {o.name for n in low.prologue for o in n.outputs}
+    kernel_outs = {o.name for o in low.kernel.outputs}
+    for v in outputs:
+        if v.name not in kernel_outs and v.name not in made_by_prologue:
+            return f"output {v.name!r} is not written by the kernel"
+    return None
+
+
+def plan_groups(
+    work: Any, analysis: Any, target: Any, *, skip: Iterable[str] = ()
+) -> tuple[list[CustomOpGroup], list[tuple[str, str, str, str]]]:
+    """The analysis' chosen candidates that have no native rewrite, each as a
+    :class:`CustomOpGroup` (kernel finalized on the sample shapes). Returns the groups and
+    ``(key, rule, code, message)`` of the chosen ones that cannot be one."""
+    from graph_autofusion.codegen.lower import KernelRefused
+    from graph_autofusion.codegen.targets import candidate_nodes_outputs
+    from graph_autofusion.patterns.rules import RuleMatch
+    from graph_autofusion.pipeline_cpu import _sample_shape, finalize_kernel
+
+    skip = set(skip)
+    groups: list[CustomOpGroup] = []
+    refused: list[tuple[str, str, str, str]] = []
+    for ca in analysis.candidates:
+        if not ca.chosen or ca.key in skip:
+            continue
+        item = ca.payload
+        if isinstance(item, RuleMatch) and item.rule.rewrite is not None:
+            continue  # a native rewrite: lower_onnxruntime's
+        rule = ca.source.split(":", 1)[1] if ca.source.startswith("rule:") else ca.source
+        try:
+            low = target.lower(item, analysis.binding)
+            nodes, outputs = candidate_nodes_outputs(item)
+            why = group_refusal(low, nodes, outputs)
+            if why:
+                refused.append((ca.key, rule, CustomOpReason.WRAPPER, why))
+                continue
+            shapes = [_sample_shape(work, analysis.binding, i.name) for i in low.kernel.inputs]
+            kernel = finalize_kernel(low.kernel, shapes)
+        except KernelRefused as exc:
+            refused.append((ca.key, rule, exc.code, exc.message))
+            continue
+        pro = {n.name for n in low.prologue}
+        tol = getattr(getattr(item, "rule", None), "tolerance", 0.999)
+        groups.append(
+            CustomOpGroup(
+                ca.key,
+                rule,
+                [n.name for n in nodes if n.name not in pro],
+                [n.name for n in low.prologue],
+                [i.name for i in kernel.inputs],
+                [o.name for o in kernel.outputs],
+                kernel,
+                tol,
+                [n.name for n in nodes],
+            )
+        )
+    return groups, refused
+
+
+def apply_groups(model: Any, groups: Sequence[CustomOpGroup]) -> list[Any]:
+    """Rewrite each group on ``model`` into one ``ai.graph_autofusion`` node reading the
+    kernel's inputs (a prologue's nodes stay in the graph). Returns ``Lowered`` records; a
+    group whose nodes are gone (rewritten by another fusion) is skipped."""
+    from graph_autofusion.codegen.onnxruntime import Lowered, _external_inputs
+    from graph_autofusion.patterns.matcher import Match
+    from graph_autofusion.patterns.rewrite import fuse_match
+
+    g = model.graph
+    done: list[Any] = []
+    for grp in groups:
+        by_name = {n.name: n for n in g.nodes}
+        values = g.value_map()
+        nodes = [by_name.get(n) for n in grp.node_names]
+        if any(n is None for n in nodes) or not nodes:
+            continue
+        if any(n not in values for n in (*grp.input_names, *grp.output_names)):
+            continue
+        outs = [values[o] for o in grp.output_names]
+        ins = [values[i] for i in grp.input_names]
+        match = Match(nodes[-1], nodes, {}, {}, outs)
+
+        def rewrite(ctx: Any, ins: list = ins, grp: CustomOpGroup = grp) -> list:
+            node = ctx.make_node(grp.op, ins, domain=DOMAIN, num_outputs=len(grp.output_names))
+            return list(node.outputs)
+
+        new_nodes = fuse_match(model, match, grp.op, rewrite=rewrite, rule_name=grp.rule)
+        # a prologue (a MatMul) stays an onnxruntime node: it is part of what safe mode checks
+        # and times against the original group
+        kept = [by_name[n] for n in grp.prologue if n in by_name and by_name[n].graph is g]
+        new_nodes = kept + list(new_nodes)
+        done.append(
+            Lowered(
+                grp.key,
+                grp.rule,
+                list(grp.original_nodes),
+                new_nodes,
+                _external_inputs(new_nodes),
+                list(grp.output_names),
+                [f"{DOMAIN}::{grp.op}"],
+                grp.tolerance,
+                grp,
+            )
+        )
+    if done:
+        model.opset_imports.setdefault(DOMAIN, 1)
+    return done
+
+
+def library_ops(model: Any) -> list[str]:
+    """The custom operators the IR ``model`` uses."""
+    return sorted({n.op_type for n in model.graph.nodes if n.domain == DOMAIN})
+
+
+def meta_for(rel_path: str) -> Mapping[str, str]:
+    return {META_LIBRARY: rel_path, META_DOMAIN: DOMAIN}
+
+
+# ----------------------------------------------------------------------------- the target
+def kernel_target(opset: int = 17) -> Any:
+    """The onnxruntime target with custom operators: rule matches with a native rewrite
+    become contrib operators as before; every other rule match and automatic cluster is
+    planned when the kernel generator and the custom-operator wrapper can hold it."""
+    from graph_autofusion.codegen.targets import CpuTarget, candidate_nodes_outputs
+
+    @dataclass
+    class OnnxruntimeKernelTarget(CpuTarget):
+        name: str = "onnxruntime"
+        clustering: bool = True
+        native_target: bool = True
+        custom_ops: bool = True
+        #: id() of the nodes a native rule match covers: onnxruntime's own fused operators
+        #: are preferred over a generated kernel holding any of them
+        native_nodes: set = field(default_factory=set)
+
+        def prefer_native(self, graph: Any, rules: Any) -> None:
+            from graph_autofusion.patterns.candidates import match_rules
+            from graph_autofusion.patterns.rules import RuleSet
+
+            native = RuleSet(tuple(r for r in rules if r.rewrite is not None))
+            self.native_nodes = {
+                id(n) for m in match_rules(graph, native).kept for n in m.match.nodes
+            }
+
+        def lower(self, candidate: Any, binding: Any) -> Any:
+            """The group's kernel; contractions reading only values from outside the group
+            (SwiGLU's gate and up projections) stay onnxruntime nodes before it."""
+            from graph_autofusion.codegen.lower import (
+                CONTRACTIONS,
+                GroupLowering,
+                KernelReason,
+                KernelRefused,
+                lower_group,
+            )
+
+            got = self.lowered.get(id(candidate))
+            if got is None:
+                nodes, outputs = candidate_nodes_outputs(candidate)
+                try:
+                    got = lower_group(nodes, outputs, binding, name="kernel", opset=self.opset)
+                except KernelRefused as exc:
+                    got = exc
+                    produced = {id(o) for n in nodes for o in n.outputs}
+                    lead = [
+                        n
+                        for n in nodes
+                        if n.op_type in CONTRACTIONS
+                        and not any(id(v) in produced for v in n.all_inputs())
+                        and not any(id(o) in {id(v) for v in outputs} for o in n.outputs)
+                    ]
+                    rest = [n for n in nodes if n not in lead]
+                    if exc.code == KernelReason.CONTRACTION and lead and rest:
+                        try:
+                            low = lower_group(
+                                rest, outputs, binding, name="kernel", opset=self.opset
+                            )
+                            got = GroupLowering(low.kernel, lead + list(low.prologue))
+                        except KernelRefused as exc2:
+                            got = exc2
+                self.lowered[id(candidate)] = got
+            if isinstance(got, KernelRefused):
+                raise got
+            return got
+
+        def refusal(self, candidate: Any, binding: Any) -> tuple[str, str] | None:
+            from graph_autofusion.codegen.lower import KernelRefused
+            from graph_autofusion.codegen.targets import candidate_nodes_outputs
+            from graph_autofusion.patterns.rules import RuleMatch
+
+            if isinstance(candidate, RuleMatch) and candidate.rule.rewrite is not None:
+                return None
+            from graph_autofusion.codegen.lower import CONTRACTIONS
+
+            nodes, _outs = candidate_nodes_outputs(candidate)
+            # the kernel's own nodes (a leading contraction stays an onnxruntime node)
+            # an automatic cluster gives way to any native form of its nodes; a rule match
+            # (its author's choice, ranked against native rules by priority) does not
+            if not isinstance(candidate, RuleMatch) and any(
+                id(n) in self.native_nodes for n in nodes if n.op_type not in CONTRACTIONS
+            ):
+                return (
+                    CustomOpReason.NATIVE_PREFERRED,
+                    "an onnxruntime operator (a rule's native form) covers some of its nodes",
+                )
+            try:
+                low = self.lower(candidate, binding)
+            except KernelRefused as exc:
+                return exc.code, exc.message
+            nodes, outs = candidate_nodes_outputs(candidate)
+            why = group_refusal(low, nodes, outs)
+            return (CustomOpReason.WRAPPER, f"no custom operator: {why}") if why else None
+
+    return OnnxruntimeKernelTarget(opset=opset)
+
+
+# ----------------------------------------------------------------------------- saving
+KERNEL_DIR_FORMAT = "graph-autofusion onnxruntime custom operators 1"
+LIBRARY_NAME = "libgaf_custom_ops.so"
+
+
+def _ours(directory: str) -> bool:
+    import json
+
+    try:
+        with open(os.path.join(directory, "manifest.json")) as f:
+            return json.load(f).get("format") == KERNEL_DIR_FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def kernel_dir_for(model_path: str) -> str:
+    """The kernel folder of a fused model: ``<model file>.kernels`` (``fused.onnx.kernels``),
+    or ``.kernels-2``, ``-3`` ... when that name is taken by something that is not one of our
+    kernel folders (the user's files are never touched)."""
+    base = os.path.abspath(model_path) + ".kernels"
+    for i in range(1, 1000):
+        cand = base if i == 1 else f"{base}-{i}"
+        if not os.path.lexists(cand) or (os.path.isdir(cand) and _ours(cand)):
+            return cand
+    raise GraphAutoFusionError(f"no free kernel folder name next to {model_path}")
+
+
+def write_kernel_dir(library: CustomOpLibrary, directory: str, groups: Sequence[Any]) -> dict:
+    """Write ``custom_ops.c``, the library and ``manifest.json`` into ``directory``."""
+    import dataclasses
+    import hashlib
+    import json
+    import shutil
+    import tempfile
+
+    from graph_autofusion.codegen.compiler import compiler_version
+    from graph_autofusion.codegen.manifest import _atomic_write
+
+    os.makedirs(directory, exist_ok=True)
+    with open(library.source_path, "rb") as f:
+        source = f.read()
+    _atomic_write(os.path.join(directory, "custom_ops.c"), source)
+    fd, tmp = tempfile.mkstemp(prefix=".gaf-", dir=directory)
+    os.close(fd)
+    shutil.copyfile(library.path, tmp)
+    os.replace(tmp, os.path.join(directory, LIBRARY_NAME))
+    kernels = {op_name(k): k for k in library.kernels}
+    data = {
+        "format": KERNEL_DIR_FORMAT,
+        "domain": DOMAIN,
+        "library": LIBRARY_NAME,
+        "source": "custom_ops.c",
+        "source_sha256": hashlib.sha256(source).hexdigest(),
+        "compiler": compiler_version(library.options.compiler),
+        "compile_options": json.loads(json.dumps(dataclasses.asdict(library.options))),
+        "load": (
+            "so = onnxruntime.SessionOptions(); "
+            f"so.register_custom_ops_library('<this folder>/{LIBRARY_NAME}')"
+        ),
+        "operators": [
+            {
+                "name": name,
+                "kernel": k.name,
+                "signature": k.signature(),
+                "fused_ops": list(k.fused_ops),
+                "inputs": [i.dtype for i in k.inputs],
+                "outputs": [o.dtype for o in k.outputs],
+            }
+            for name, k in kernels.items()
+        ],
+        "groups": [
+            {
+                "key": g.key,
+                "rule": g.rule,
+                "operator": g.op,
+                "nodes": list(g.original_nodes),
+                "kept_before_it": list(g.prologue),
+                "inputs": list(g.input_names),
+                "outputs": list(g.output_names),
+            }
+            for g in groups
+            if g.op in kernels
+        ],
+    }
+    _atomic_write(
+        os.path.join(directory, "manifest.json"), json.dumps(data, indent=2).encode() + b"\n"
+    )
+    return data
+
+
+def save_with_library(model: Any, dest: str, library: CustomOpLibrary | None, groups: Any) -> str:
+    """Save the fused IR ``model`` to ``dest``; with custom operators, first its kernel folder
+    (:func:`kernel_dir_for`) and the metadata naming the library relative to the model.
+    Returns the folder (``""`` without custom operators)."""
+    from graph_autofusion.errors import ModelWriteError
+    from graph_autofusion.frontend.onnx_frontend import save_onnx
+
+    dest = os.path.abspath(dest)
+    folder_of = os.path.dirname(dest)
+    if os.path.isdir(dest) or not os.path.isdir(folder_of) or not os.access(folder_of, os.W_OK):
+        raise ModelWriteError(f"{dest}: cannot write the fused model there")
+    meta = dict(model.metadata_props)
+    for k in (META_LIBRARY, META_DOMAIN):
+        meta.pop(k, None)
+    folder = ""
+    if library is not None and library_ops(model):
+        folder = kernel_dir_for(dest)
+        created = not os.path.exists(folder)
+        write_kernel_dir(library, folder, groups)
+        rel = os.path.relpath(os.path.join(folder, LIBRARY_NAME), os.path.dirname(dest))
+        meta.update(meta_for(rel))
+    old = model.metadata_props
+    model.metadata_props = meta
+    try:
+        save_onnx(model, dest)
+    except BaseException:
+        if folder and created:  # no model: no folder of ours left behind
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    finally:
+        model.metadata_props = old
+    return folder
+
+
+def load_line(model_path: str) -> str:
+    """The Python a user writes to run a saved fused model that needs the library."""
+    return (
+        "from graph_autofusion.runtime.ort_session import fused_session; "
+        f"sess = fused_session({model_path!r})"
+    )

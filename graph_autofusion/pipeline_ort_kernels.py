@@ -1,0 +1,92 @@
+"""The onnxruntime target's custom operators inside :func:`graph_autofusion.pipeline.fuse_model`.
+
+    state = CustomOps.start(options)          # None: off, or no header (a note says why)
+    state.prepare(work, analysis, target)     # groups, one library built and loaded
+    state.lower(model, keys)                  # the groups (or those with these keys) applied
+    state.finish(result)                      # the library of the groups that survived
+
+Every planned group without a contrib operator that the kernel generator and the wrapper can
+hold becomes an ``ai.graph_autofusion`` node (:mod:`graph_autofusion.codegen.ort_customop`).
+Safe mode checks each like any other lowering. A library that fails to build or load makes
+the pipeline fuse again without custom operators (:class:`CustomOpsUnavailable`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from graph_autofusion.codegen.onnxruntime import Lowered, NotLowered
+from graph_autofusion.codegen.ort_customop import (
+    NO_HEADER,
+    CustomOpBuildError,
+    CustomOpGroup,
+    CustomOpLibrary,
+    apply_groups,
+    build_library,
+    check_loads,
+    library_ops,
+    ort_include_dir,
+    register_library,
+)
+
+
+class CustomOpsUnavailable(Exception):
+    """The library could not be built or loaded: fuse without custom operators."""
+
+
+@dataclass
+class CustomOps:
+    codegen: Any = None
+    groups: list[CustomOpGroup] = field(default_factory=list)
+    library: CustomOpLibrary | None = None
+
+    @staticmethod
+    def start(enabled: bool, codegen: Any, notes: list[str]) -> CustomOps | None:
+        if not enabled:
+            return None
+        if ort_include_dir() is None:
+            notes.append(f"custom operators off: {NO_HEADER} (sh tools/ort_headers.sh)")
+            return None
+        return CustomOps(codegen)
+
+    def prepare(self, work: Any, analysis: Any, target: Any) -> list[NotLowered]:
+        """Lower the planned groups into kernels, build and load their library.
+
+        Raises:
+            CustomOpsUnavailable: the library fails to build or to load.
+        """
+        from graph_autofusion.codegen.ort_customop import plan_groups
+
+        self.groups, refused = plan_groups(work, analysis, target)
+        out = [NotLowered(k, r, c, m) for k, r, c, m in refused]
+        if self.groups:
+            self.library = self.build(self.groups)
+        return out
+
+    def build(self, groups: list[CustomOpGroup]) -> CustomOpLibrary:
+        try:
+            lib = build_library([g.kernel for g in groups], self.codegen)
+        except CustomOpBuildError as exc:
+            raise CustomOpsUnavailable(str(exc)) from exc
+        problem = check_loads(lib.path)
+        if problem:
+            raise CustomOpsUnavailable(f"the custom-operator library does not load: {problem}")
+        register_library(lib.path, lib.ops)
+        return lib
+
+    def lower(self, model: Any, keys: list[str] | None) -> list[Lowered]:
+        groups = self.groups if keys is None else [g for g in self.groups if g.key in set(keys)]
+        return apply_groups(model, groups)
+
+    def finish(self, result: Any) -> None:
+        """Keep, on ``result.custom_ops``, the library of the operators the fused model uses
+        (rebuilt, from the kernel cache, when safe mode rolled some back)."""
+        used = set(library_ops(result.model))
+        result.custom_ops = None
+        if not used or self.library is None:
+            return
+        if used != set(self.library.ops):
+            keep = [g for g in self.groups if g.op in used]
+            self.library = self.build(keep)
+        result.custom_ops = self.library
