@@ -15,7 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from graph_autofusion.ir.core import Model, Node
+import numpy as np
+
+from graph_autofusion.ir.core import Model, Node, Value
 from graph_autofusion.patterns.candidates import RuleMatch
 from graph_autofusion.patterns.rewrite import RewriteError, fuse_match
 
@@ -76,6 +78,80 @@ def _external_inputs(nodes: Sequence[Node]) -> list[str]:
     return list(seen)
 
 
+def prune_dead_feeders(work: Model, values: Sequence[Value]) -> int:
+    """Remove the nodes that computed ``values`` (what a fusion read) and that nothing reads
+    any more, recursively: a native form that reads a tensor upstream of the match (the
+    attention lowering skips a grouped-query repeat) leaves them dead. Returns the count."""
+    graph, removed = work.graph, 0
+    stack = [v.producer for v in values if v is not None and v.producer is not None]
+    while stack:
+        node = stack.pop()
+        if node.graph is not graph or node.captures:
+            continue
+        if any(out.users or graph.is_output(out) for out in node.outputs):
+            continue
+        feeders = [v.producer for v in node.inputs if v is not None and v.producer is not None]
+        graph.remove_node(node)
+        removed += 1
+        stack.extend(feeders)
+    return removed
+
+
+def _input_key(v: Value | None) -> Any:
+    if v is None:
+        return None
+    if v.const is not None and v.const.size <= 64:
+        return ("const", str(v.const.dtype), v.const.shape, v.const.tobytes())
+    return id(v)
+
+
+def _attr_key(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return ("array", str(value.dtype), value.shape, value.tobytes())
+    if isinstance(value, list | tuple):
+        return tuple(_attr_key(x) for x in value)
+    return value if isinstance(value, int | float | str | bytes | None) else id(value)
+
+
+def share_created(work: Model, lowered: Sequence[Lowered]) -> int:
+    """Merge identical nodes the lowerings created (same operator, attributes and inputs,
+    small constant inputs compared by value): rewrites that each derive the same helper
+    tensor (the rotary lowering's half tables, one per layer) compute it once. Run after each
+    fusion was verified on its own nodes. Returns the number of nodes removed."""
+    graph, seen, removed = work.graph, {}, 0
+    created = {n for low in lowered for n in low.new_nodes if n.graph is graph}
+    for node in graph.nodes:  # topological: a node's inputs are merged before it is seen
+        if node not in created or node.captures or not node.outputs:
+            continue
+        key = (
+            node.domain,
+            node.op_type,
+            len(node.outputs),
+            tuple(_input_key(v) for v in node.inputs),
+            tuple(sorted((k, _attr_key(v)) for k, v in node.attrs.items())),
+        )
+        first = seen.setdefault(key, node)
+        if first is node or any(graph.is_output(o) for o in node.outputs):
+            continue
+        for old, new in zip(node.outputs, first.outputs):
+            graph.replace_all_uses_with(old, new)
+        graph.remove_node(node)
+        removed += 1
+    if removed:
+        drop_dead_initializers(work)
+    return removed
+
+
+def drop_dead_initializers(model: Model) -> None:
+    """Remove initializers nothing reads any more (a folded weight, a flattened bias, a
+    merged constant); graph inputs and outputs stay."""
+    g = model.graph
+    inputs = {v.name for v in g.inputs}
+    for name in [k for k, v in g.initializers.items() if not v.users and not g.is_output(v)]:
+        if name not in inputs:
+            g.remove_initializer(name)
+
+
 def lower_onnxruntime(work: Model, chosen: Sequence[Any]) -> Lowering:
     """Apply ``chosen`` fusions (``RuleMatch`` objects, or clusters) to ``work`` in place.
 
@@ -112,6 +188,7 @@ def lower_onnxruntime(work: Model, chosen: Sequence[Any]) -> Lowering:
             continue
         names = [n.name for n in match.nodes]
         outputs = [v.name for v in match.outputs]
+        read = match.inputs()
         try:
             new_nodes = fuse_match(
                 work, match, rule.fuse_pattern, rewrite=rule.rewrite, rule_name=rule.name
@@ -129,6 +206,7 @@ def lower_onnxruntime(work: Model, chosen: Sequence[Any]) -> Lowering:
                 NotLowered(key, rule.name, LowerReason.ERROR, f"{type(exc).__name__}: {exc}")
             )
             continue
+        prune_dead_feeders(work, read)
         # an exported output nobody reads may be dropped by the rewrite: verify what remains
         outputs = [o for o in outputs if work.graph.has_value_name(o)]
         result.lowered.append(

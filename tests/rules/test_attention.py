@@ -72,7 +72,7 @@ VARIANTS = {
     "kt_from_reshape": (
         """
   init %shape: i64[4] = [1, 2, 8, 4]
-  %kt = Reshape(%k, %shape)
+  %kt: f32[1,2,8,4] = Reshape(%k, %shape)
   %qs = Mul(%qc, %q)
   %ks = Mul(%kc, %kt)
   %s = MatMul(%qs, %ks)
@@ -201,3 +201,118 @@ def test_zoo_models(model, source, count):
     from graph_autofusion.testing.rules import zoo_matches
 
     assert zoo_matches(RULE, model, source) == count
+
+
+# ------------------------------------------------------------------ native form (opset 23)
+def _ort_matches_reference(original, model, seed=0):
+    ort = pytest.importorskip("onnxruntime")
+    import numpy as np
+
+    from graph_autofusion.frontend.onnx_export import to_onnx
+    from graph_autofusion.runtime.interpreter import run_model
+    from graph_autofusion.testing.rules import random_feeds
+
+    feeds = random_feeds(original.graph, seed)
+    want = run_model(original, feeds)
+    sess = ort.InferenceSession(
+        to_onnx(model).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    names = [o.name for o in sess.get_outputs()]
+    for name, got in zip(names, sess.run(None, feeds)):
+        np.testing.assert_allclose(got, want[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_variant_lowers_to_the_opset_23_operator(variant):
+    from graph_autofusion.ir.text import parse_model
+
+    text = _text(VARIANTS[variant][0])
+    model = check_rule(RULE, text, matches=1, native=True, rtol=1e-4)
+    ops = [n.op_type for n in model.graph.nodes]
+    assert ops.count("Attention") == 1 and "Softmax" not in ops, ops
+    assert model.opset_imports[""] == 23
+    (att,) = [n for n in model.graph.nodes if n.op_type == "Attention"]
+    masked = "mask" in VARIANTS[variant][0] or "cond" in VARIANTS[variant][0]
+    assert len(att.inputs) == (4 if masked else 3)
+    _ort_matches_reference(parse_model(text), model)
+
+
+def test_native_scale_is_the_product_of_the_matched_scales():
+    model = check_rule(RULE, _text(VARIANTS["sdpa_export"][0]), matches=1, native=True)
+    (att,) = [n for n in model.graph.nodes if n.op_type == "Attention"]
+    assert att.attrs["scale"] == pytest.approx(0.4204482**2)
+    model = check_rule(RULE, _text(VARIANTS["bert_div"][0]), matches=1, native=True)
+    (att,) = [n for n in model.graph.nodes if n.op_type == "Attention"]
+    assert att.attrs["scale"] == pytest.approx(1 / 2.8284271)
+
+
+GQA = """graph g(%q: f32[1,4,3,8], %k0: f32[1,2,5,8], %v0: f32[1,2,5,8], %mask: f32[1,1,3,5]) -> (%y) {
+  init %ax: i64[1] = [2]
+  init %wide: i64[5] = [1, 2, 2, 5, 8]
+  init %flat: i64[4] = [1, 4, 5, 8]
+  init %flat3: i64[3] = [4, 5, 8]
+  init %back: i64[4] = [1, 4, 8, 5]
+  init %qc: f32[] = [0.4204482]
+  init %zero: f32[] = [0.0]
+  %ku: f32[1,2,1,5,8] = Unsqueeze(%k0, %ax)
+  %ke: f32[1,2,2,5,8] = Expand(%ku, %wide)
+  %k: f32[1,4,5,8] = Reshape(%ke, %flat)
+  %vu: f32[1,2,1,5,8] = Unsqueeze(%v0, %ax)
+  %ve: f32[1,2,2,5,8] = Expand(%vu, %wide)
+  %v: f32[1,4,5,8] = Reshape(%ve, %flat)
+  %k3: f32[4,5,8] = Reshape(%k, %flat3)
+  %kt3: f32[4,8,5] = Transpose<perm=[0, 2, 1]>(%k3)
+  %kt: f32[1,4,8,5] = Reshape(%kt3, %back)
+  %qs = Mul(%q, %qc)
+  %ks = Mul(%kt, %qc)
+  %s = MatMul(%qs, %ks)
+  %m = Add(%s, %mask)
+  %p = Softmax<axis=-1>(%m)
+  %n = IsNaN(%p)
+  %g = Where(%n, %zero, %p)
+  %y = MatMul(%g, %v)
+}
+"""
+
+
+def test_grouped_query_repeat_and_the_dynamo_transpose_chain_are_not_computed():
+    """dynamo's GQA export: repeat_kv on K and V, kT through Reshape/Transpose/Reshape. The
+    lowering reads the un-repeated K/V (2 heads for 4 query heads); the rest is dead."""
+    from graph_autofusion.codegen.onnxruntime import prune_dead_feeders
+    from graph_autofusion.ir.text import parse_model
+
+    model = check_rule(RULE, GQA, matches=1, native=True, rtol=1e-4)
+    prune_dead_feeders(model, [v for v in model.graph.values() if v.producer is not None])
+    (att,) = model.graph.nodes
+    assert att.op_type == "Attention"
+    assert [v.name for v in att.inputs] == ["q", "k0", "v0", "mask"]
+    _ort_matches_reference(parse_model(GQA), model)
+
+
+def test_old_opsets_and_changed_operators_keep_the_generic_form():
+    from graph_autofusion.patterns.candidates import apply_matches, match_rules
+    from graph_autofusion.patterns.rules import RuleSet
+
+    text = _text(VARIANTS["bert_div"][0])
+    for header, why in (
+        ('model opset {"": 17}\n', "below 18"),
+        ("", "GroupNormalization"),
+    ):
+        body = text
+        if not header:  # an opset-18 GroupNormalization (its scale changed meaning at 21)
+            body = (
+                text.replace(
+                    "%y = MatMul(%p, %v)",
+                    "%y = MatMul(%p, %v)\n  %gn = GroupNormalization<num_groups=1>(%q, %c1, %c1)",
+                )
+                .replace("-> (%y)", "-> (%y, %gn)")
+                .replace("init %c:", "init %c1: f32[1] = [1.0]\n  init %c:")
+            )
+            header = 'model opset {"": 18}\n'
+        from graph_autofusion.ir.text import parse_model
+
+        model = parse_model(header + body)
+        report = match_rules(model.graph, RuleSet((RULE,)))
+        (applied,) = apply_matches(model, report.kept, native=True)
+        assert why in applied.error, applied.error
+        assert model.opset_imports[""] in (17, 18)

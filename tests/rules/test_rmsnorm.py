@@ -49,7 +49,8 @@ CASTS = {  # Llama: compute in float32, cast back before the weight
     "both": ("%xc = Cast<to=1>(%x)", "%nc = Cast<to=1>(%n)"),
     "in_only": ("%xc = Cast<to=1>(%x)", "%nc = Identity(%n)"),
 }
-NATIVE = "com.microsoft::SkipSimplifiedLayerNormalization"
+NATIVE = "com.microsoft::SkipSimplifiedLayerNormalization"  # below opset 18: no upgrade to 23
+STANDARD = "RMSNormalization"  # opset 18-22 models are raised to 23 for it
 GENERIC = "graph_autofusion.fused::RMSNorm"
 
 
@@ -92,7 +93,7 @@ def graph(
 @pytest.mark.parametrize("norm", sorted(NORMS))
 @pytest.mark.parametrize("native", [False, True])
 def test_every_spelling_matches_and_rewrites(square, reduce, norm, native):
-    ops = [NATIVE] if native else [GENERIC]
+    ops = [(STANDARD if REDUCES[reduce][0] >= 18 else NATIVE) if native else GENERIC]
     check_rule(
         RULE, graph(square, reduce, norm), matches=1, ops_after=ops, native=native, rtol=1e-4
     )
@@ -103,13 +104,15 @@ def test_every_spelling_matches_and_rewrites(square, reduce, norm, native):
 @pytest.mark.parametrize("axis", [-1, 2])
 @pytest.mark.parametrize("native", [False, True])
 def test_casts_weight_order_and_axis(casts, weight, axis, native):
-    ops = [NATIVE] if native else [GENERIC]
+    ops = [STANDARD] if native else [GENERIC]
     text = graph(casts=casts, weight=weight, axis=axis)
     check_rule(RULE, text, matches=1, ops_after=ops, native=native, rtol=1e-4)
 
 
 def test_native_attributes():
-    model = check_rule(RULE, graph(casts="both"), matches=1, ops_after=[NATIVE], native=True)
+    text = graph(casts="both", reduce="attr")  # opset 17: not raised to 23, the skip form
+    model = check_rule(RULE, text, matches=1, ops_after=[NATIVE], native=True)
+    assert model.opset_imports[""] == 17
     node = model.graph.nodes[0]
     # RMSNorm(x + x, 4 eps) == RMSNorm(x, eps): the skip form with the input as its own skip
     assert node.attrs["epsilon"] == pytest.approx(4e-6)
@@ -122,6 +125,11 @@ def test_native_at_opset_23_is_the_standard_operator():
     model = check_rule(RULE, text, matches=1, ops_after=["RMSNormalization"], native=True)
     node = model.graph.nodes[0]
     assert node.attrs["axis"] == -1 and node.attrs["epsilon"] == pytest.approx(1e-6)
+
+
+def test_opset_18_is_raised_to_23_for_the_standard_operator():
+    model = check_rule(RULE, graph(casts="both"), matches=1, ops_after=[STANDARD], native=True)
+    assert model.opset_imports[""] == 23 and model.ir_version >= 11
 
 
 def test_reduction_over_another_axis_is_rejected():
@@ -161,15 +169,16 @@ def test_native_rewrite_runs_in_onnxruntime():
     ort = pytest.importorskip("onnxruntime")
     from graph_autofusion.frontend.onnx_export import to_onnx
 
-    text = graph("mul", "input", "reciprocal", "both")
-    original = parse_model(text)
-    model = check_rule(RULE, text, matches=1, ops_after=[NATIVE], native=True, rtol=1e-4)
-    feeds = random_feeds(original.graph, 5)
-    want = run_model(original, feeds)["y"]
-    sess = ort.InferenceSession(
-        to_onnx(model).SerializeToString(), providers=["CPUExecutionProvider"]
-    )
-    np.testing.assert_allclose(sess.run(None, feeds)[0], want, rtol=1e-4, atol=1e-5)
+    for reduce, op in (("input", STANDARD), ("attr", NATIVE)):  # raised to opset 23, or not
+        text = graph("mul", reduce, "reciprocal", "both")
+        original = parse_model(text)
+        model = check_rule(RULE, text, matches=1, ops_after=[op], native=True, rtol=1e-4)
+        feeds = random_feeds(original.graph, 5)
+        want = run_model(original, feeds)["y"]
+        sess = ort.InferenceSession(
+            to_onnx(model).SerializeToString(), providers=["CPUExecutionProvider"]
+        )
+        np.testing.assert_allclose(sess.run(None, feeds)[0], want, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.slow

@@ -145,3 +145,78 @@ def test_zoo_models(model, source, count):
     from graph_autofusion.testing.rules import zoo_matches
 
     assert zoo_matches(RULE, model, source) == count
+
+
+# ------------------------------------------------------------------ native form (opset 23)
+NATIVE_HEAD = """model opset {{"": {opset}}}
+graph g(%x: f32[1,2,4,8], %k: f32[1,2,4,8], %f: f32[1,4,4]) -> (%y, %yk) {{
+  init %i0: i64[1] = [0]
+  init %i3: i64[1] = [3]
+  init %i4: i64[1] = [4]
+  init %imax: i64[1] = [9223372036854775807]
+  init %one: i64[1] = [1]
+  init %scale: f32[] = [1.0]
+  %emb: f32[1,4,8] = Concat<axis=-1>(%f, %f)
+  %c0: f32[1,4,8] = Cos(%emb)
+  %s0: f32[1,4,8] = Sin(%emb)
+  %c1: f32[1,4,8] = Mul(%c0, %scale)
+  %cos: f32[1,1,4,8] = Unsqueeze(%c1, %one)
+  %sin: f32[1,1,4,8] = Unsqueeze(%s0, %one)
+{body}
+}}
+"""
+
+
+def _rotate(x: str, y: str) -> str:
+    return f"""  %{x}lo = Slice(%{x}, %i0, %i4, %i3, %one)
+  %{x}hi = Slice(%{x}, %i4, %imax, %i3, %one)
+  %{x}n = Neg(%{x}hi)
+  %{x}r = Concat<axis=-1>(%{x}n, %{x}lo)
+  %{x}a = Mul(%{x}, %cos)
+  %{x}b = Mul(%{x}r, %sin)
+  %{y} = Add(%{x}a, %{x}b)"""
+
+
+def test_native_form_is_the_opset_23_operator_with_shared_half_tables():
+    """q and k rotated with tables built as concat(freqs, freqs) (Llama): two RotaryEmbedding
+    nodes on the half tables; each match slices its own, identical ones are merged after."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from graph_autofusion.codegen.onnxruntime import Lowered, share_created
+    from graph_autofusion.frontend.onnx_export import to_onnx
+    from graph_autofusion.ir.text import parse_model
+    from graph_autofusion.runtime.interpreter import run_model
+    from graph_autofusion.testing.rules import random_feeds
+
+    text = NATIVE_HEAD.format(opset=20, body=_rotate("x", "y") + "\n" + _rotate("k", "yk"))
+    model = check_rule(RULE, text, matches=2, native=True, rtol=1e-4)
+    assert model.opset_imports[""] == 23
+    rot = [n for n in model.graph.nodes if n.op_type == "RotaryEmbedding"]
+    assert len(rot) == 2 and all(n.attrs["interleaved"] == 0 for n in rot)
+    created = [n for n in model.graph.nodes if n.name.startswith("rotary_embedding/")]
+    assert share_created(model, [Lowered("all", "rotary_embedding", [], created, [], [], [])]) == 4
+    assert rot[0].inputs[1] is rot[1].inputs[1] and rot[0].inputs[2] is rot[1].inputs[2]
+    assert rot[0].inputs[1].shape == (1, 4, 4)
+    original = parse_model(text)
+    feeds = random_feeds(original.graph, 0)
+    want = run_model(original, feeds)
+    sess = ort.InferenceSession(
+        to_onnx(model).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    for name, got in zip(("y", "yk"), sess.run(None, feeds)):
+        np.testing.assert_allclose(got, want[name], rtol=1e-4, atol=1e-5)
+
+
+def test_tables_that_are_not_two_equal_halves_keep_the_generic_form():
+    from graph_autofusion.ir.text import parse_model
+    from graph_autofusion.patterns.candidates import apply_matches, match_rules
+    from graph_autofusion.patterns.rules import RuleSet
+
+    text = NATIVE_HEAD.format(opset=20, body=_rotate("x", "y") + "\n  %yk = Identity(%k)")
+    text = text.replace("Concat<axis=-1>(%f, %f)", "Concat<axis=-1>(%f, %c_other)").replace(
+        "%f: f32[1,4,4]", "%f: f32[1,4,4], %c_other: f32[1,4,4]"
+    )
+    model = parse_model(text)
+    (applied,) = apply_matches(model, match_rules(model.graph, RuleSet((RULE,))).kept, native=True)
+    assert "not concat(t, t)" in applied.error

@@ -15,13 +15,17 @@ The spellings exporters use all match:
 
 ``q``, ``kT`` (or ``k`` when the Transpose swapping its last two axes is only read here) and
 ``v`` are bound at the MatMul inputs: the head split (Reshape/Transpose), a rotary embedding or
-a grouped-query ``repeat_kv`` (Unsqueeze/Expand/Reshape) stay outside. The rule keeps the
-generic form; the native ``com.microsoft`` Attention/MultiHeadAttention lowerings need the
-projections too and belong to another rule.
+a grouped-query ``repeat_kv`` (Unsqueeze/Expand/Reshape) stay outside. Native form: the
+standard ``Attention`` of opset 23 (after a checked opset upgrade of an opset 18-22 model; see
+``_attention_native``), which takes the un-repeated grouped-query K/V and the mask as they are.
+onnxruntime's ``com.microsoft`` MultiHeadAttention/GroupQueryAttention take 3-D
+``[batch, seq, hidden]`` queries (before the head split), so they would need the projections
+and the head split in the match too.
 """
 
 from __future__ import annotations
 
+from graph_autofusion.patterns.library._attention_native import rewrite_attention, swaps_last_two
 from graph_autofusion.patterns.library.attention_scale_mask import (
     masked_softmax_pattern,
     nan_guard,
@@ -31,14 +35,6 @@ from graph_autofusion.patterns.library.attention_scale_mask import (
 )
 from graph_autofusion.patterns.pattern import Pattern, PatternBuilder
 from graph_autofusion.patterns.rules import FusionRule
-
-
-def swaps_last_two(perm) -> bool:
-    """True for a Transpose ``perm`` that swaps the last two axes and keeps the others."""
-    if perm is None or len(perm) < 2:
-        return False
-    n = len(perm)
-    return list(perm) == [*range(n - 2), n - 1, n - 2]
 
 
 def attention_pattern(p: PatternBuilder) -> Pattern:
@@ -57,8 +53,10 @@ RULE = FusionRule(
     "attention",
     pattern=attention_pattern(_p),
     fuse_pattern="Attention",
+    native_op="Attention",
     priority=200,
     presets=("transformer", "llm"),
     checks=(softmax_last_axis,),
+    rewrite=rewrite_attention,
     doc=__doc__.strip().splitlines()[0],
 )

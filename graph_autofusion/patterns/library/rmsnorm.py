@@ -10,7 +10,9 @@ of the last ``Mul``. Optional ``Cast`` nodes around the normalization (Llama com
 float32: ``Cast(x)`` before, ``Cast`` back to the input type before the weight) are part of
 the match; an input Cast whose output is also read elsewhere stays outside. The weight is a
 1-D vector. Native form, when input, weight and output share one element type and the input
-Cast, if any, only widens to float32: at opset >= 23 the standard ``RMSNormalization``; below,
+Cast, if any, only widens to float32: the standard ``RMSNormalization`` of opset 23 when the
+model is at opset 23 or can be raised to it unchanged (``codegen/opset_upgrade``; onnxruntime's
+kernel is also ~3x faster than the skip form at 128x512); otherwise
 ``com.microsoft.SkipSimplifiedLayerNormalization(x, x, weight, epsilon=4 * eps)``, which is the
 same function (RMSNorm is scale invariant and both scalings are powers of two) and, unlike
 onnxruntime's ``SimplifiedLayerNormalization`` (registered in the ONNX domain), passes
@@ -19,6 +21,7 @@ onnxruntime's ``SimplifiedLayerNormalization`` (registered in the ONNX domain), 
 
 from __future__ import annotations
 
+from graph_autofusion.codegen.opset_upgrade import ATTENTION_OPSET, upgrade_opset, upgrade_problem
 from graph_autofusion.patterns.library._norm_common import (
     bound,
     casts_widen,
@@ -68,7 +71,8 @@ def _rewrite(ctx: RewriteContext):
     if x.shape is not None and weight.shape[0] != x.shape[-1]:
         raise RewriteError(f"weight %{weight.name} {weight.shape} does not span the last axis")
     eps = epsilon(ctx)
-    if ctx.model.opset_imports.get("", 0) >= 23:
+    if upgrade_problem(ctx.model, ATTENTION_OPSET) is None:
+        upgrade_opset(ctx.model, ATTENTION_OPSET)
         node = ctx.make_node(
             "RMSNormalization", [x, weight], {"axis": -1, "epsilon": eps, "stash_type": 1}
         )

@@ -7,18 +7,27 @@ Exporters spell the halves as two ``Slice(x, starts, ends, axes, steps)`` nodes 
 axis (constant bounds, or in TorchScript a bound computed at run time as
 ``Unsqueeze(Cast(Div(Gather(Shape(x), last), 2)))``), or as one ``Split`` of the last axis in
 two equal halves. ``cos`` and ``sin`` (gathered and unsqueezed from cache tables, or constants)
-are bound as variables; the rule is applied separately to q and to k. The native
-``com.microsoft.RotaryEmbedding`` takes position ids and half-width cache tables instead of the
-gathered full-width ``cos``/``sin``, so the rule keeps the generic form.
+are bound as variables; the rule is applied separately to q and to k.
+
+Native form: the standard ``RotaryEmbedding`` of opset 23 (after a checked opset upgrade, see
+``codegen/opset_upgrade``) without position ids, which takes ``[batch, seq, head / 2]`` tables.
+The full-width tables of the match are ``concat(t, t)`` (possibly through ``Cos``/``Sin``, a
+scalar scale, a Cast and the head-axis Unsqueeze), so their first half is the table; that is
+proved from the graph (or from the data of a constant table) before the lowering, which slices
+the half (shared by every layer once verified) and drops the head axis. The contrib
+``com.microsoft.RotaryEmbedding`` needs position ids and cache tables indexed by position, which
+the exports do not have.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from graph_autofusion.codegen.opset_upgrade import ATTENTION_OPSET, upgrade_opset, upgrade_problem
 from graph_autofusion.ir.core import Node, Value
 from graph_autofusion.patterns.matcher import const_value
 from graph_autofusion.patterns.pattern import MatchContext, Pattern, PatternBuilder
+from graph_autofusion.patterns.rewrite import RewriteContext, RewriteError
 from graph_autofusion.patterns.rules import FusionRule
 
 _INT64_MAX = np.iinfo(np.int64).max
@@ -134,14 +143,114 @@ def rotary_pattern(p: PatternBuilder, x: Pattern) -> Pattern:
     )
 
 
+#: Ops a rotary table goes through after ``concat(t, t)`` that keep its two halves equal.
+_HALF_PRESERVING = {"Cos", "Sin", "Cast", "Identity", "Neg"}
+
+
+def duplicated_halves(table: Value) -> bool:
+    """The last axis of ``table`` is ``concat(t, t)``: proved from a constant's data or from
+    the graph (a last-axis Concat of one value twice, then elementwise ops and Unsqueeze)."""
+    for _ in range(16):
+        data = const_value(table)
+        if data is not None:
+            if data.ndim == 0 or data.shape[-1] % 2:
+                return False
+            h = data.shape[-1] // 2
+            return bool(np.array_equal(data[..., :h], data[..., h:]))
+        node = table.producer
+        if node is None or node.domain not in ("", "ai.onnx"):
+            return False
+        if node.op_type == "Concat":
+            ins = node.inputs
+            return (
+                len(ins) == 2
+                and ins[0] is ins[1]
+                and _last_axis(node.attrs.get("axis"), table.rank)
+            )
+        if node.op_type in ("Mul", "Div"):
+            scalars = [v for v in node.inputs[1:] if _scalar_float(v) is not None]
+            if len(node.inputs) != 2 or not scalars:
+                return False
+            table = node.inputs[0]
+        elif node.op_type == "Unsqueeze":
+            axes = node.attrs.get("axes")
+            if axes is None and len(node.inputs) > 1:
+                data = const_value(node.inputs[1])
+                axes = None if data is None else data.reshape(-1).tolist()
+            rank = table.rank
+            if axes is None or rank is None or any(int(a) in (-1, rank - 1) for a in axes):
+                return False
+            table = node.inputs[0]
+        elif node.op_type in _HALF_PRESERVING:
+            table = node.inputs[0]
+        else:
+            return False
+    return False
+
+
+def _scalar_float(value: Value | None) -> float | None:
+    data = None if value is None else const_value(value)
+    return None if data is None or data.size != 1 else float(np.asarray(data).reshape(-1)[0])
+
+
+def half_table(ctx: RewriteContext, table: Value, x: Value) -> Value:
+    """``table[..., :head/2]`` as ``[batch, seq, head/2]`` (each rotary makes its own; the
+    lowering shares identical ones afterwards, see ``codegen.onnxruntime.share_created``)."""
+    if table.rank not in (3, 4) or table.dtype != x.dtype:
+        raise RewriteError(
+            f"rotary table %{table.name} {table.type_str()} does not fit {x.type_str()}"
+        )
+    if table.rank == 4 and table.shape[1] != 1:
+        raise RewriteError(f"rotary table %{table.name} is not shared by the heads")
+    if not duplicated_halves(table):
+        raise RewriteError(f"rotary table %{table.name} is not concat(t, t) on its last axis")
+    half = x.shape[-1] // 2
+    i64 = np.int64
+    out = ctx.make_node(
+        "Slice",
+        [
+            table,
+            ctx.add_constant("rotary_start", np.array([0], i64)),
+            ctx.add_constant("rotary_half", np.array([half], i64)),
+            ctx.add_constant("rotary_axis", np.array([-1], i64)),
+        ],
+    ).outputs[0]
+    if table.rank == 4:
+        out = ctx.make_node(
+            "Squeeze", [out, ctx.add_constant("rotary_heads", np.array([1], i64))]
+        ).outputs[0]
+    out.dtype = table.dtype
+    out.shape = (*((table.shape[0], table.shape[2]) if table.rank == 4 else table.shape[:2]), half)
+    return out
+
+
+def _rewrite(ctx: RewriteContext) -> list[Value]:
+    problem = upgrade_problem(ctx.model, ATTENTION_OPSET)
+    if problem is not None:
+        raise RewriteError(f"RotaryEmbedding needs opset {ATTENTION_OPSET}: {problem}")
+    x = ctx.value("x")
+    if x.rank != 4:
+        raise RewriteError(
+            f"RotaryEmbedding needs a 4-D [batch, heads, seq, head] input, %{x.name}"
+        )
+    cos = half_table(ctx, ctx.value("cos"), x)
+    sin = half_table(ctx, ctx.value("sin"), x)
+    upgrade_opset(ctx.model, ATTENTION_OPSET)
+    node = ctx.make_node("RotaryEmbedding", [x, cos, sin], {"interleaved": 0})
+    node.outputs[0].dtype, node.outputs[0].shape = x.dtype, x.shape
+    return list(node.outputs)
+
+
 _p = PatternBuilder()
 
 RULE = FusionRule(
     "rotary_embedding",
     pattern=rotary_pattern(_p, _p.var("x")),
     fuse_pattern="RotaryEmbedding",
+    native_op="RotaryEmbedding",
     priority=190,
     presets=("llm",),
     checks=(halves_check,),
+    rewrite=_rewrite,
     doc=__doc__.strip().splitlines()[0],
 )

@@ -1,0 +1,194 @@
+"""The native lowering of a matched attention core to the standard ``Attention`` (opset 23).
+
+``Attention(Q, K, V, attn_mask)`` with 4-D ``[batch, heads, seq, head_size]`` inputs computes
+``softmax(Q @ K^T * scale + attn_mask) @ V``, with fewer key/value heads than query heads
+(grouped-query attention) when ``K`` and ``V`` have them. The matched form gives:
+
+* ``Q``: the bound ``q``;
+* ``K``: the bound ``k`` (the match took its last-two-axes Transpose), or the tensor whose
+  last two axes ``kt`` swaps: a ``Transpose`` outside the match, or the dynamo exporter's
+  ``Reshape -> Transpose(0, 2, 1) -> Reshape`` over merged leading axes; otherwise a
+  ``Transpose`` is added;
+* grouped-query models repeat K and V to the query head count with
+  ``Reshape(Expand(Unsqueeze(x, 2)))`` (``repeat_kv``); the un-repeated K and V are passed
+  instead, so the repeat is not computed at all;
+* ``scale``: the product of the matched scales (``Div`` by c is a scale of 1/c, the pre-scaled
+  ``q * c1`` and ``kT * c2`` give ``c1 * c2``; none is 1);
+* the mask: an additive mask is passed as is; a boolean ``Where(cond, scores, fill)`` becomes
+  the additive ``Where(cond, 0, fill)`` (added to the additive one when both are there). For a
+  finite ``fill`` that is far below every score (exporters use the dtype's lowest value) both
+  give the same probabilities; the safe-mode comparison checks every instance anyway.
+
+The ``Where(IsNaN(.), 0, .)`` guards only change rows whose every key is masked by ``-inf``;
+onnxruntime's kernel gives such rows zeros as well when the mask is finite, which is what the
+exporters emit. Nodes the lowering no longer reads (the repeat, the dynamo transpose chain) are
+removed afterwards as dead code.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graph_autofusion.codegen.opset_upgrade import ATTENTION_OPSET, upgrade_opset, upgrade_problem
+from graph_autofusion.ir.core import Value
+from graph_autofusion.ir.dtypes import DType
+from graph_autofusion.patterns.matcher import const_value
+from graph_autofusion.patterns.rewrite import RewriteContext, RewriteError
+
+_FLOATS = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16)
+
+
+def swaps_last_two(perm) -> bool:
+    """True for a Transpose ``perm`` that swaps the last two axes and keeps the others."""
+    if perm is None or len(perm) < 2:
+        return False
+    n = len(perm)
+    return list(perm) == [*range(n - 2), n - 1, n - 2]
+
+
+def _producer(value: Value | None, op: str):
+    node = value.producer if value is not None else None
+    if node is None or node.op_type != op or node.domain not in ("", "ai.onnx"):
+        return None
+    return node
+
+
+def _same_dims(a, b) -> bool:
+    return (
+        a is not None
+        and b is not None
+        and len(a) == len(b)
+        and all(x is not None and x == y for x, y in zip(a, b))
+    )
+
+
+def untransposed_key(kt: Value) -> Value | None:
+    """The 4-D tensor whose last two axes ``kt`` swaps, when the graph shows it."""
+    t = _producer(kt, "Transpose")
+    if t is not None and swaps_last_two(t.attrs.get("perm")) and t.inputs[0].rank == 4:
+        return t.inputs[0]
+    outer = _producer(kt, "Reshape")
+    t = _producer(outer.inputs[0] if outer is not None else None, "Transpose")
+    if t is None or list(t.attrs.get("perm") or ()) != [0, 2, 1]:
+        return None
+    inner = _producer(t.inputs[0], "Reshape")
+    if inner is None:
+        return None
+    k, merged = inner.inputs[0], inner.outputs[0]
+    if k.shape is None or kt.shape is None or merged.shape is None or len(k.shape) != 4:
+        return None
+    # [b, h, t, d] -> [b*h, t, d] -> [b*h, d, t] -> [b, h, d, t]
+    if not _same_dims(merged.shape[1:], k.shape[2:]):
+        return None
+    if not _same_dims(kt.shape, (*k.shape[:2], k.shape[3], k.shape[2])):
+        return None
+    return k
+
+
+def _axes(node) -> list[int] | None:
+    axes = node.attrs.get("axes")
+    if axes is None and len(node.inputs) > 1 and node.inputs[1] is not None:
+        data = const_value(node.inputs[1])
+        axes = None if data is None else data.reshape(-1).tolist()
+    return None if axes is None else [int(a) for a in axes]
+
+
+def unrepeated(x: Value) -> Value | None:
+    """``x0`` when ``x`` is ``repeat_kv(x0)``: ``Reshape(Expand(Unsqueeze(x0, 2)))`` that
+    repeats each of ``x0``'s heads ``n`` times in place."""
+    reshape = _producer(x, "Reshape")
+    expand = _producer(reshape.inputs[0] if reshape is not None else None, "Expand")
+    unsq = _producer(expand.inputs[0] if expand is not None else None, "Unsqueeze")
+    if unsq is None or _axes(unsq) not in ([2], [-3]):
+        return None
+    x0, wide = unsq.inputs[0], expand.outputs[0]
+    if x0.shape is None or wide.shape is None or x.shape is None:
+        return None
+    if len(x0.shape) != 4 or len(wide.shape) != 5 or len(x.shape) != 4:
+        return None
+    kv, rep, heads = wide.shape[1], wide.shape[2], x.shape[1]
+    if not all(isinstance(d, int) for d in (kv, rep, heads)) or kv * rep != heads:
+        return None
+    if not (_same_dims(wide.shape[3:], x0.shape[2:]) and _same_dims(x.shape[2:], x0.shape[2:])):
+        return None
+    if x0.shape[1] != kv:
+        return None
+    return x0
+
+
+def _scalar(ctx: RewriteContext, name: str) -> float | None:
+    if name not in ctx.match.values:
+        return None
+    data = ctx.const(name)
+    if data is None or data.size != 1:
+        raise RewriteError(f"the {name} is not a scalar constant")
+    return float(np.asarray(data, dtype=np.float64).reshape(-1)[0])
+
+
+def attention_scale(ctx: RewriteContext) -> float:
+    scale = _scalar(ctx, "scale")
+    if scale is not None:
+        if ctx.label("scale").op_type == "Div":
+            if scale == 0.0:
+                raise RewriteError("the attention scale divides by zero")
+            scale = 1.0 / scale
+    else:
+        scale = 1.0
+    for name in ("q_scale", "k_scale"):
+        factor = _scalar(ctx, name)
+        if factor is not None:
+            scale *= factor
+    return scale
+
+
+def _additive_mask(ctx: RewriteContext, dtype) -> Value | None:
+    labels = ctx.match.labels
+    mask = ctx.value("mask") if "mask_add" in labels else None
+    if "mask_where" not in labels:
+        return mask
+    cond, fill = ctx.value("mask_cond"), ctx.value("mask_fill")
+    if cond.dtype != DType.BOOL:
+        raise RewriteError("the attention mask condition is not boolean")
+    zero = ctx.add_constant("attention_mask_zero", np.zeros((), dtype=dtype.to_numpy()))
+    where = ctx.make_node("Where", [cond, zero, fill]).outputs[0]
+    if mask is None:
+        return where
+    return ctx.make_node("Add", [where, mask]).outputs[0]
+
+
+def rewrite_attention(ctx: RewriteContext) -> list[Value]:
+    model = ctx.model
+    problem = upgrade_problem(model, ATTENTION_OPSET)
+    if problem is not None:
+        raise RewriteError(f"Attention needs opset {ATTENTION_OPSET}: {problem}")
+    q, v = ctx.value("q"), ctx.value("v")
+    if q.dtype not in _FLOATS:
+        raise RewriteError(f"Attention needs a floating-point q, not {q.type_str()}")
+    if "k" in ctx.match.values:
+        k = ctx.value("k")
+    else:
+        kt = ctx.value("kt")
+        k = untransposed_key(kt)
+        if k is None:
+            if kt.rank != 4:
+                raise RewriteError(f"kT %{kt.name} is not 4-D")
+            k = ctx.make_node("Transpose", [kt], {"perm": [0, 1, 3, 2]}).outputs[0]
+            k.dtype, k.shape = kt.dtype, (*kt.shape[:2], kt.shape[3], kt.shape[2])
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.rank != 4:
+            raise RewriteError(f"Attention needs 4-D [batch, heads, seq, head] {name}: %{x.name}")
+        if x.dtype != q.dtype:
+            raise RewriteError(f"{name} %{x.name} is {x.type_str()}, q is {q.type_str()}")
+    k0, v0 = unrepeated(k), unrepeated(v)
+    if k0 is not None and v0 is not None and k0.shape[1] == v0.shape[1]:
+        k, v = k0, v0
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if isinstance(heads, int) and isinstance(kv_heads, int) and heads % kv_heads:
+        raise RewriteError(f"{heads} query heads are not a multiple of {kv_heads} key heads")
+    mask = _additive_mask(ctx, q.dtype)
+    attrs = {"scale": attention_scale(ctx)}
+    upgrade_opset(model, ATTENTION_OPSET)
+    node = ctx.make_node("Attention", [q, k, v, mask] if mask is not None else [q, k, v], attrs)
+    out = node.outputs[0]
+    out.dtype, out.shape = q.dtype, ctx.match.outputs[0].shape
+    return [out]
