@@ -43,7 +43,9 @@ from graph_autofusion.codegen.onnxruntime import (
     Lowering,
     NotLowered,
     candidate_key,
+    drop_dead_initializers,
     lower_onnxruntime,
+    share_created,
 )
 from graph_autofusion.ir.core import Model
 from graph_autofusion.patterns.candidates import match_rules
@@ -296,17 +298,8 @@ def _lower(
     lowering = lower_onnxruntime(work, chosen)
     if custom is not None:
         lowering.lowered += custom.lower(work, keys)
-    _drop_unused_initializers(work)
+    drop_dead_initializers(work)  # other dead code is left as the user wrote it
     return lowering, [low.key for low in lowering.lowered]
-
-
-def _drop_unused_initializers(model: Model) -> None:
-    """Initializers a native rewrite replaced (a folded weight, a flattened bias) and nothing
-    reads any more; other dead code is left as the user wrote it."""
-    g = model.graph
-    for name in [k for k, v in g.initializers.items() if not v.users and not g.is_output(v)]:
-        if not any(v.name == name for v in g.inputs):
-            g.remove_initializer(name)
 
 
 def fuse_model(
@@ -439,6 +432,7 @@ def _fuse_model(
     )
     result.shape_folding = folding
     if not safe_mode:
+        share_created(result.model, result.lowered)
         result.timings = timings
         result.notes = notes
         if custom is not None:
@@ -504,6 +498,7 @@ def _fuse_model(
     else:
         notes.append(f"safe mode stopped after {MAX_ROUNDS} rounds")
     result.safety = {k: v for k, v in checked.items()}
+    share_created(result.model, result.lowered)  # each fusion was verified on its own nodes
     timings["verify"] = time.perf_counter() - t
     t = time.perf_counter()
     e2e = end_to_end(original, to_onnx(result.model), feeds, cosine_floor=e2e_cosine_floor)
