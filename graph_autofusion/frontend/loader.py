@@ -20,6 +20,10 @@ def as_args(example_inputs: Any) -> tuple[Any, ...]:
 def load_model(source: Any, example_inputs: Any = None, example_kwargs: Any = None) -> Model:
     """Load ``source`` into the IR.
 
+    An ONNX source is imported with ``normalize=True``: older exporters' spellings become what
+    fresh exports write (:mod:`graph_autofusion.frontend.onnx_legacy`), so the rules match the
+    same structures; an IR :class:`Model` is returned as it is.
+
     Args:
         source: Path to an ``.onnx`` file, an ``onnx.ModelProto``, an IR :class:`Model`, or a
             ``torch.nn.Module`` (then ``example_inputs`` / ``example_kwargs`` are required).
@@ -34,11 +38,11 @@ def load_model(source: Any, example_inputs: Any = None, example_kwargs: Any = No
     if isinstance(source, str | os.PathLike):
         from graph_autofusion.frontend.onnx_frontend import load_onnx
 
-        return load_onnx(source)
+        return load_onnx(source, normalize=True)
     if type(source).__name__ == "ModelProto":
         from graph_autofusion.frontend.onnx_frontend import load_onnx
 
-        return load_onnx(source)
+        return load_onnx(source, normalize=True)
     try:
         import torch
     except ImportError:  # pragma: no cover - torch is optional

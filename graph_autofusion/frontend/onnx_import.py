@@ -30,7 +30,12 @@ from graph_autofusion.ir.core import Graph, Model, Node, RawAttribute, Shape, Va
 _A = AttributeProto
 
 
-def load_onnx(source: str | os.PathLike[str] | ModelProto, *, infer_shapes: bool = True) -> Model:
+def load_onnx(
+    source: str | os.PathLike[str] | ModelProto,
+    *,
+    infer_shapes: bool = True,
+    normalize: bool = False,
+) -> Model:
     """Import an ONNX model (file path or ModelProto) into the graph IR.
 
     Args:
@@ -38,6 +43,12 @@ def load_onnx(source: str | os.PathLike[str] | ModelProto, *, infer_shapes: bool
             in-memory ``onnx.ModelProto`` (never modified).
         infer_shapes: Run ONNX shape inference (with data propagation where it works) to fill
             ``dtype``/``shape`` of intermediate values. Failure to infer never fails the import.
+        normalize: Rewrite older exporters' spellings into what fresh exports write (data
+            ``Constant`` nodes and constant ``ConstantOfShape`` as initializers, IR-3 input
+            listings of initializers, two-input ``Sum`` as ``Add``; see
+            :mod:`graph_autofusion.frontend.onnx_legacy`, whose report is kept in
+            ``model.meta["legacy_normalization"]``). Off by default: the import is then exact,
+            node for node; :func:`~graph_autofusion.frontend.loader.load_model` turns it on.
 
     Returns:
         The imported :class:`Model`; nodes are in a topological order.
@@ -48,7 +59,12 @@ def load_onnx(source: str | os.PathLike[str] | ModelProto, *, infer_shapes: bool
         CycleError: the graph has a cycle (the message names nodes on it).
     """
     proto, label = read_model(source)
-    return import_model(proto, label=label, infer_shapes=infer_shapes)
+    model = import_model(proto, label=label, infer_shapes=infer_shapes)
+    if normalize:
+        from graph_autofusion.frontend.onnx_legacy import normalize_legacy
+
+        normalize_legacy(model)
+    return model
 
 
 def import_model(proto: ModelProto, *, label: str = "<model>", infer_shapes: bool = True) -> Model:

@@ -10,7 +10,8 @@ layer has several of them. onnxruntime's transformer optimizer folds them too (i
 The fold is proven symbolically, never from one sample: every entry of the target shape is
 evaluated over the model's symbolic dims (``batch``, ``seq``, ``unk__3`` ...) through
 ``Shape``, ``Gather``, ``Slice``, ``Unsqueeze``, ``Squeeze``, ``Concat``, ``Cast``,
-``Identity`` and constants. The entry becomes:
+``Identity`` and constants (opset < 10's ``Slice`` with attribute bounds and opset < 13's
+``Squeeze``/``Unsqueeze`` with an ``axes`` attribute included). The entry becomes:
 
 * its integer when it is a constant;
 * ``0`` ("copy the input's dim", ``allowzero=0`` only) when it is the very symbol the reshaped
@@ -37,7 +38,14 @@ import numpy as np
 from graph_autofusion.ir.core import Graph, Model, Node, Value
 from graph_autofusion.patterns.matcher import const_value
 
-__all__ = ["FoldedReshape", "ShapeFolding", "fold_reshape_shapes"]
+__all__ = [
+    "FoldedReshape",
+    "ShapeFolding",
+    "fold_reshape_shapes",
+    "remove_dead_shape_nodes",
+    "shape_program_nodes",
+    "static_ints",
+]
 
 #: Operators of the integer shape programs the evaluator follows.
 SHAPE_OPS = frozenset(
@@ -284,11 +292,20 @@ class _Eval:
                 out.extend(got[0])
             return out, False
         if op == "Slice":
-            if scalar or len(n.inputs) < 3:  # Slice-1 keeps its bounds in attributes
+            if scalar:
                 return None
-            starts, ends = self._ints(n.inputs[1]), self._ints(n.inputs[2])
-            axes = self._ints(n.inputs[3]) if len(n.inputs) > 3 and n.inputs[3] else [0]
-            steps = self._ints(n.inputs[4]) if len(n.inputs) > 4 and n.inputs[4] else [1]
+            if len(n.inputs) == 1:  # Slice-1 (opset < 10): the bounds are attributes
+                starts, ends = n.attr("starts"), n.attr("ends")
+                axes, steps = n.attr("axes", [0]), [1]
+            elif len(n.inputs) >= 3:
+                starts, ends = self._ints(n.inputs[1]), self._ints(n.inputs[2])
+                axes = self._ints(n.inputs[3]) if len(n.inputs) > 3 and n.inputs[3] else [0]
+                steps = self._ints(n.inputs[4]) if len(n.inputs) > 4 and n.inputs[4] else [1]
+            else:
+                return None
+            starts = None if starts is None else [int(x) for x in starts]
+            ends = None if ends is None else [int(x) for x in ends]
+            axes = None if axes is None else [int(x) for x in axes]
             if not (starts and ends and axes in ([0], [-1]) and steps == [1]):
                 return None
             r = len(entries)
@@ -297,6 +314,43 @@ class _Eval:
             e = min(max(e + r if e < 0 else e, 0), r)
             return entries[s:e], False
         return None
+
+
+def static_ints(
+    value: Value, overridable: frozenset[str] = frozenset()
+) -> tuple[list[int], bool] | None:
+    """The value of a 0-D or 1-D integer tensor computed by a shape program (the operators of
+    :data:`SHAPE_OPS`) when every entry is a known integer over the IR's static shapes:
+    ``(entries, is_scalar)``, else ``None`` (a dynamic dim, an operator the evaluator does not
+    follow). Initializers named in ``overridable`` (a feed may replace them) are not constants.
+    """
+    got = _Eval(None, overridable)(value)
+    if got is None or not all(isinstance(e, int) for e in got[0]):
+        return None
+    return [int(e) for e in got[0]], got[1]
+
+
+def remove_dead_shape_nodes(graph: Graph, nodes: set[Node]) -> list[Node]:
+    """Remove the nodes among ``nodes`` whose outputs nothing reads any more (transitively)
+    and that are no graph output; returns them."""
+    dead = _dead_shape_nodes(graph, nodes)
+    if dead:
+        graph.remove_nodes(dead)
+    return dead
+
+
+def shape_program_nodes(value: Value) -> set[Node]:
+    """The shape-program nodes (:data:`SHAPE_OPS`) ``value`` is computed from."""
+    seen: set[Node] = set()
+    todo = [value.producer] if value.producer is not None else []
+    while todo:
+        n = todo.pop()
+        if n in seen or n.op_type not in SHAPE_OPS or n.domain not in ("", "ai.onnx"):
+            continue
+        seen.add(n)
+        if n.op_type != "Shape":
+            todo.extend(x.producer for x in n.inputs if x is not None and x.producer is not None)
+    return seen
 
 
 def _constant_shape(
@@ -357,7 +411,10 @@ def fold_reshape_shapes(model: Model, *, symbolic: bool = True) -> ShapeFolding:
     ``symbolic``: refine the IR's shapes with onnxruntime's symbolic shape inference
     (:func:`symbolic_shapes`)."""
     graph = model.graph
-    overridable = frozenset(graph.meta.get("onnx_initializer_inputs", {}))
+    # an initializer also listed as a graph input can be fed another value from IR version 4
+    # on; before, onnxruntime refuses such a feed (:mod:`graph_autofusion.frontend.onnx_legacy`)
+    listed = graph.meta.get("onnx_initializer_inputs", {}) if model.ir_version >= 4 else {}
+    overridable = frozenset(listed)
     # one proof uses one source of symbols: onnxruntime's inference first, then the IR's
     evaluators = [_Eval(None, overridable)]
     table = symbolic_shapes(model) if symbolic else {}
@@ -390,6 +447,10 @@ def fold_reshape_shapes(model: Model, *, symbolic: bool = True) -> ShapeFolding:
             graph.remove_node(node)
             report.identities_removed.append(node.name)
             continue
+        if model.ir_version < 4:  # IR 3 lists every initializer as a graph input
+            from graph_autofusion.frontend.onnx_legacy import initializer_inputs_as_constants
+
+            initializer_inputs_as_constants(model)
         name = graph.fresh_name(f"{node.name or 'reshape'}_shape")
         const = graph.add_initializer(name, np.asarray(shape, dtype=np.int64))
         node.set_input(1, const)
