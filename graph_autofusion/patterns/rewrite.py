@@ -202,6 +202,15 @@ def fuse_match(
     stale = [n.name for n in match.nodes if n.graph is not graph]
     if stale:
         raise RewriteError(f"{fused_op}: nodes {stale} are no longer in the graph")
+    members = set(match.nodes)
+    exported = {id(v) for v in match.outputs}
+    for n in match.nodes:  # an earlier native form may read past its own match's inputs
+        for o in n.outputs:
+            if id(o) not in exported and any(u not in members for u, _ in o.users):
+                raise RewriteError(
+                    f"{fused_op}: %{o.name} inside the match is now read outside it (by an "
+                    f"earlier rewrite); the match is no longer in the graph as it was matched"
+                )
     if rewrite is not None:
         ctx = RewriteContext(model, match, rule_name or fused_op, fused_op)
         try:
