@@ -27,14 +27,24 @@ class SafetyCheckError(RuntimeError):
 _session = ort_session
 
 
-def _run(sess: Any, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _run(
+    sess: Any, arrays: Mapping[str, np.ndarray], *, quiet: bool = False
+) -> dict[str, np.ndarray]:
+    """Run ``sess`` on the arrays it takes. ``quiet``: a failure is expected to be possible
+    (a probe with other sizes): onnxruntime does not log it, the caller reports it."""
     feeds = {}
     for i in sess.get_inputs():
         if i.name not in arrays:
             raise SafetyCheckError(f"no value for input %{i.name}")
         feeds[i.name] = arrays[i.name]
     names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, feeds)))
+    opts = None
+    if quiet:
+        import onnxruntime as ort
+
+        opts = ort.RunOptions()
+        opts.log_severity_level = 4
+    return dict(zip(names, sess.run(names, feeds, opts)))
 
 
 # ----------------------------------------------------------------------------- activations
