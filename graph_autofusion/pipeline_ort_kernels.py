@@ -6,7 +6,10 @@
     state.finish(result)                      # the library of the groups that survived
 
 Every planned group without a contrib operator that the kernel generator and the wrapper can
-hold becomes an ``ai.graph_autofusion`` node (:mod:`graph_autofusion.codegen.ort_customop`).
+hold becomes an ``ai.graph_autofusion`` node (:mod:`graph_autofusion.codegen.ort_customop`),
+and every ``MatMul`` by a constant weight with a dynamic row count becomes an ``If`` between
+the few-row ``Gemv`` operator and onnxruntime's GEMM (:mod:`graph_autofusion.codegen.
+ort_matmul`).
 Safe mode checks each like any other lowering. A library that fails to build or load makes
 the pipeline fuse again without custom operators (:class:`CustomOpsUnavailable`).
 """
@@ -40,6 +43,8 @@ class CustomOps:
     codegen: Any = None
     groups: list[CustomOpGroup] = field(default_factory=list)
     library: CustomOpLibrary | None = None
+    gemv: bool = False  # the model has few-row MatMul sites: the library defines Gemv
+    gemv_keys: set = field(default_factory=set)  # their keys (planned on the sample shapes)
 
     @staticmethod
     def start(enabled: bool, codegen: Any, notes: list[str]) -> CustomOps | None:
@@ -57,16 +62,26 @@ class CustomOps:
             CustomOpsUnavailable: the library fails to build or to load.
         """
         from graph_autofusion.codegen.ort_customop import plan_groups
+        from graph_autofusion.codegen.ort_matmul import plan_sites
 
         self.groups, refused = plan_groups(work, analysis, target)
         out = [NotLowered(k, r, c, m) for k, r, c, m in refused]
-        if self.groups:
-            self.library = self.build(self.groups)
+        types = getattr(getattr(analysis, "binding", None), "types", {}) or {}
+
+        def sample_shape(name: str) -> Any:
+            t = types.get(name)
+            return tuple(int(d) for d in t[1]) if t is not None and t[1] is not None else None
+
+        sites, _refused = plan_sites(work, sample_shape)
+        self.gemv_keys = {s.key for s in sites}
+        self.gemv = bool(sites)
+        if self.groups or self.gemv:
+            self.library = self.build(self.groups, self.gemv)
         return out
 
-    def build(self, groups: list[CustomOpGroup]) -> CustomOpLibrary:
+    def build(self, groups: list[CustomOpGroup], gemv: bool = False) -> CustomOpLibrary:
         try:
-            lib = build_library([g.kernel for g in groups], self.codegen)
+            lib = build_library([g.kernel for g in groups], self.codegen, gemv=gemv)
         except CustomOpBuildError as exc:
             raise CustomOpsUnavailable(str(exc)) from exc
         problem = check_loads(lib.path)
@@ -76,8 +91,13 @@ class CustomOps:
         return lib
 
     def lower(self, model: Any, keys: list[str] | None) -> list[Lowered]:
+        from graph_autofusion.codegen.ort_matmul import apply_sites
+
         groups = self.groups if keys is None else [g for g in self.groups if g.key in set(keys)]
-        return apply_groups(model, groups)
+        done = apply_groups(model, groups)
+        if self.gemv:  # after the groups: a MatMul a group keeps is rewritten inside it
+            done += apply_sites(model, keys, done, allowed=self.gemv_keys)
+        return done
 
     def finish(self, result: Any) -> None:
         """Keep, on ``result.custom_ops``, the library of the operators the fused model uses
@@ -87,6 +107,8 @@ class CustomOps:
         if not used or self.library is None:
             return
         if used != set(self.library.ops):
+            from graph_autofusion.codegen.ort_gemv import OP
+
             keep = [g for g in self.groups if g.op in used]
-            self.library = self.build(keep)
+            self.library = self.build(keep, OP in used)
         result.custom_ops = self.library

@@ -35,6 +35,7 @@ from graph_autofusion.codegen.ort_customop_c import (
     op_name,
     wrapper_refusal,
 )
+from graph_autofusion.codegen.ort_gemv import OP as GEMV_OP
 from graph_autofusion.errors import GraphAutoFusionError
 
 #: Model metadata keys of a fused model that needs the library.
@@ -136,8 +137,11 @@ class CustomOpLibrary:
     compile_s: float
 
 
-def build_library(kernels: Sequence[Kernel], base: CodegenOptions | None = None) -> CustomOpLibrary:
-    """Compile ``kernels`` (finalized) and their operators into one library (cached).
+def build_library(
+    kernels: Sequence[Kernel], base: CodegenOptions | None = None, *, gemv: bool = False
+) -> CustomOpLibrary:
+    """Compile ``kernels`` (finalized) and their operators into one library (cached);
+    ``gemv``: with the few-row ``Gemv`` operator (:mod:`graph_autofusion.codegen.ort_gemv`).
 
     Raises:
         CustomOpBuildError: no header, no compiler, or the compiler failed.
@@ -146,12 +150,12 @@ def build_library(kernels: Sequence[Kernel], base: CodegenOptions | None = None)
 
     opts = customop_options(base)
     unique = list({op_name(k): k for k in kernels}.values())
-    source = customop_library_source(unique)
+    source = customop_library_source(unique, gemv=gemv)
     try:
         built: BuiltSource = compile_source(source, opts, what="custom-operator library")
     except (KernelCompileError, CompilerNotFoundError) as exc:
         raise CustomOpBuildError(f"custom-operator library failed to build: {exc}") from exc
-    ops = tuple(op_name(k) for k in unique)
+    ops = tuple(op_name(k) for k in unique) + ((GEMV_OP,) if gemv else ())
     return CustomOpLibrary(
         built.path, built.source_path, ops, tuple(unique), opts, built.from_cache, built.compile_s
     )
@@ -181,9 +185,20 @@ def library_for(ops: Iterable[str]) -> str | None:
     return None
 
 
+def _graph_ops(g: Any, out: set[str]) -> None:
+    for n in g.node:
+        if n.domain == DOMAIN:
+            out.add(n.op_type)
+        for a in n.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                _graph_ops(sub, out)
+
+
 def custom_ops_of(proto: Any) -> list[str]:
-    """The ``ai.graph_autofusion`` operators a ``ModelProto`` uses (main graph)."""
-    return sorted({n.op_type for n in proto.graph.node if n.domain == DOMAIN})
+    """The ``ai.graph_autofusion`` operators a ``ModelProto`` uses (its subgraphs too)."""
+    out: set[str] = set()
+    _graph_ops(proto.graph, out)
+    return sorted(out)
 
 
 def library_path_from_metadata(proto: Any, model_path: str | None) -> str | None:
@@ -344,8 +359,22 @@ def apply_groups(model: Any, groups: Sequence[CustomOpGroup]) -> list[Any]:
 
 
 def library_ops(model: Any) -> list[str]:
-    """The custom operators the IR ``model`` uses."""
-    return sorted({n.op_type for n in model.graph.nodes if n.domain == DOMAIN})
+    """The custom operators the IR ``model`` uses (inside ``If`` branches too: ``Gemv``)."""
+    from graph_autofusion.ir.core import RawAttribute
+
+    out = {n.op_type for n in model.graph.nodes if n.domain == DOMAIN}
+    for n in model.graph.nodes:
+        for a in n.attrs.values():
+            if isinstance(a, RawAttribute):
+                proto = a.proto
+                subs = list(proto) if isinstance(proto, list | tuple) else []
+                if hasattr(proto, "node"):
+                    subs = [proto]
+                elif hasattr(proto, "graphs"):
+                    subs = ([proto.g] if proto.HasField("g") else []) + list(proto.graphs)
+                for sub in subs:
+                    _graph_ops(sub, out)
+    return sorted(out)
 
 
 def meta_for(rel_path: str) -> Mapping[str, str]:
@@ -518,7 +547,20 @@ def write_kernel_dir(library: CustomOpLibrary, directory: str, groups: Sequence[
                 "outputs": [o.dtype for o in k.outputs],
             }
             for name, k in kernels.items()
-        ],
+        ]
+        + (
+            [
+                {
+                    "name": GEMV_OP,
+                    "kernel": "graph_autofusion/codegen/ort_gemv.py",
+                    "signature": "Gemv(x f32[..., K], Wt f32[N, K]) -> f32[..., N]",
+                    "inputs": ["f32", "f32"],
+                    "outputs": ["f32"],
+                }
+            ]
+            if GEMV_OP in library.ops
+            else []
+        ),
         "groups": [
             {
                 "key": g.key,

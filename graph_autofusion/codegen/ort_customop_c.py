@@ -521,24 +521,31 @@ def _descriptor(k: Kernel) -> str:
 
 
 def customop_library_source(
-    kernels: Sequence[Kernel], *, parallel_min_elements: int = PARALLEL_MIN
+    kernels: Sequence[Kernel], *, parallel_min_elements: int = PARALLEL_MIN, gemv: bool = False
 ) -> str:
     """One translation unit: the kernels, their descriptors and ``RegisterCustomOps``.
 
     ``kernels`` are finalized (named ``gaf_<digest>``, inner stride classes set) and distinct.
+    ``gemv``: the library also defines the few-row ``Gemv`` operator
+    (:mod:`graph_autofusion.codegen.ort_gemv`).
     """
+    from graph_autofusion.codegen import ort_gemv
+
     unique = list({op_name(k): k for k in kernels}.values())
     parts = [
         library_source(unique, parallel_min_elements=1 << 62),
         f"#define GAF_PARALLEL_MIN {int(parallel_min_elements)}",
         PRELUDE,
     ]
+    if gemv:
+        parts.append(ort_gemv.SOURCE)
     parts += [_descriptor(k) for k in unique]
     descs = ", ".join(f"&gaf_d_{k.digest()}" for k in unique)
     parts.append(
         f"static const GafDesc *const gaf_all[] = {{{descs or '0'}}};\n"
         f"static GafOp gaf_ops[{max(1, len(unique))}];\n"
         f"#define GAF_NOPS {len(unique)}\n"
+        f"#define GAF_GEMV {1 if gemv else 0}\n"
         "static int gaf_filled;\n"
         r"""
 __attribute__((visibility("default")))
@@ -551,10 +558,16 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
         + r""", &domain))) return err;
     if (!__atomic_load_n(&gaf_filled, __ATOMIC_ACQUIRE)) { /* once: live sessions use them */
         for (int i = 0; i < GAF_NOPS; i++) gaf_fill(&gaf_ops[i], gaf_all[i]);
+#if GAF_GEMV
+        gaf_gemv_fill(&gaf_gemv_op);
+#endif
         __atomic_store_n(&gaf_filled, 1, __ATOMIC_RELEASE);
     }
     for (int i = 0; i < GAF_NOPS; i++)
         if ((err = gaf_api->CustomOpDomain_Add(domain, &gaf_ops[i].op))) return err;
+#if GAF_GEMV
+    if ((err = gaf_api->CustomOpDomain_Add(domain, &gaf_gemv_op))) return err;
+#endif
     return gaf_api->AddCustomOpDomain(options, domain);
 }
 """

@@ -1,0 +1,170 @@
+"""The few-row MatMul lowering of the onnxruntime target: ``If(M <= 8)`` between the ``Gemv``
+custom operator and onnxruntime's prepacked GEMM, built, loaded and run for real."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from graph_autofusion import GraphAutoFusion
+from graph_autofusion.codegen.ort_customop import (
+    DOMAIN,
+    build_library,
+    custom_ops_of,
+    ort_include_dir,
+)
+from graph_autofusion.runtime.ort_session import fused_session, ort_session
+
+pytestmark = pytest.mark.skipif(
+    ort_include_dir() is None, reason="onnxruntime C API header not available"
+)
+K, H, N = 64, 96, 200
+
+
+def _model(path: str) -> onnx.ModelProto:
+    """A decoder-shaped block: two projections by constant weights on a dynamic sequence."""
+    rng = np.random.default_rng(0)
+    w1 = (rng.standard_normal((K, H)) / 8).astype(np.float32)
+    w2 = (rng.standard_normal((H, N)) / 8).astype(np.float32)
+    g = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["h"], name="up"),
+            helper.make_node("Relu", ["h"], ["r"], name="act"),
+            helper.make_node("MatMul", ["r", "w2"], ["y"], name="down"),
+        ],
+        "block",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", N])],
+        [onnx.numpy_helper.from_array(w1, "w1"), onnx.numpy_helper.from_array(w2, "w2")],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.save(m, path)
+    return m
+
+
+def _x(batch: int, seq: int, seed: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((batch, seq, K)).astype(np.float32)
+
+
+def _fuse(path: str, out: str, *, safe_mode: bool = True, seq: int = 1, **kw) -> GraphAutoFusion:
+    gaf = GraphAutoFusion(path, sample_inputs={"x": _x(1, seq)})
+    gaf.options = gaf.options.replace(safe_mode=safe_mode)
+    gaf.fuse(**kw)
+    gaf.save(out)
+    return gaf
+
+
+def _init_bytes(proto: onnx.ModelProto) -> int:
+    return sum(onnx.numpy_helper.to_array(t).nbytes for t in proto.graph.initializer)
+
+
+@pytest.fixture(scope="module")
+def fused(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gemv")
+    src, out = str(d / "block.onnx"), str(d / "fused.onnx")
+    model = _model(src)
+    # numerics checked, not timed: these tiny weights lose to If's overhead (timed below)
+    gaf = _fuse(src, out, custom_ops=True, check_speed=False)
+    return gaf, model, src, out
+
+
+def test_both_matmuls_become_ifs_between_gemv_and_the_gemm(fused):
+    gaf, model, _src, out = fused
+    keys = sorted(low.key for low in gaf.result.lowered)
+    assert keys == ["gemv_matmul@down", "gemv_matmul@up"], gaf.result.skipped_by_reason()
+    assert gaf.result.fused_op_counts() == {f"{DOMAIN}::Gemv": 2}
+    assert all(gaf.result.safety[k].passed for k in keys)
+    proto = onnx.load(out)
+    onnx.checker.check_model(proto)
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops.count("If") == 2 and "MatMul" not in ops
+    assert custom_ops_of(proto) == ["Gemv"]
+    # one condition per shape of x ([batch, seq, 64] and [batch, seq, 96])
+    assert ops.count("LessOrEqual") == 2
+    for n in proto.graph.node:
+        if n.op_type == "If":
+            branches = {a.name: a.g for a in n.attribute}
+            assert [b.op_type for b in branches["then_branch"].node] == ["Gemv"]
+            assert [b.op_type for b in branches["else_branch"].node] == ["FusedMatMul"]
+    # the weights are transposed, not duplicated
+    assert abs(_init_bytes(proto) - _init_bytes(model)) < 64
+    inits = {t.name: list(t.dims) for t in proto.graph.initializer}
+    assert inits["w1_t"] == [H, K] and inits["w2_t"] == [N, H] and "w1" not in inits
+
+
+@pytest.mark.parametrize("batch,seq", [(1, 1), (1, 3), (1, 40), (2, 1), (2, 3), (2, 40)])
+def test_the_fused_model_matches_the_original_on_both_branches(fused, batch, seq):
+    _gaf, _model, src, out = fused
+    sess, ref = fused_session(out), ort_session(src, "all")
+    x = _x(batch, seq, seed=batch * 100 + seq)
+    (got,) = sess.run(None, {"x": x})
+    (want,) = ref.run(None, {"x": x})
+    assert got.shape == (batch, seq, N)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(np.abs(want).max()))
+
+
+def test_a_plain_session_without_the_library_fails_naming_the_domain(fused):
+    _gaf, _model, _src, out = fused
+    with pytest.raises(Exception, match=DOMAIN):
+        ort.InferenceSession(out, providers=["CPUExecutionProvider"]).run(None, {"x": _x(1, 1)})
+
+
+def test_custom_ops_off_changes_nothing(tmp_path):
+    src = str(tmp_path / "block.onnx")
+    model = _model(src)
+    gaf = _fuse(src, str(tmp_path / "plain.onnx"), custom_ops=False)
+    assert gaf.result.lowered == [] and gaf.result.custom_ops is None
+    proto = onnx.load(str(tmp_path / "plain.onnx"))
+    assert [n.op_type for n in proto.graph.node] == [n.op_type for n in model.graph.node]
+
+
+def test_a_prefill_sample_leaves_the_matmuls_alone(tmp_path):
+    """The sample shapes are the workload: 40 rows are no decode step to time Gemv on."""
+    src = str(tmp_path / "block.onnx")
+    _model(src)
+    gaf = _fuse(src, str(tmp_path / "f.onnx"), seq=40, custom_ops=True, check_speed=False)
+    assert not [low for low in gaf.result.lowered if low.rule == "gemv_matmul"]
+
+
+def test_safe_mode_times_the_gemv_and_rolls_back_the_slower(tmp_path):
+    """At 64x96 and 96x200 the ``If`` costs more than any faster weight read gains: safe mode
+    times each rewrite at the sample's one row and keeps only what is not slower."""
+    src = str(tmp_path / "block.onnx")
+    model = _model(src)
+    gaf = _fuse(src, str(tmp_path / "f.onnx"), custom_ops=True)
+    r = gaf.result
+    timed = {k: v for k, v in r.safety.items() if k.startswith("gemv_matmul@")}
+    rolled = {b.key for b in r.rolled_back if b.code == "slower"}
+    assert set(timed) | rolled == {"gemv_matmul@up", "gemv_matmul@down"}
+    for k in rolled:  # rolled back: the MatMul is back, reading its original weight
+        assert k not in {low.key for low in r.lowered}
+    proto = onnx.load(str(tmp_path / "f.onnx"))
+    x = _x(2, 3)
+    (got,) = fused_session(str(tmp_path / "f.onnx")).run(None, {"x": x})
+    (want,) = ort_session(model, "all").run(None, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(np.abs(want).max()))
+    assert abs(_init_bytes(proto) - _init_bytes(model)) < 64
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 200, 64), (3, 13, 37), (8, 1, 5), (11, 40, 8)])
+def test_the_kernel_matches_numpy(m, n, k):
+    lib = ctypes.CDLL(build_library([], gemv=True).path)
+    fn = lib.gaf_gemv_nk_f32
+    fn.restype = None
+    rng = np.random.default_rng(m * n * k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    wt = rng.standard_normal((n, k)).astype(np.float32)
+    y = np.empty((m, n), np.float32)
+    p = ctypes.c_void_p
+    fn(
+        p(x.ctypes.data),
+        p(wt.ctypes.data),
+        p(y.ctypes.data),
+        *(ctypes.c_int64(v) for v in (m, n, k)),
+    )
+    np.testing.assert_allclose(y, x @ wt.T, rtol=1e-5, atol=1e-5)
