@@ -9,7 +9,10 @@ threads, ``ORT_ENABLE_ALL``, threads not spinning) in one process:
 * ``peer``: ``onnxruntime.transformers.optimizer.optimize_model(path, "gpt2", heads, hidden)``
   (its decoder model type; a failure is recorded, never hidden);
 * ``ours``: ``GraphAutoFusion(path, preset="llm" or "transformer", sample_inputs=<one decode
-  step at past 64>).fuse()`` with its defaults (safe mode on), then ``save()``.
+  step at past 64>).fuse()`` with its defaults (safe mode on), then ``save()``;
+* ``ours+kernels``: the same with ``fuse(custom_ops=True)`` (generated kernels and the few-row
+  ``Gemv`` as onnxruntime custom operators), saved with its kernel folder and opened with
+  ``graph_autofusion.runtime.ort_session.fused_session`` (same session settings).
 
 Measured, variants interleaved round-robin:
 
@@ -60,7 +63,8 @@ DECODERS: dict[str, tuple[int, int, str]] = {
     "gpt2": (12, 768, "transformer"),
     "qwen2": (8, 512, "llm"),
 }
-VARIANTS = ("original", "peer", "ours")
+VARIANTS = ("original", "peer", "ours", "ours+kernels")
+OURS = ("ours", "ours+kernels")
 PROMPT = 16
 SAMPLE_PAST = 64
 
@@ -100,7 +104,9 @@ def run_peer(path: Path, name: str, out: str, orig: dict[str, int]) -> dict[str,
     return info
 
 
-def run_ours(path: Path, name: str, out: str, orig: dict[str, int]) -> dict[str, Any]:
+def run_ours(
+    path: Path, name: str, out: str, orig: dict[str, int], custom_ops: bool = False
+) -> dict[str, Any]:
     import onnx
 
     from graph_autofusion.api import GraphAutoFusion
@@ -108,7 +114,7 @@ def run_ours(path: Path, name: str, out: str, orig: dict[str, int]) -> dict[str,
     preset = DECODERS[name][2]
     t = time.perf_counter()
     gaf = GraphAutoFusion(str(path), preset=preset, sample_inputs=decode_feeds(name, SAMPLE_PAST))
-    gaf.fuse()
+    gaf.fuse(custom_ops=custom_ops)
     fuse_s = time.perf_counter() - t
     gaf.save(out)
     rep = gaf.safe_fusion_report().to_dict()
@@ -123,6 +129,9 @@ def run_ours(path: Path, name: str, out: str, orig: dict[str, int]) -> dict[str,
     rolled = Counter(f"{b['rule']}:{b['code']}" for b in rep["rolled_back"])
     return {
         "preset": preset,
+        "custom_ops": custom_ops,
+        "kernel_dir": getattr(gaf, "kernel_dir", None) or None,
+        "notes": list(gaf.result.notes),
         "fuse_s": fuse_s,
         "fused": rep["fused"],
         "fused_ops": rep["fused_ops"],
@@ -171,8 +180,16 @@ def worker(name: str, exporter: str, args: argparse.Namespace) -> dict[str, Any]
     log(f"{name}/{exporter}: ours")
     res["ours"] = run_ours(path, name, os.path.join(tmp, "ours.onnx"), orig)
     paths["ours"] = os.path.join(tmp, "ours.onnx")
+    log(f"{name}/{exporter}: ours+kernels")
+    res["ours+kernels"] = run_ours(path, name, os.path.join(tmp, "ours_k.onnx"), orig, True)
+    paths["ours+kernels"] = os.path.join(tmp, "ours_k.onnx")
 
-    sessions = {k: session(p, "all") for k, p in paths.items()}
+    from graph_autofusion.runtime.ort_session import fused_session
+
+    sessions = {
+        k: fused_session(p, "all", 2) if k == "ours+kernels" else session(p, "all")
+        for k, p in paths.items()
+    }
     names = list(sessions)
     # greedy tokens: every variant against PyTorch
     rng = np.random.default_rng(3)
@@ -230,7 +247,7 @@ def worker(name: str, exporter: str, args: argparse.Namespace) -> dict[str, Any]
 
 
 def _best_peer(d: dict[str, float]) -> tuple[str, float]:
-    peers = {k: v for k, v in d.items() if k != "ours"}
+    peers = {k: v for k, v in d.items() if k not in OURS}
     k = min(peers, key=peers.get)
     return k, peers[k]
 
@@ -252,8 +269,8 @@ def markdown(data: dict[str, Any]) -> str:
         f"Load average at start {data['load_start']}, at end {data['load_end']}. "
         f"Commit {data['git'].get('head', '?')[:10]}{' with uncommitted library changes' if data['git'].get('dirty') else ''}.",
         "",
-        "| model | exporter | prefill original | peer | ours | ours/best peer | decode ms/token original | peer | ours | ours/best peer | tokens = torch (orig/peer/ours) | prefill cosine ours |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | exporter | prefill original | peer | ours | ours/best peer | ours+kernels | +kernels/best peer | decode ms/token original | peer | ours | ours/best peer | ours+kernels | +kernels/best peer | tokens = torch (orig/peer/ours/+kernels) | prefill cosine ours / +kernels |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["results"]:
         if "error" in r:
@@ -269,11 +286,14 @@ def markdown(data: dict[str, Any]) -> str:
             for k in VARIANTS
         )
         cos = r["prefill_vs_original"].get("ours", {}).get("cosine")
+        cosk = r["prefill_vs_original"].get("ours+kernels", {}).get("cosine", float("nan"))
+        nan = float("nan")
+        pk, dk = p.get("ours+kernels", nan), d.get("ours+kernels", nan)
         lines.append(
             f"| {r['model']} | {r['exporter']} | {p['original']:.2f} | {p.get('peer', float('nan')):.2f} | "
-            f"{p['ours']:.2f} | {p['ours'] / bp:.3f} | {d['original']:.3f} | "
-            f"{d.get('peer', float('nan')):.3f} | {d['ours']:.3f} | {d['ours'] / bd:.3f} | {eq} | "
-            f"{cos:.6f} |"
+            f"{p['ours']:.2f} | {p['ours'] / bp:.3f} | {pk:.2f} | {pk / bp:.3f} | {d['original']:.3f} | "
+            f"{d.get('peer', float('nan')):.3f} | {d['ours']:.3f} | {d['ours'] / bd:.3f} | "
+            f"{dk:.3f} | {dk / bd:.3f} | {eq} | {cos:.6f} / {cosk:.6f} |"
         )
     lines += ["", "## Fused operators", "",
               "| model | exporter | nodes original / peer / ours | peer fused | ours fused | ours: what each replaced | rolled back |",
@@ -283,12 +303,16 @@ def markdown(data: dict[str, Any]) -> str:
             continue
         peer = r["peer"]
         pf = _fmt(peer.get("fused_by_type")) if peer["ok"] else f"FAILED: {peer['error'][:80]}"
-        rep = "; ".join(f"{op}: {_fmt(v)}" for op, v in r["ours"]["replaced"].items())
-        lines.append(
-            f"| {r['model']} | {r['exporter']} | {r['original_nodes']} / {peer.get('nodes', '-')} / "
-            f"{r['ours']['nodes']} | {pf} | {_fmt(r['ours']['fused_by_type'])} | {rep} | "
-            f"{_fmt(r['ours']['rolled_back'])} |"
-        )
+        for v in OURS:
+            if v not in r:
+                continue
+            rep = "; ".join(f"{op}: {_fmt(c)}" for op, c in r[v]["replaced"].items())
+            lines.append(
+                f"| {r['model']} | {r['exporter']}{' (+kernels)' if v != 'ours' else ''} | "
+                f"{r['original_nodes']} / {peer.get('nodes', '-')} / "
+                f"{r[v]['nodes']} | {pf} | {_fmt(r[v]['fused_by_type'])} | {rep} | "
+                f"{_fmt(r[v]['rolled_back'])} |"
+            )
     return "\n".join(lines) + "\n"
 
 
