@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from graph_autofusion import defaults
+from graph_autofusion.codegen.attention_layout import absorb_layout
 from graph_autofusion.codegen.onnxruntime import (
     Lowered,
     Lowering,
@@ -433,6 +434,7 @@ def _fuse_model(
     result.shape_folding = folding
     if not safe_mode:
         share_created(result.model, result.lowered)
+        absorb_layout(result.model)
         result.timings = timings
         result.notes = notes
         if custom is not None:
@@ -499,9 +501,18 @@ def _fuse_model(
         notes.append(f"safe mode stopped after {MAX_ROUNDS} rounds")
     result.safety = {k: v for k, v in checked.items()}
     share_created(result.model, result.lowered)  # each fusion was verified on its own nodes
+    attentions = [n for n in result.model.graph.nodes if n.op_type == "Attention"]
+    before_layout = clone_model(result.model) if attentions else None
+    absorbed = absorb_layout(result.model, attentions)  # checked end to end below
     timings["verify"] = time.perf_counter() - t
     t = time.perf_counter()
     e2e = end_to_end(original, to_onnx(result.model), feeds, cosine_floor=e2e_cosine_floor)
+    if absorbed and not _e2e_passed(e2e):
+        notes.append(f"attention layout absorption ({absorbed} attentions) rolled back: it differs")
+        result.model = before_layout
+        e2e = end_to_end(original, to_onnx(result.model), feeds, cosine_floor=e2e_cosine_floor)
+    elif absorbed:
+        notes.append(f"{absorbed} attentions take the heads and the KV cache themselves (3-D)")
     result.end_to_end = e2e
     if not _e2e_passed(e2e):
         notes.append(

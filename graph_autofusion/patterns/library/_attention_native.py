@@ -107,13 +107,16 @@ def unrepeated(x: Value) -> Value | None:
     if len(x0.shape) != 4 or len(wide.shape) != 5 or len(x.shape) != 4:
         return None
     kv, rep, heads = wide.shape[1], wide.shape[2], x.shape[1]
-    if not all(isinstance(d, int) for d in (kv, rep, heads)) or kv * rep != heads:
+    if not all(isinstance(d, int) for d in (kv, heads)) or x0.shape[1] != kv or heads % kv:
         return None
-    if not (_same_dims(wide.shape[3:], x0.shape[2:]) and _same_dims(x.shape[2:], x0.shape[2:])):
+    if not _same_dims(x.shape[2:], x0.shape[2:]) or wide.shape[4] != x0.shape[3]:
         return None
-    if x0.shape[1] != kv:
-        return None
-    return x0
+    if isinstance(rep, int):
+        return x0 if kv * rep == heads and _same_dims(wide.shape[3:], x0.shape[2:]) else None
+    # TorchScript expands to a shape computed at run time (its dims are unknown): the
+    # unsqueezed axis is 1 and the merge gives heads = kv * n; safe mode checks the numbers
+    ushape = unsq.outputs[0].shape
+    return x0 if ushape is not None and len(ushape) == 5 and ushape[2] == 1 else None
 
 
 def _scalar(ctx: RewriteContext, name: str) -> float | None:

@@ -1,0 +1,92 @@
+"""Fusing the KV-cache decoder exports for onnxruntime: attention, rotary and RMSNorm become
+the opset-23 operators, attention takes the heads and the cache itself (3-D, past/present), and
+the fused model gives PyTorch's greedy tokens and the original's prefill."""
+
+from __future__ import annotations
+
+import gc
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from graph_autofusion.api import GraphAutoFusion
+from graph_autofusion.testing.models import (
+    decoder_dims,
+    decoder_module,
+    empty_past,
+    export_decoder,
+    greedy_decode_ort,
+    greedy_decode_torch,
+    past_names,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("models")]
+
+
+def _decode_feeds(name: str, past: int = 16) -> dict[str, np.ndarray]:
+    _, kv, hd = decoder_dims(name)
+    rng = np.random.default_rng(0)
+    feeds = {
+        "input_ids": rng.integers(0, 1000, (1, 1)).astype(np.int64),
+        "attention_mask": np.ones((1, past + 1), np.int64),
+        "position_ids": np.array([[past]], np.int64),
+    }
+    for n in past_names(name):
+        feeds[n] = rng.standard_normal((1, kv, past, hd)).astype(np.float32)
+    return feeds
+
+
+def _session(model) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    data = model if isinstance(model, bytes) else model.SerializeToString()
+    return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+@pytest.mark.parametrize("name", ["llama_gqa", "qwen2"])
+def test_fused_decoder_keeps_tokens_and_prefill(name, exporter, tmp_path):
+    path = export_decoder(name, exporter)
+    gaf = GraphAutoFusion(str(path), preset="llm", sample_inputs=_decode_feeds(name))
+    gaf.fuse()
+    out = tmp_path / "fused.onnx"
+    gaf.save(str(out))
+    proto = onnx.load(str(out))
+    onnx.checker.check_model(proto)
+    assert dict((o.domain, o.version) for o in proto.opset_import)[""] == 23
+    ops = Counter(n.op_type for n in proto.graph.node)
+    layers = decoder_dims(name)[0]
+    assert ops["Attention"] == layers and ops["RotaryEmbedding"] == 2 * layers, ops
+    assert ops["Softmax"] == 0 and ops["Expand"] <= 3, ops  # no grouped-query repeat left
+    atts = [n for n in proto.graph.node if n.op_type == "Attention"]
+    # the head split, the cache Concats and the head merge are the operator's own
+    assert all(len(n.output) == 3 and len(n.input) == 6 for n in atts), [n.input for n in atts]
+    assert ops["Transpose"] == 0, ops
+    assert [o.name for o in proto.graph.output] == [
+        o.name for o in onnx.load(str(path)).graph.output
+    ]
+    assert any("attentions take the heads" in n for n in gaf.result.notes), gaf.result.notes
+
+    original, fused = _session(onnx.load(str(path))), _session(proto)
+    del proto
+    rng = np.random.default_rng(5)
+    prefill = {
+        "input_ids": rng.integers(0, 1000, (1, 12)).astype(np.int64),
+        "attention_mask": np.ones((1, 12), np.int64),
+        "position_ids": np.arange(12, dtype=np.int64)[None],
+        **empty_past(name),
+    }
+    for want, got in zip(original.run(None, prefill), fused.run(None, prefill)):
+        a, b = want.astype(np.float64).ravel(), got.astype(np.float64).ravel()
+        assert a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) >= 0.9999
+        assert np.abs(a - b).max() <= 1e-3
+    prompt = np.random.default_rng(3).integers(0, 1000, (1, 8)).astype(np.int64)
+    tokens = greedy_decode_ort(fused, name, prompt, 9)[0]
+    module = decoder_module(name)
+    assert tokens == greedy_decode_torch(module, prompt, 9)
+    assert tokens == greedy_decode_ort(original, name, prompt, 9)[0]
+    del module, original, fused
+    gc.collect()
