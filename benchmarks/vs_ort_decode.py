@@ -38,6 +38,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -243,6 +244,9 @@ def worker(name: str, exporter: str, args: argparse.Namespace) -> dict[str, Any]
     res["tokens"] = tokens
     res["tokens_equal_torch"] = {k: t == res["torch_tokens"] for k, t in tokens.items()}
     res["load_end"] = os.getloadavg()
+    del sessions
+    gc.collect()
+    shutil.rmtree(tmp, ignore_errors=True)  # three copies of the weights
     return res
 
 
