@@ -5,15 +5,20 @@ For every weight shape of the zoo Llama decoder (``[K, N]``: 512x512, 512x1376, 
 the 512x32000 LM head), one-node models on an input ``x [1, M, K]`` with a dynamic ``M``:
 
 * ``matmul``: onnxruntime's ``MatMul(x, W)``, ``W`` a constant initializer (prepacked);
-* ``gemv``: ``Gemv(x, W)``, the custom operator alone;
-* ``lowered``: what the few-row lowering writes (:mod:`graph_autofusion.codegen.ort_matmul`):
-  ``If(Size(x) <= 8 K)`` with ``Gemv`` in the then-branch and the original ``MatMul`` in the
-  else-branch, ``W`` read from the outer scope.
+* ``gemv``: ``Gemv(x, Wt)`` (``Wt = W.T``, ``[N, K]``), the custom operator alone;
+* ``if_fusedmatmul``: what the few-row lowering writes
+  (:mod:`graph_autofusion.codegen.ort_matmul`): ``If(Size(x) <= 8 K)``, then ``Gemv``, else
+  ``com.microsoft.FusedMatMul(x, Wt, transB=1)``, ``Wt`` read from the outer scope;
+* ``if_gemm``: the same with ``Reshape``, ``Gemm(transB=1)``, ``Reshape`` as the else-branch
+  (the alternative measured for prefill).
 
-Timed interleaved round-robin (CPU, 2 intra-op threads, ``ORT_ENABLE_ALL``, threads not
-spinning, as ``benchmarks/vs_ort_decode.py``), median of ``--runs`` runs, at ``M = 1`` and at
-``--rows-big`` (16, the ``MatMul`` branch); GB/s is the weight's bytes over the median time.
-Writes ``benchmarks/results/gemv_ort.json`` and ``.md``.
+Timed interleaved round-robin (CPU, 2 intra-op threads, ``ORT_ENABLE_ALL``, workers not
+spinning as in ``benchmarks/vs_ort_decode.py``, ``--spinning`` as in safe mode), median of
+``--runs`` runs at each ``--rows`` M (1, 3: the ``Gemv`` branch; 128: a prefill, the GEMM
+branch). By default a 64 MB buffer is read before every run: a decode step reads ~115 MB of
+weights, more than the 32 MB L3, so each MatMul finds its weight in memory, not in cache
+(``--warm``: the weight stays cached, as safe mode times it). GB/s is the weight's bytes over
+the median time. Writes ``benchmarks/results/gemv_ort.json`` and ``.md``.
 
     .venv/bin/python benchmarks/gemv_ort.py
 """
@@ -105,6 +110,12 @@ def main(argv: list[str] | None = None) -> int:
         "every run, as a decode step's ~115 MB of weights evict each other from the 32 MB L3)",
     )
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--spinning",
+        action="store_true",
+        help="onnxruntime's workers spin (its default, what safe mode times with; default: "
+        "not spinning, as benchmarks/vs_ort_decode.py)",
+    )
     ap.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES), help="KxN,...")
     ap.add_argument("--out", default=str(RESULTS / "gemv_ort"))
     args = ap.parse_args(argv)
@@ -118,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for k, n in [tuple(int(d) for d in s.split("x")) for s in args.shapes.split(",")]:
         sess = {
-            v: ort_session_bytes(b, lib.path, args.threads, ort_session)
+            v: ort_session_bytes(b, lib.path, args.threads, ort_session, args.spinning)
             for v, b in models(k, n).items()
         }
         for m in [int(r) for r in args.rows.split(",")]:
@@ -161,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         "what": "onnxruntime MatMul vs the Gemv custom operator, x [1, M, K] @ W [K, N]",
         "threads": args.threads,
         "weights": "warm (in cache)" if args.warm else "cold (64 MB read before every run)",
+        "spinning": args.spinning,
         "runs": args.runs,
         "machine": {
             "cpu": platform.processor() or platform.machine(),
@@ -177,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     md = [
         "# onnxruntime MatMul vs the Gemv custom operator (benchmarks/gemv_ort.py)",
         "",
-        f"{args.threads} threads, ORT_ENABLE_ALL, not spinning, weights {data['weights']}, "
+        f"{args.threads} threads, ORT_ENABLE_ALL, "
+        f"{'spinning' if args.spinning else 'not spinning'}, weights {data['weights']}, "
         f"median of {args.runs} "
         f"interleaved runs; load average before {load_before[0]:.2f}, after "
         f"{data['machine']['loadavg_after'][0]:.2f} ({os.cpu_count()} cores).",
@@ -201,10 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def ort_session_bytes(model: bytes, lib: str, threads: int, make: object) -> object:
+def ort_session_bytes(model: bytes, lib: str, threads: int, make: object, spin: bool) -> object:
     import onnx
 
-    return make(onnx.load_from_string(model), "all", threads, custom_ops_library=lib)
+    return make(onnx.load_from_string(model), "all", threads, custom_ops_library=lib, spinning=spin)
 
 
 if __name__ == "__main__":
