@@ -42,8 +42,13 @@ def _producer(value: Value | None, op: str) -> Node | None:
     return node
 
 
-def _split_heads(x4: Value, graph) -> tuple[Value, list[Node], Node | None] | None:
-    """``x4`` = [RotaryEmbedding](Transpose(Reshape(x3))): ``(x3, removed nodes, rotary)``."""
+def _split_heads(
+    x4: Value, reader: Node, graph
+) -> tuple[Value, list[Node], Node | None, int] | None:
+    """``x4`` = [RotaryEmbedding](Transpose(Reshape(x3))), read by ``reader`` alone:
+    ``(x3, removed nodes, rotary, heads)``."""
+    if not _only_reader(x4, reader, graph):
+        return None
     removed: list[Node] = []
     rotary = _producer(x4, "RotaryEmbedding")
     cur = x4
@@ -151,7 +156,8 @@ def _absorb_one(model: Model, att: Node) -> bool:
     past_v, v_new, cat_v = _cache(v4, graph)
     if (cat_k is None) != (cat_v is None):
         return False
-    parts = [_split_heads(x, graph) for x in (q4, k_new, v_new)]
+    readers = (att, cat_k or att, cat_v or att)
+    parts = [_split_heads(x, r, graph) for x, r in zip((q4, k_new, v_new), readers)]
     if any(p is None for p in parts):
         return False
     (q3, q_rm, q_rot, heads), (k3, k_rm, k_rot, kv_heads), (v3, v_rm, v_rot, v_heads) = parts
