@@ -39,6 +39,7 @@ import numpy as np
 
 from graph_autofusion import defaults
 from graph_autofusion.codegen.attention_layout import absorb_layout
+from graph_autofusion.codegen.gemm_reshape import flatten_gemms
 from graph_autofusion.codegen.onnxruntime import (
     Lowered,
     Lowering,
@@ -435,6 +436,7 @@ def _fuse_model(
     if not safe_mode:
         share_created(result.model, result.lowered)
         absorb_layout(result.model)
+        flatten_gemms(result.model)
         result.timings = timings
         result.notes = notes
         if custom is not None:
@@ -501,18 +503,27 @@ def _fuse_model(
         notes.append(f"safe mode stopped after {MAX_ROUNDS} rounds")
     result.safety = {k: v for k, v in checked.items()}
     share_created(result.model, result.lowered)  # each fusion was verified on its own nodes
-    attentions = [n for n in result.model.graph.nodes if n.op_type == "Attention"]
-    before_layout = clone_model(result.model) if attentions else None
-    absorbed = absorb_layout(result.model, attentions)  # checked end to end below
+    relayout = [n for n in result.model.graph.nodes if n.op_type in ("Attention", "Gemm")]
+    before_layout = clone_model(result.model) if relayout else None
+    absorbed = absorb_layout(result.model, relayout)  # both checked end to end below
+    flattened = flatten_gemms(result.model)
     timings["verify"] = time.perf_counter() - t
     t = time.perf_counter()
     e2e = end_to_end(original, to_onnx(result.model), feeds, cosine_floor=e2e_cosine_floor)
-    if absorbed and not _e2e_passed(e2e):
-        notes.append(f"attention layout absorption ({absorbed} attentions) rolled back: it differs")
+    if (absorbed or flattened) and not _e2e_passed(e2e):
+        notes.append(
+            f"layout clean-up ({absorbed} attentions, {flattened} flattened Gemms) rolled back: "
+            f"it differs"
+        )
         result.model = before_layout
         e2e = end_to_end(original, to_onnx(result.model), feeds, cosine_floor=e2e_cosine_floor)
-    elif absorbed:
-        notes.append(f"{absorbed} attentions take the heads and the KV cache themselves (3-D)")
+    else:
+        if absorbed:
+            notes.append(f"{absorbed} attentions take the heads and the KV cache themselves (3-D)")
+        if flattened:
+            notes.append(
+                f"{flattened} flattened Gemms are batched MatMuls again (shape programs gone)"
+            )
     result.end_to_end = e2e
     if not _e2e_passed(e2e):
         notes.append(
