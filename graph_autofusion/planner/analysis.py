@@ -582,7 +582,7 @@ def analyze_model(
     clustering: bool = True,
     model_name: str | None = None,
     seed: int = 0,
-    time_budget_s: float = 10.0,
+    max_work: int | None = None,
     accept_maybe: bool = False,
     native_target: bool = False,
     target: Any = None,
@@ -604,7 +604,8 @@ def analyze_model(
         max_cluster_nodes, max_cluster_inputs: Limits of automatic clustering.
         clustering: Add automatic clusters to the rule matches.
         model_name: Display name (defaults to the graph's name).
-        seed, time_budget_s: Evolutionary search seed and time budget (seconds).
+        seed, max_work: Evolutionary search seed and work budget (candidate decodes per
+            conflict component; default ``planner.plan.EVOLUTION_WORK``; never seconds).
         accept_maybe: Plan ``maybe`` candidates too (the caller measures them).
         native_target: Fusions become the runtime's own operators (onnxruntime): a rule
             match with a native rewrite is not refused for local-memory overflow.
@@ -645,7 +646,8 @@ def analyze_model(
     )
     timings["cost"] = time.perf_counter() - t
     t = time.perf_counter()
-    result = plan(pcs, strategy, seed=seed, time_budget_s=time_budget_s)
+    work = {} if max_work is None else {"max_work": max_work}
+    result = plan(pcs, strategy, seed=seed, **work)
     timings["plan"] = time.perf_counter() - t
     t = time.perf_counter()
     report = build_report(

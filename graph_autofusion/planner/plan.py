@@ -32,6 +32,10 @@ from graph_autofusion.ir.core import Node
 
 DP_LIMIT = 16
 EVOLUTION_MAX_CANDIDATES = 20_000
+#: Work budget of the evolutionary search per conflict component, in candidate decodes (one
+#: fitness evaluation decodes every candidate of the component once): it caps the generations,
+#: so the same candidates and seed give the same plan however loaded the machine is.
+EVOLUTION_WORK = 3_000_000
 STRATEGIES = ("auto", "greedy", "dp", "evolutionary")
 
 
@@ -177,7 +181,7 @@ def _swap_improve(comp: list[PlanCandidate], chosen: list[PlanCandidate]) -> lis
 
 
 def _evolve(
-    cands: list[PlanCandidate], *, seed: int, generations: int, population: int, budget_s: float
+    cands: list[PlanCandidate], *, seed: int, generations: int, population: int, max_work: int
 ) -> list[PlanCandidate]:
     rng = random.Random(seed)
     base = sorted(cands, key=_order_key)
@@ -193,11 +197,9 @@ def _evolve(
         return _total(_decode(order))
 
     scored = sorted(((fitness(o), k, o) for k, o in enumerate(pop)), key=lambda t: -t[0])
-    start = time.perf_counter()
     counter = len(pop)
+    generations = min(generations, max(1, max_work // max(1, population * len(cands))))
     for _ in range(generations):
-        if time.perf_counter() - start > budget_s:
-            break
         elite = scored[: max(2, population // 4)]
         children = []
         while len(children) < population - len(elite):
@@ -292,9 +294,13 @@ def plan(
     seed: int = 0,
     generations: int = 60,
     population: int = 24,
-    time_budget_s: float = 20.0,
+    max_work: int = EVOLUTION_WORK,
 ) -> Plan:
     """Choose a non-overlapping, legal, jointly acyclic set of candidates.
+
+    The evolutionary search runs ``generations`` generations, fewer where a component is so
+    large that they would exceed ``max_work`` candidate decodes: a deterministic budget, never
+    wall-clock time.
 
     Raises:
         ValueError: unknown strategy.
@@ -341,7 +347,6 @@ def plan(
                 notes.append(f"component of {len(comp)} candidates: greedy plus swaps")
     else:
         chosen = []
-        budget = time_budget_s / max(1, sum(1 for c in comps if len(c) > 1))
         for comp in comps:
             if len(comp) == 1:
                 chosen.extend(comp)
@@ -352,7 +357,7 @@ def plan(
                         seed=seed,
                         generations=generations,
                         population=population,
-                        budget_s=budget,
+                        max_work=max_work,
                     )
                 )
     greedy_total = _total(greedy)
