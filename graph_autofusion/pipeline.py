@@ -503,9 +503,9 @@ def _fuse_model(
         notes.append(f"safe mode stopped after {MAX_ROUNDS} rounds")
     result.safety = {k: v for k, v in checked.items()}
     share_created(result.model, result.lowered)  # each fusion was verified on its own nodes
-    relayout = [n for n in result.model.graph.nodes if n.op_type in ("Attention", "Gemm")]
+    relayout = any(n.op_type in ("Attention", "Gemm") for n in result.model.graph.nodes)
     before_layout = clone_model(result.model) if relayout else None
-    absorbed = absorb_layout(result.model, relayout)  # both checked end to end below
+    absorbed = absorb_layout(result.model)  # both checked end to end below
     flattened = flatten_gemms(result.model)
     timings["verify"] = time.perf_counter() - t
     t = time.perf_counter()

@@ -21,10 +21,8 @@ the model before and after on the sample inputs and keeps the old one if they di
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from graph_autofusion.codegen.onnxruntime import drop_dead_initializers, prune_dead_feeders
-from graph_autofusion.ir.core import Model, Node, Value
+from graph_autofusion.ir.core import Model, Node, Value, producer_of
 from graph_autofusion.patterns.matcher import const_value
 
 _PERM = [0, 2, 1, 3]
@@ -35,13 +33,6 @@ def _only_reader(value: Value, node: Node, graph) -> bool:
     return len(users) == 1 and users[0][0] is node and not graph.is_output(value)
 
 
-def _producer(value: Value | None, op: str) -> Node | None:
-    node = value.producer if value is not None else None
-    if node is None or node.op_type != op or node.domain not in ("", "ai.onnx"):
-        return None
-    return node
-
-
 def _split_heads(
     x4: Value, reader: Node, graph
 ) -> tuple[Value, list[Node], Node | None, int] | None:
@@ -50,7 +41,7 @@ def _split_heads(
     if not _only_reader(x4, reader, graph):
         return None
     removed: list[Node] = []
-    rotary = _producer(x4, "RotaryEmbedding")
+    rotary = producer_of(x4, "RotaryEmbedding")
     cur = x4
     if rotary is not None:
         if len(rotary.inputs) != 3 or rotary.attrs.get("interleaved", 0) != 0:
@@ -60,10 +51,10 @@ def _split_heads(
         cur = rotary.inputs[0]
         if not _only_reader(cur, rotary, graph):
             return None
-    tr = _producer(cur, "Transpose")
+    tr = producer_of(cur, "Transpose")
     if tr is None or list(tr.attrs.get("perm") or ()) != _PERM:
         return None
-    rs = _producer(tr.inputs[0], "Reshape")
+    rs = producer_of(tr.inputs[0], "Reshape")
     if rs is None or not _only_reader(tr.inputs[0], tr, graph):
         return None
     x3, r4 = rs.inputs[0], rs.outputs[0]
@@ -97,7 +88,7 @@ def _head_dims(reshape: Node) -> tuple[int | None, int | None]:
 
 def _cache(x4: Value, graph) -> tuple[Value | None, Value, Node | None]:
     """``x4`` = Concat(past, new, axis=2) with ``past`` a graph input: ``(past, new, concat)``."""
-    cat = _producer(x4, "Concat")
+    cat = producer_of(x4, "Concat")
     if cat is None or len(cat.inputs) != 2 or cat.attrs.get("axis") not in (2, -2):
         return None, x4, None
     past, new = cat.inputs
@@ -177,7 +168,6 @@ def _absorb_one(model: Model, att: Node) -> bool:
             return False
     elif y_old.shape is None or any(a is None or a != b for a, b in zip(y_old.shape, want)):
         return False  # the merge must give [batch, seq, heads * size] in q's own dims
-    made: list[Node] = []
 
     def rotate(x3: Value, rot: Node, n: int) -> Value:
         node = graph.make_node(
@@ -188,7 +178,6 @@ def _absorb_one(model: Model, att: Node) -> bool:
             before=att,
         )
         node.outputs[0].dtype, node.outputs[0].shape = x3.dtype, x3.shape
-        made.append(node)
         return node.outputs[0]
 
     if q_rot is not None:
@@ -206,7 +195,6 @@ def _absorb_one(model: Model, att: Node) -> bool:
     node = graph.make_node(
         "Attention", ins, attrs, name="attention_layout/Attention", num_outputs=n_out, before=att
     )
-    made.append(node)
     y3 = node.outputs[0]
     y3.dtype, y3.shape = y_old.dtype, (y_old.shape if how != "flat" else want)
     if how == "flat":
@@ -236,11 +224,11 @@ def _absorb_one(model: Model, att: Node) -> bool:
     return True
 
 
-def absorb_layout(model: Model, nodes: Sequence[Node] | None = None) -> int:
-    """Rewrite every opset-23 ``Attention`` (or those in ``nodes``) whose head split, KV-cache
-    concatenation and head merge have the exporters' form; returns how many were rewritten."""
+def absorb_layout(model: Model) -> int:
+    """Rewrite every opset-23 ``Attention`` whose head split, KV-cache concatenation and head
+    merge have the exporters' form; returns how many were rewritten."""
     graph = model.graph
-    todo = [n for n in (nodes or graph.nodes) if n.op_type == "Attention" and n.domain == ""]
+    todo = [n for n in graph.nodes if n.op_type == "Attention" and n.domain == ""]
     done = 0
     for att in todo:
         if att.graph is graph and _absorb_one(model, att):

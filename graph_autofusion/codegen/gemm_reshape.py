@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from graph_autofusion.codegen.onnxruntime import drop_dead_initializers, prune_dead_feeders
-from graph_autofusion.ir.core import Model, Node, Value
+from graph_autofusion.ir.core import Model, Node, Value, producer_of
 from graph_autofusion.patterns.matcher import const_value
 
 
@@ -108,14 +108,15 @@ def _flatten_one(model: Model, gemm: Node) -> bool:
         return False
     a, w = gemm.inputs[0], gemm.inputs[1]
     bias = gemm.inputs[2] if len(gemm.inputs) > 2 else None
-    inner = a.producer
-    if inner is None or inner.op_type != "Reshape" or len(a.users) != 1:
+    inner = producer_of(a, "Reshape")
+    if inner is None or len(a.users) != 1:
         return False
     x = inner.inputs[0]
     wdata = const_value(w)
     if wdata is None or wdata.ndim != 2 or x.shape is None or len(x.shape) < 3:
         return False
-    if bias is not None and (const_value(bias) is None or const_value(bias).ndim > 1):
+    bias_data = const_value(bias) if bias is not None else None
+    if bias is not None and (bias_data is None or bias_data.ndim > 1):
         return False
     y = gemm.outputs[0]
     if len(y.users) != 1 or graph.is_output(y):

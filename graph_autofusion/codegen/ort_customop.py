@@ -407,7 +407,7 @@ def kernel_target(opset: int = 17) -> Any:
                 id(n) for m in match_rules(graph, native).kept for n in m.match.nodes
             }
 
-        def lower(self, candidate: Any, binding: Any) -> Any:
+        def lower_uncached(self, candidate: Any, binding: Any) -> Any:
             """The group's kernel; contractions reading only values from outside the group
             (SwiGLU's gate and up projections) stay onnxruntime nodes before it."""
             from graph_autofusion.codegen.lower import (
@@ -418,34 +418,23 @@ def kernel_target(opset: int = 17) -> Any:
                 lower_group,
             )
 
-            got = self.lowered.get(id(candidate))
-            if got is None:
-                nodes, outputs = candidate_nodes_outputs(candidate)
-                try:
-                    got = lower_group(nodes, outputs, binding, name="kernel", opset=self.opset)
-                except KernelRefused as exc:
-                    got = exc
-                    produced = {id(o) for n in nodes for o in n.outputs}
-                    lead = [
-                        n
-                        for n in nodes
-                        if n.op_type in CONTRACTIONS
-                        and not any(id(v) in produced for v in n.all_inputs())
-                        and not any(id(o) in {id(v) for v in outputs} for o in n.outputs)
-                    ]
-                    rest = [n for n in nodes if n not in lead]
-                    if exc.code == KernelReason.CONTRACTION and lead and rest:
-                        try:
-                            low = lower_group(
-                                rest, outputs, binding, name="kernel", opset=self.opset
-                            )
-                            got = GroupLowering(low.kernel, lead + list(low.prologue))
-                        except KernelRefused as exc2:
-                            got = exc2
-                self.lowered[id(candidate)] = got
-            if isinstance(got, KernelRefused):
-                raise got
-            return got
+            nodes, outputs = candidate_nodes_outputs(candidate)
+            try:
+                return lower_group(nodes, outputs, binding, name="kernel", opset=self.opset)
+            except KernelRefused as exc:
+                produced = {id(o) for n in nodes for o in n.outputs}
+                lead = [
+                    n
+                    for n in nodes
+                    if n.op_type in CONTRACTIONS
+                    and not any(id(v) in produced for v in n.all_inputs())
+                    and not any(id(o) in {id(v) for v in outputs} for o in n.outputs)
+                ]
+                rest = [n for n in nodes if n not in lead]
+                if exc.code != KernelReason.CONTRACTION or not lead or not rest:
+                    raise
+            low = lower_group(rest, outputs, binding, name="kernel", opset=self.opset)
+            return GroupLowering(low.kernel, lead + list(low.prologue))
 
         def refusal(self, candidate: Any, binding: Any) -> tuple[str, str] | None:
             from graph_autofusion.codegen.lower import KernelRefused

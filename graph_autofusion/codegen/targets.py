@@ -60,15 +60,23 @@ class CpuTarget:
         """
         got = self.lowered.get(id(candidate))
         if got is None:
-            nodes, outputs = candidate_nodes_outputs(candidate)
             try:
-                got = lower_group(nodes, outputs, binding, name="kernel", opset=self.opset)
+                got = self.lower_uncached(candidate, binding)
             except KernelRefused as exc:
                 got = exc
             self.lowered[id(candidate)] = got
         if isinstance(got, KernelRefused):
             raise got
         return got
+
+    def lower_uncached(self, candidate: Any, binding: Any) -> GroupLowering:
+        """The candidate's kernel, uncached (a target that lowers differently overrides it).
+
+        Raises:
+            KernelRefused: the group cannot be one kernel.
+        """
+        nodes, outputs = candidate_nodes_outputs(candidate)
+        return lower_group(nodes, outputs, binding, name="kernel", opset=self.opset)
 
     def refusal(self, candidate: Any, binding: Any) -> tuple[str, str] | None:
         try:

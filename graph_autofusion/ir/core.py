@@ -627,6 +627,14 @@ class Model:
         return f"Model({self.graph.name!r}, {len(self.graph)} nodes, opsets={self.opset_imports})"
 
 
+def producer_of(value: Value | None, op_type: str) -> Node | None:
+    """The ONNX-domain ``op_type`` node that computes ``value``, else ``None``."""
+    node = value.producer if value is not None else None
+    if node is None or node.op_type != op_type or node.domain not in ("", "ai.onnx"):
+        return None
+    return node
+
+
 def const_value(value: Value) -> np.ndarray | None:
     """Constant data of ``value``: an initializer, the output of a ``Constant`` node, or either
     seen through ``Identity`` nodes (TorchScript shares equal biases through Identity)."""

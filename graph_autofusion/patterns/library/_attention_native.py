@@ -30,9 +30,9 @@ from __future__ import annotations
 import numpy as np
 
 from graph_autofusion.codegen.opset_upgrade import ATTENTION_OPSET, upgrade_opset, upgrade_problem
-from graph_autofusion.ir.core import Value
+from graph_autofusion.ir.core import Value, producer_of
 from graph_autofusion.ir.dtypes import DType
-from graph_autofusion.patterns.matcher import const_value
+from graph_autofusion.patterns.library._norm_common import reduce_axes
 from graph_autofusion.patterns.rewrite import RewriteContext, RewriteError
 
 _FLOATS = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16)
@@ -46,13 +46,6 @@ def swaps_last_two(perm) -> bool:
     return list(perm) == [*range(n - 2), n - 1, n - 2]
 
 
-def _producer(value: Value | None, op: str):
-    node = value.producer if value is not None else None
-    if node is None or node.op_type != op or node.domain not in ("", "ai.onnx"):
-        return None
-    return node
-
-
 def _same_dims(a, b) -> bool:
     return (
         a is not None
@@ -64,14 +57,14 @@ def _same_dims(a, b) -> bool:
 
 def untransposed_key(kt: Value) -> Value | None:
     """The 4-D tensor whose last two axes ``kt`` swaps, when the graph shows it."""
-    t = _producer(kt, "Transpose")
+    t = producer_of(kt, "Transpose")
     if t is not None and swaps_last_two(t.attrs.get("perm")) and t.inputs[0].rank == 4:
         return t.inputs[0]
-    outer = _producer(kt, "Reshape")
-    t = _producer(outer.inputs[0] if outer is not None else None, "Transpose")
+    outer = producer_of(kt, "Reshape")
+    t = producer_of(outer.inputs[0] if outer is not None else None, "Transpose")
     if t is None or list(t.attrs.get("perm") or ()) != [0, 2, 1]:
         return None
-    inner = _producer(t.inputs[0], "Reshape")
+    inner = producer_of(t.inputs[0], "Reshape")
     if inner is None:
         return None
     k, merged = inner.inputs[0], inner.outputs[0]
@@ -85,21 +78,13 @@ def untransposed_key(kt: Value) -> Value | None:
     return k
 
 
-def _axes(node) -> list[int] | None:
-    axes = node.attrs.get("axes")
-    if axes is None and len(node.inputs) > 1 and node.inputs[1] is not None:
-        data = const_value(node.inputs[1])
-        axes = None if data is None else data.reshape(-1).tolist()
-    return None if axes is None else [int(a) for a in axes]
-
-
 def unrepeated(x: Value) -> Value | None:
     """``x0`` when ``x`` is ``repeat_kv(x0)``: ``Reshape(Expand(Unsqueeze(x0, 2)))`` that
     repeats each of ``x0``'s heads ``n`` times in place."""
-    reshape = _producer(x, "Reshape")
-    expand = _producer(reshape.inputs[0] if reshape is not None else None, "Expand")
-    unsq = _producer(expand.inputs[0] if expand is not None else None, "Unsqueeze")
-    if unsq is None or _axes(unsq) not in ([2], [-3]):
+    reshape = producer_of(x, "Reshape")
+    expand = producer_of(reshape.inputs[0] if reshape is not None else None, "Expand")
+    unsq = producer_of(expand.inputs[0] if expand is not None else None, "Unsqueeze")
+    if unsq is None or reduce_axes(unsq) not in ([2], [-3]):
         return None
     x0, wide = unsq.inputs[0], expand.outputs[0]
     if x0.shape is None or wide.shape is None or x.shape is None:

@@ -39,8 +39,8 @@ def layernorm_node(p: PatternBuilder, x: Pattern) -> Pattern:
 
 # ----------------------------------------------------------------------------- checks
 def reduce_axes(node: Node) -> list[int] | None:
-    """The axes a Reduce* node reduces: its ``axes`` attribute (opset < 18) or its constant
-    second input (opset >= 18); ``None`` when they are absent or not constant."""
+    """The axes of a Reduce* (or Unsqueeze/Squeeze) node: its ``axes`` attribute (opset < 18,
+    < 13 for Unsqueeze) or its constant second input; ``None`` when absent or not constant."""
     axes = node.attrs.get("axes")
     if axes is None and len(node.inputs) > 1 and node.inputs[1] is not None:
         data = const_value(node.inputs[1])

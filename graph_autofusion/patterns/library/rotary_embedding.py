@@ -25,6 +25,7 @@ import numpy as np
 
 from graph_autofusion.codegen.opset_upgrade import ATTENTION_OPSET, upgrade_opset, upgrade_problem
 from graph_autofusion.ir.core import Node, Value
+from graph_autofusion.patterns.library._norm_common import reduce_axes
 from graph_autofusion.patterns.matcher import const_value
 from graph_autofusion.patterns.pattern import MatchContext, Pattern, PatternBuilder
 from graph_autofusion.patterns.rewrite import RewriteContext, RewriteError
@@ -173,10 +174,7 @@ def duplicated_halves(table: Value) -> bool:
                 return False
             table = node.inputs[0]
         elif node.op_type == "Unsqueeze":
-            axes = node.attrs.get("axes")
-            if axes is None and len(node.inputs) > 1:
-                data = const_value(node.inputs[1])
-                axes = None if data is None else data.reshape(-1).tolist()
+            axes = reduce_axes(node)
             rank = table.rank
             if axes is None or rank is None or any(int(a) in (-1, rank - 1) for a in axes):
                 return False
