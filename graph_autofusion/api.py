@@ -66,6 +66,10 @@ class GraphAutoFusion:
         max_cluster_nodes, max_cluster_inputs: Limits of automatic clustering (F4c).
         clustering: Whether analysis includes automatic clusters.
         target: ``onnxruntime`` or ``cpu`` (generated kernels); see the module docstring.
+        size_switches: Rules that apply only when an input's size meets a condition
+            (``"attention:input_ids[1]>=128"``; F17, :mod:`graph_autofusion.planner.controls`).
+        keep_fp32: Operators that compute in float32 inside half-precision models
+            (``"default"``: BatchNormalization and the reductions).
         options: A :class:`~graph_autofusion.options.FuseOptions` (overrides the keyword
             arguments it covers).
     """
@@ -90,6 +94,8 @@ class GraphAutoFusion:
         clustering: bool = True,
         target: str = "onnxruntime",
         options: Any = None,
+        size_switches: Sequence[Any] = (),
+        keep_fp32: Sequence[str] | str = (),
     ) -> None:
         from graph_autofusion.frontend.loader import load_model
         from graph_autofusion.patterns.library import builtin_rules
@@ -127,12 +133,15 @@ class GraphAutoFusion:
                 max_cluster_inputs=max_cluster_inputs,
                 clustering=clustering,
                 safe_mode=safe_mode,
+                size_switches=tuple(size_switches),
+                keep_fp32=(keep_fp32,) if isinstance(keep_fp32, str) else tuple(keep_fp32),
             )
         self.options: FuseOptions = options
         self.sample_inputs = dict(sample_inputs) if sample_inputs is not None else None
         self.result: Any = None  # the last FuseResult
         self.fused_module: Any = None  # the last fuse() of a PyTorch module
         self.kernel_dir = ""  # the custom-operator folder the last save() wrote
+        self.progressive: Any = None  # the last fuse_progressive()
 
     @property
     def model(self) -> Model:
@@ -215,12 +224,24 @@ class GraphAutoFusion:
 
         opts = self.options if strategy is None else self.options.replace(strategy=strategy)
         profile = hardware if hardware is not None else self.hardware
+        rules, switched = self.active_rules()
         report = plan_for_target(
-            self.model, self.rules, profile, opts, self.feeds(), model_name=self.source_name
+            self.model, rules, profile, opts, self.feeds(), model_name=self.source_name
         )[1]
+        report.controls = {"size_switches": switched} if switched else {}
         if other_targets:  # listed apart: what the other target would plan instead
-            add_other_targets(report, self.model, self.rules, profile, opts, self.feeds())
+            add_other_targets(report, self.model, rules, profile, opts, self.feeds())
         return report
+
+    def active_rules(self, rules: RuleSet | None = None) -> tuple[RuleSet, list[dict[str, Any]]]:
+        """The rules that apply to the sample inputs' sizes (``size_switches``, F17) and one
+        record per switch: what it saw and whether the rule is on."""
+        from graph_autofusion.planner.controls import apply_size_switches
+
+        rules = self.rules if rules is None else rules
+        if not self.options.size_switches:
+            return rules, []
+        return apply_size_switches(rules, self.options.size_switches, self.feeds())
 
     def estimate_benefit(self, **kwargs: Any) -> dict[str, Any]:
         """``performance_improvement``, ``hbm_access_reduction`` and times of the plan."""
@@ -242,6 +263,16 @@ class GraphAutoFusion:
 
         ``options`` go to :func:`graph_autofusion.pipeline.fuse_model` (``speed_margin``,
         ``cosine_floor``, ``e2e_cosine_floor``, ``mc_samples``)."""
+        rules, switched = self.active_rules(options.pop("rules", None))
+        self._fuse_with(rules, safe_mode, check_speed, progress, options)
+        if self.result is not None:
+            self.result.controls = {
+                **({"size_switches": switched} if switched else {}),
+                **({"keep_fp32": list(self.options.keep_fp32)} if self.options.keep_fp32 else {}),
+            }
+        return self.fused_module if self.torch_module is not None else self.result.model
+
+    def _fuse_with(self, rules: RuleSet, safe_mode, check_speed, progress, options) -> None:
         from graph_autofusion.pipeline import fuse_model
 
         if self.torch_module is not None:
@@ -257,7 +288,7 @@ class GraphAutoFusion:
                 self.torch_module,
                 self.example_args,
                 self.example_kwargs,
-                rules=self.rules,
+                rules=rules,
                 preset=self.preset,
                 hardware=self.hardware,
                 options=opts,
@@ -265,7 +296,7 @@ class GraphAutoFusion:
             )
             results = self.fused_module.autofusion.results()
             self.result = results[0] if results else None
-            return self.fused_module
+            return
         if self.target == "cpu":
             from graph_autofusion.pipeline_cpu import fuse_model_cpu
 
@@ -276,16 +307,16 @@ class GraphAutoFusion:
             )
             self.result = fuse_model_cpu(
                 self.model,
-                self.rules,
+                rules,
                 self.hardware,
                 options=opts,
                 feeds=self.feeds(),
                 progress=progress,
             )
-            return self.result.model
+            return
         self.result = fuse_model(
             self.model,
-            self.rules,
+            rules,
             self.hardware,
             feeds=self.feeds(),
             safe_mode=self.safe_mode if safe_mode is None else safe_mode,
@@ -293,9 +324,48 @@ class GraphAutoFusion:
             strategy=self.strategy,
             check_speed=check_speed,
             progress=progress,
-            **{"custom_ops": self.options.custom_ops, "codegen": self.options.codegen, **options},
+            **{
+                "custom_ops": self.options.custom_ops,
+                "codegen": self.options.codegen,
+                "keep_fp32": self.options.keep_fp32,
+                **options,
+            },
         )
-        return self.result.model
+
+    def fuse_progressive(self, stages: Sequence[str | Sequence[str]], **kwargs: Any):
+        """Progressive fusion (F17): fuse with the rules of stage 1, validate, then stages
+        1..2, and so on, stopping at the first stage that fails (rolled back as a whole).
+        ``stages``: lists of rule names (or comma-separated strings). Returns a
+        :class:`~graph_autofusion.pipeline_progressive.ProgressiveResult`; ``self.result``
+        becomes the kept stage's result (``None`` when stage 1 fails: nothing fused).
+        ``kwargs`` go to :meth:`fuse` (safe mode is always on)."""
+        from graph_autofusion.pipeline_progressive import fuse_progressive
+
+        kwargs.pop("safe_mode", None)
+
+        def run_stage(rules: RuleSet, **more: Any):
+            self.fuse(safe_mode=True, rules=rules, **kwargs, **more)
+            return self.result
+
+        prog = fuse_progressive(self.active_rules()[0], stages, run_stage)
+        if prog.result is None:  # stage 1 failed: the model unfused, as a result to save
+            off = (
+                {"clustering": False}
+                if self.torch_module is not None or self.target == "cpu"
+                else {}
+            )
+            prog.result = run_stage(RuleSet(()), **off)
+        self.result = prog.result
+        self.progressive = prog
+        return prog
+
+    def float_check(self, feeds: Mapping[str, Any] | None = None):
+        """The debug float check (F17) of the last ``fuse()``: each fused group's outputs
+        against the original computing in float32, next to the drift the unfused model has
+        anyway (a :class:`~graph_autofusion.verify.float_check.FloatCheckReport`)."""
+        from graph_autofusion.verify.float_check import float_check
+
+        return float_check(self._need_result(), feeds)
 
     def _module_fusion(self):
         if self.fused_module is None:

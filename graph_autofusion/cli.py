@@ -138,12 +138,29 @@ def _cmd_fuse(args: argparse.Namespace) -> int:
         strategy=args.strategy,
         sample_inputs=_load_feeds(args.inputs),
         target=args.target,
+        size_switches=args.size_switch or (),
+        keep_fp32=args.keep_fp32 or (),
     )
     if args.custom_ops:
         gaf.options = gaf.options.replace(custom_ops=True)
-    gaf.fuse(check_speed=not args.no_speed_check, progress=_progress_bar("fuse"))
+    fuse_args = {"check_speed": not args.no_speed_check, "progress": _progress_bar("fuse")}
+    if args.stage:  # F17: progressive fusion
+        prog = gaf.fuse_progressive(args.stage, **fuse_args)
+        if not args.json:
+            print(prog.to_text())
+    else:
+        gaf.fuse(**fuse_args)
     report = gaf.safe_fusion_report()
-    print(json.dumps(report.to_dict(), indent=2, default=str) if args.json else report.to_text())
+    data = report.to_dict() if args.json else None
+    if args.stage and data is not None:
+        data["progressive"] = gaf.progressive.to_dict()
+    if args.float_check:
+        check = gaf.float_check()
+        if data is not None:
+            data["float_check"] = check.to_dict()
+    print(json.dumps(data, indent=2, default=str) if args.json else report.to_text())
+    if args.float_check and not args.json:
+        print(check.to_text())
     gaf.save(args.output, overwrite=args.overwrite)
     print(f"fused model written to {args.output}", file=sys.stderr)
     if gaf.kernel_dir:
@@ -325,6 +342,30 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="onnxruntime target: groups with no onnxruntime operator become generated custom "
         "operators (writes OUTPUT.kernels/, which the fused model then needs)",
+    )
+    p.add_argument(
+        "--stage",
+        action="append",
+        metavar="RULES",
+        help="progressive fusion: a stage of comma-separated rule names (repeat for the next "
+        "stage); stops at the first stage that fails validation, keeping the ones before",
+    )
+    p.add_argument(
+        "--size-switch",
+        action="append",
+        metavar="RULE:INPUT[AXIS]>=N",
+        help="the rule applies only when the input's size meets the condition (repeatable)",
+    )
+    p.add_argument(
+        "--keep-fp32",
+        metavar="OPS",
+        help="in float16/bfloat16 models these operators compute in float32 (comma-separated; "
+        "'default': BatchNormalization and the reductions)",
+    )
+    p.add_argument(
+        "--float-check",
+        action="store_true",
+        help="debug: each fused group's drift from the original computing in float32",
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_fuse)

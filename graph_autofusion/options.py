@@ -54,6 +54,13 @@ class FuseOptions:
         custom_ops: onnxruntime target: planned groups with no onnxruntime operator become
             generated kernels in one custom-operator library per model, which the fused
             model then needs (off by default: ``docs/onnxruntime-kernels.md`` says why).
+        size_switches: Rules that apply only when an input's size meets a condition
+            (``"attention:input_ids[1]>=128"`` or :class:`~graph_autofusion.planner.controls.
+            SizeSwitch`), judged on the sample inputs.
+        keep_fp32: Operators that compute in float32 inside float16 / bfloat16 models
+            (``("BatchNormalization", "ReduceMean")``; ``("default",)``: BatchNormalization
+            and the reductions): a fusion that would compute them in half precision is
+            refused, and unfused they get float32 inputs (``planner.controls``).
     """
 
     target: str = "onnxruntime"
@@ -73,9 +80,18 @@ class FuseOptions:
     backend: str = "c"
     codegen: CodegenOptions = field(default_factory=CodegenOptions)
     custom_ops: bool = False
+    size_switches: tuple[Any, ...] = ()
+    keep_fp32: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        from graph_autofusion.planner.controls import parse_keep_fp32, parse_size_switch
         from graph_autofusion.planner.plan import STRATEGIES
+
+        switches = (
+            (self.size_switches,) if isinstance(self.size_switches, str) else self.size_switches
+        )
+        object.__setattr__(self, "size_switches", tuple(parse_size_switch(s) for s in switches))
+        object.__setattr__(self, "keep_fp32", parse_keep_fp32(self.keep_fp32))
 
         if self.target not in TARGETS:
             raise OptionsError(f"unknown target {self.target!r}; known: {list(TARGETS)}")

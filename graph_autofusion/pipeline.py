@@ -52,6 +52,7 @@ from graph_autofusion.codegen.onnxruntime import (
 from graph_autofusion.ir.core import Model
 from graph_autofusion.patterns.candidates import match_rules
 from graph_autofusion.patterns.rules import RuleSet
+from graph_autofusion.planner.controls import PrecisionGuard, half_precision
 
 MAX_ROUNDS = 4
 
@@ -154,6 +155,9 @@ class FuseResult:
     shape_folding: Any = None  # patterns.shape_folding.ShapeFolding, when it ran
     #: the custom-operator library the fused model needs (codegen.ort_customop), or None
     custom_ops: Any = None
+    #: F17 controls: size-switch decisions (``size_switches``), ``keep_fp32`` operators
+    controls: dict[str, Any] = field(default_factory=dict)
+    fp32_islands: int = 0  # unfused operators made to compute in float32 (keep_fp32)
 
     @property
     def fused(self) -> list[Lowered]:
@@ -243,6 +247,10 @@ def plan_for_target(
         folding = fold_reshape_shapes(work)
     if hasattr(target, "prefer_native"):
         target.prefer_native(work.graph, rules)
+    refuser = target if target.name != "onnxruntime" or hasattr(target, "custom_ops") else None
+    keep_fp32 = getattr(options, "keep_fp32", ())
+    if keep_fp32 and half_precision(work):  # F17: fusions that would compute them in half
+        refuser = PrecisionGuard(target, keep_fp32)
     analysis = analyze_model(
         work,
         target.select_rules(rules),
@@ -255,7 +263,7 @@ def plan_for_target(
         clustering=options.clustering and target.clustering,
         accept_maybe=options.safe_mode and options.check_speed,  # safe mode times close calls
         native_target=target.native_target,
-        target=target if target.name != "onnxruntime" or hasattr(target, "custom_ops") else None,
+        target=refuser,
         model_name=model_name,
     )
     analysis.target = target.name
@@ -323,6 +331,7 @@ def fuse_model(
     dump_dir: Any = None,
     custom_ops: bool = False,
     codegen: Any = None,
+    keep_fp32: tuple[str, ...] = (),
 ) -> FuseResult:
     """Fuse ``original`` for onnxruntime (see the module docstring). ``original`` is not
     modified. ``fold_shapes``: first fold provable ``Reshape`` shape computations into
@@ -348,6 +357,7 @@ def fuse_model(
         progress=progress,
         fold_shapes=fold_shapes,
         dump_dir=dump_dir,
+        keep_fp32=tuple(keep_fp32),
     )
     notes: list[str] = []
     custom = CustomOps.start(custom_ops, codegen, notes)
@@ -378,6 +388,7 @@ def _fuse_model(
     dump_dir: Any,
     custom: Any,
     notes: list[str],
+    keep_fp32: tuple[str, ...],
 ) -> FuseResult:
     from graph_autofusion.verify.inputs import generate_inputs
 
@@ -396,6 +407,7 @@ def _fuse_model(
         check_speed=check_speed,
         fold_shapes=fold_shapes,
         custom_ops=custom is not None,
+        keep_fp32=keep_fp32,
     )
     planned = rules if custom is not None else native  # custom: every rule, and clusters
     t = time.perf_counter()
@@ -437,6 +449,7 @@ def _fuse_model(
         share_created(result.model, result.lowered)
         absorb_layout(result.model)
         flatten_gemms(result.model)
+        _keep_fp32(result, opts.keep_fp32, notes)
         result.timings = timings
         result.notes = notes
         if custom is not None:
@@ -524,6 +537,8 @@ def _fuse_model(
             notes.append(
                 f"{flattened} flattened Gemms are batched MatMuls again (shape programs gone)"
             )
+    if _keep_fp32(result, opts.keep_fp32, notes):
+        e2e = end_to_end(original, to_onnx(result.model), feeds, cosine_floor=e2e_cosine_floor)
     result.end_to_end = e2e
     if not _e2e_passed(e2e):
         notes.append(
@@ -543,6 +558,22 @@ def _fuse_model(
         custom.finish(result)
     dump_artifact(dump_dir, "fused.onnx", lambda: to_onnx_bytes(result.model))
     return result
+
+
+def _keep_fp32(result: FuseResult, ops: tuple[str, ...], notes: list[str]) -> int:
+    """F17: the unfused operators of ``ops`` in a half-precision model compute in float32
+    (:func:`graph_autofusion.codegen.precision.keep_fp32_islands`; the fused groups' own nodes
+    were verified as they are and are left alone)."""
+    if not ops:
+        return 0
+    from graph_autofusion.codegen.precision import keep_fp32_islands
+
+    fused = {n.name for low in result.lowered for n in low.new_nodes}
+    count = keep_fp32_islands(result.model, ops, exclude=fused)
+    result.fp32_islands = count
+    if count:
+        notes.append(f"{count} unfused operators ({', '.join(ops)}) compute in float32")
+    return count
 
 
 def to_onnx_bytes(model: Model) -> bytes:

@@ -280,6 +280,12 @@ def fuse_model_cpu(
         if folding is not None and folding.folded:
             fold_reshape_shapes(fresh)
         native_done = _apply_natives(fresh, natives if keep_native is None else keep_native)
+        if options.keep_fp32:  # F17: unfused operators of keep_fp32 compute in float32
+            from graph_autofusion.codegen.precision import keep_fp32_islands
+
+            grouped = {n for g in keep for n in (*g.node_names, *g.prologue)}
+            grouped |= {n.name for low in native_done for n in low.new_nodes}
+            result.fp32_islands = keep_fp32_islands(fresh, options.keep_fp32, exclude=grouped)
         lowered, program = _rewrite(fresh, keep, kernels, opset)
         result.model, result.lowered, result.program = fresh, native_done + lowered, program
 
