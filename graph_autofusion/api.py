@@ -274,7 +274,9 @@ class GraphAutoFusion:
 
     def _fuse_with(self, rules: RuleSet, safe_mode, check_speed, progress, options) -> None:
         from graph_autofusion.pipeline import fuse_model
+        from graph_autofusion.report import progress as _progress
 
+        progress = progress if progress is not None else _progress.callback("fuse")
         if self.torch_module is not None:
             from graph_autofusion.torch_module import fuse_module
 
@@ -490,16 +492,21 @@ class GraphAutoFusion:
             names = {i.name for i in sess.get_inputs()}
             return {k: v for k, v in feeds.items() if k in names}
 
+        from graph_autofusion.report import progress
+
         times: dict[str, list[float]] = {k: [] for k in sessions}
-        for _ in range(warmup):
-            for s in sessions.values():
-                s.run(None, inputs(s))
-        for _ in range(runs):
-            for k, s in sessions.items():
-                f = inputs(s)
-                t = time.perf_counter()
-                s.run(None, f)
-                times[k].append(time.perf_counter() - t)
+        with progress.task("bench: original and fused, alternating", total=warmup + runs) as tick:
+            for _ in range(warmup):
+                for s in sessions.values():
+                    s.run(None, inputs(s))
+                tick("warm-up")
+            for _ in range(runs):
+                for k, s in sessions.items():
+                    f = inputs(s)
+                    t = time.perf_counter()
+                    s.run(None, f)
+                    times[k].append(time.perf_counter() - t)
+                tick()
         batch = next((int(v.shape[0]) for v in feeds.values() if np.ndim(v) > 0), 1)
         out: dict[str, Any] = {"runs": runs, "threads": threads, "level": level}
         for k, ts in times.items():

@@ -86,23 +86,10 @@ def _cmd_rules_list(args: argparse.Namespace) -> int:
 
 
 def _progress_bar(total_hint: str):
-    """A tqdm-backed progress callback ``(stage, i, n)`` (quiet when stderr is not a TTY)."""
-    from tqdm import tqdm
+    """A ``progress(stage, i, n)`` callback on the progress display (``None`` when quiet)."""
+    from graph_autofusion.report import progress
 
-    bars: dict[str, tqdm] = {}
-
-    def update(stage: str, i: int, n: int) -> None:
-        bar = bars.get(stage)
-        if bar is None:
-            bar = bars[stage] = tqdm(
-                total=n, desc=f"{total_hint}: {stage}", leave=False, disable=None
-            )
-        bar.n = i + 1
-        bar.refresh()
-        if i + 1 >= n:
-            bar.close()
-
-    return update
+    return progress.callback(total_hint)
 
 
 def _load_feeds(path: str | None):
@@ -286,6 +273,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Automatic operator fusion for ONNX and PyTorch models.",
     )
     parser.add_argument("--version", action="version", version=f"graph-autofusion {__version__}")
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress display (also off when stderr is not a terminal)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("inspect", help="operator and fusion-kind histograms, parameters, I/O")
@@ -411,9 +404,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script. Returns the exit status."""
+    from graph_autofusion.report import progress
+
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        with progress.reporting(False if args.quiet else None):
+            return int(args.func(args) or 0)
     except GraphAutoFusionError as e:
         print(f"graph-autofusion: error: {e}", file=sys.stderr)
         return 2

@@ -232,7 +232,6 @@ def plan_for_target(
     """
     from graph_autofusion.codegen.targets import get_target
     from graph_autofusion.patterns.shape_folding import fold_reshape_shapes
-    from graph_autofusion.planner.analysis import analyze_model
 
     opset = int(original.opset_imports.get("", 17))
     if options.target == "onnxruntime" and getattr(options, "custom_ops", False):
@@ -251,7 +250,18 @@ def plan_for_target(
     keep_fp32 = getattr(options, "keep_fp32", ())
     if keep_fp32 and half_precision(work):  # F17: fusions that would compute them in half
         refuser = PrecisionGuard(target, keep_fp32)
-    analysis = analyze_model(
+    from graph_autofusion.report import progress
+
+    with progress.task(f"analyze {len(work.graph)} nodes"):
+        analysis = _analyze(work, rules, profile, options, feeds, refuser, target, model_name)
+    analysis.target = target.name
+    return work, analysis, folding, target
+
+
+def _analyze(work, rules, profile, options, feeds, refuser, target, model_name):
+    from graph_autofusion.planner.analysis import analyze_model
+
+    return analyze_model(
         work,
         target.select_rules(rules),
         profile,
@@ -266,8 +276,6 @@ def plan_for_target(
         target=refuser,
         model_name=model_name,
     )
-    analysis.target = target.name
-    return work, analysis, folding, target
 
 
 def add_other_targets(
@@ -410,6 +418,8 @@ def _fuse_model(
         keep_fp32=keep_fp32,
     )
     planned = rules if custom is not None else native  # custom: every rule, and clusters
+    from graph_autofusion.report import progress as _progress
+
     t = time.perf_counter()
     work, analysis, folding, _target = plan_for_target(original, planned, profile, opts, feeds)
     if folding is not None and folding.folded and safe_mode:
@@ -466,7 +476,8 @@ def _fuse_model(
     )
 
     t = time.perf_counter()
-    acts = capture_activations(original, feeds)
+    with _progress.task("safe mode: capture activations"):
+        acts = capture_activations(original, feeds)
     timings["capture"] = time.perf_counter() - t
     t = time.perf_counter()
     originals = {n.name: n for n in original.graph.nodes}
@@ -522,7 +533,8 @@ def _fuse_model(
     flattened = flatten_gemms(result.model)
     timings["verify"] = time.perf_counter() - t
     t = time.perf_counter()
-    e2e = end_to_end(original, to_onnx(result.model), feeds, cosine_floor=e2e_cosine_floor)
+    with _progress.task("safe mode: end-to-end check"):
+        e2e = end_to_end(original, to_onnx(result.model), feeds, cosine_floor=e2e_cosine_floor)
     if (absorbed or flattened) and not _e2e_passed(e2e):
         notes.append(
             f"layout clean-up ({absorbed} attentions, {flattened} flattened Gemms) rolled back: "

@@ -65,9 +65,12 @@ class Stages:
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
+        from graph_autofusion.report import progress
+
         t = time.perf_counter()
         try:
-            yield
+            with progress.task(f"cpu target: {name}"):
+                yield
         finally:
             self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t
 

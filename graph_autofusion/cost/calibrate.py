@@ -750,8 +750,16 @@ def calibrate_host(quick: bool = True) -> HardwareProfile:
         quick: smaller arrays, fewer sizes and repeats (a few seconds); otherwise about half a
             minute and a bf16 matmul where the CPU has bf16 instructions.
     """
+    from graph_autofusion.report import progress
+
+    with progress.task("calibrate host", total=7) as tick:
+        return _calibrate(quick, tick)
+
+
+def _calibrate(quick: bool, tick: Callable[..., None]) -> HardwareProfile:
     t0 = time.perf_counter()
     bandwidth, bw_how = measure_bandwidth(quick)
+    tick("memory bandwidth")
     ort_peak = measure_ort_peak(quick)
     if ort_peak is not None:
         peaks, peak_how = {"f32": round(ort_peak[0], 1)}, {"peak_gflops.f32": ort_peak[1]}
@@ -762,13 +770,18 @@ def calibrate_host(quick: bool = True) -> HardwareProfile:
             peak_how.update(extra_how)
     else:
         peaks, peak_how = measure_matmul(quick)
+    tick("matmul peak")
     overhead, oh_how = measure_dispatch_overhead(quick)
+    tick("dispatch overhead")
     per_op = measure_op_overheads(quick)
+    tick("operator overheads")
     bw_samples = [bandwidth]
     if not quick:
         bw_samples.append(measure_bandwidth(quick)[0])
     knee = measure_contraction_knee(quick)
+    tick("contraction knee")
     throughput = measure_op_throughput(quick)
+    tick("operator throughput")
     if not quick:
         # three samples spread over the calibration, the median kept: this machine's 2-thread
         # triad has transient windows of ~12 s at ~1.7x its usual rate (docs/hardware.md)
@@ -780,6 +793,7 @@ def calibrate_host(quick: bool = True) -> HardwareProfile:
             f"({', '.join(f'{b:.1f}' for b in bw_samples)} GB/s)"
         )
     overlap = measure_gemm_overlap(float(peaks["f32"]), bandwidth, knee[0] if knee else None, quick)
+    tick("compute/memory overlap")
     caches, cache_how = read_caches()
     width, width_how = vector_width_bytes()
     cores = _cores()

@@ -120,11 +120,14 @@ def from_torch(
     """
     was_training = module.training
     module.eval()
+    from graph_autofusion.report import progress
+
     try:
-        ep = torch.export.export(
-            module, tuple(args), dict(kwargs or {}), dynamic_shapes=dynamic_shapes, strict=False
-        )
-        ep = ep.run_decompositions(decomposition_table())
+        with progress.task(f"torch.export {type(module).__name__}"):
+            ep = torch.export.export(
+                module, tuple(args), dict(kwargs or {}), dynamic_shapes=dynamic_shapes, strict=False
+            )
+            ep = ep.run_decompositions(decomposition_table())
     except Exception as e:  # torch raises many types; wrap them in our hierarchy
         raise FrontendError(f"torch.export failed for {type(module).__name__}: {e}") from e
     finally:

@@ -254,6 +254,16 @@ def write_cached(path: Path, what: str, produce: Callable[[Path], dict[str, Any]
     return path
 
 
+def _with_progress(fn: Any, label: str) -> Any:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        from graph_autofusion.report import progress
+
+        with progress.task(label):
+            return fn(*args, **kwargs)
+
+    return run
+
+
 def export_onnx(name: str, exporter: str = "dynamo", *, seq_len: int = 16) -> Path:
     """Export a zoo model to ONNX (or return the cached export).
 
@@ -273,6 +283,7 @@ def export_onnx(name: str, exporter: str = "dynamo", *, seq_len: int = 16) -> Pa
         module, inputs = build_model(name, seq_len=seq_len)
         dyn = _dynamic(name, seq_len)
         fn = _export_dynamo if exporter == "dynamo" else _export_torchscript
+        fn = _with_progress(fn, f"export {name} ({exporter})")
         start = time.perf_counter()
         with _quiet(), torch.no_grad():
             opset = fn(name, module, inputs, tmp, dyn)
