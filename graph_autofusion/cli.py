@@ -264,7 +264,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from graph_autofusion.demo import run_demo
 
-    return run_demo(seq_len=args.seq_len)
+    return run_demo(
+        seq_len=args.seq_len,
+        html=args.html or None,
+        runs=args.runs,
+        new_tokens=args.new_tokens,
+        llama=not args.no_llama,
+        torch_path=not args.no_llama,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -396,8 +403,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_bench)
 
-    p = sub.add_parser("demo", help="run the main job on the built-in demo model (MiniLM)")
+    p = sub.add_parser(
+        "demo", help="the main job on the built-in models (MiniLM, a Llama-style decoder)"
+    )
     p.add_argument("--seq-len", type=int, default=16)
+    p.add_argument("--html", default="demo-report.html", help="the HTML report ('' for none)")
+    p.add_argument("--runs", type=int, default=20, help="timed runs per benchmark")
+    p.add_argument("--new-tokens", type=int, default=20, help="tokens per Llama generate")
+    p.add_argument("--no-llama", action="store_true", help="ONNX MiniLM only (no PyTorch models)")
     p.set_defaults(func=_cmd_demo)
     return parser
 

@@ -56,7 +56,7 @@ class SafeFusionReport:
         r = self.result
         s = r.summary()
         lines = [
-            f"safe fusion report for {self.model_name} (target onnxruntime, safe mode "
+            f"safe fusion report for {self.model_name} (target {_target(r)}, safe mode "
             f"{'on' if r.safe_mode else 'off'})",
             f"candidates {s['candidates']}, planned {s['planned']}, fused {s['fused']}, "
             f"rolled back {s['rolled_back']}",
@@ -120,3 +120,8 @@ def _safety(res: Any) -> dict[str, Any]:
         "time_fused_us",
     )
     return {k: getattr(res, k, None) for k in keys}
+
+
+def _target(r: Any) -> str:
+    """The target the result was fused for (the cpu target's result says so itself)."""
+    return getattr(r, "target", None) or getattr(r.analysis, "target", None) or "onnxruntime"
