@@ -477,7 +477,7 @@ def _fuse_model(
 
     t = time.perf_counter()
     with _progress.task("safe mode: capture activations"):
-        acts = capture_activations(original, feeds)
+        acts = _capture_original(original, feeds, capture_activations)
     timings["capture"] = time.perf_counter() - t
     t = time.perf_counter()
     originals = {n.name: n for n in original.graph.nodes}
@@ -586,6 +586,23 @@ def _keep_fp32(result: FuseResult, ops: tuple[str, ...], notes: list[str]) -> in
     if count:
         notes.append(f"{count} unfused operators ({', '.join(ops)}) compute in float32")
     return count
+
+
+def _capture_original(original: Model, feeds: Mapping[str, Any], capture: Callable) -> Any:
+    """Safe mode's activations of the original; a model onnxruntime cannot run (an operator
+    without a CPU kernel for its type, e.g. bfloat16) is a clear error, not its traceback."""
+    from graph_autofusion.errors import GraphAutoFusionError, UnsupportedOperatorError
+
+    try:
+        return capture(original, feeds)
+    except GraphAutoFusionError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - onnxruntime's own exception types
+        raise UnsupportedOperatorError(
+            f"safe mode compares every fusion with the original in onnxruntime, which cannot "
+            f"run it: {str(exc).strip()[:300]}; fuse with safe_mode=False (--unsafe) or for "
+            f"the cpu target (torch runs it)"
+        ) from exc
 
 
 def to_onnx_bytes(model: Model) -> bytes:

@@ -98,9 +98,13 @@ class RewriteContext:
             self.model.opset_imports[domain] = 1
         return node
 
-    def add_constant(self, hint: str, array: np.ndarray) -> Value:
-        """A new initializer holding ``array``."""
-        return self.graph.add_initializer(self.graph.fresh_name(hint), np.asarray(array))
+    def add_constant(self, hint: str, array: np.ndarray, dtype: Any = None) -> Value:
+        """A new initializer holding ``array``; ``dtype`` (a :class:`DType`): its element
+        type when NumPy holds it in another one (a bfloat16 constant is a float32 array)."""
+        value = self.graph.add_initializer(self.graph.fresh_name(hint), np.asarray(array))
+        if dtype is not None:
+            value.dtype = dtype
+        return value
 
 
 def resolve(model: Model, value: Value) -> Value:

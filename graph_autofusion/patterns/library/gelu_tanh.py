@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from graph_autofusion.patterns.pattern import Pattern, PatternBuilder
-from graph_autofusion.patterns.rewrite import RewriteContext
+from graph_autofusion.patterns.rewrite import RewriteContext, RewriteError
 from graph_autofusion.patterns.rules import FusionRule
 
 MS = "com.microsoft"
@@ -49,7 +49,10 @@ def gelu_tanh_pattern(p: PatternBuilder, x: Pattern, tag: str = "") -> Pattern:
 
 
 def _rewrite(ctx: RewriteContext):
-    return ctx.make_node("FastGelu", [ctx.value("x")], domain=MS).outputs
+    x = ctx.value("x")
+    if x.shape is not None and len(x.shape) == 0:  # onnxruntime's kernel rejects a scalar
+        raise RewriteError(f"FastGelu needs a tensor of rank >= 1; %{x.name} is a scalar")
+    return ctx.make_node("FastGelu", [x], domain=MS).outputs
 
 
 _p = PatternBuilder()

@@ -54,7 +54,7 @@ def _rewrite(ctx: RewriteContext):
     folded = np.broadcast_to(r.reshape(-1) if r.ndim else r, (hidden,)).astype(np_dtype)
     if old_beta is not None:
         folded = (np.broadcast_to(old_beta, (hidden,)).astype(np_dtype) + folded).astype(np_dtype)
-    new_beta = ctx.add_constant("ln_beta", folded)
+    new_beta = ctx.add_constant("ln_beta", folded, out.dtype)  # bfloat16 stays bfloat16
     node = ctx.make_node("LayerNormalization", [x, gamma, new_beta], dict(ln.attrs))
     return node.outputs[:1]
 
