@@ -107,6 +107,8 @@ def clone_model(model: Model) -> Model:
         )
         node.attr_types, node.meta = dict(n.attr_types), dict(n.meta)
         node.doc, node.overload = n.doc, n.overload
+        if n.captures:  # outer values a subgraph body reads (an If branch): users too
+            node.set_captures([vmap[id(v)] for v in n.captures])
         ng.add_node(node)
     ng.set_outputs([vmap[id(v)] for v in g.outputs])
     ng.value_info = {k: vmap.get(id(v)) or value(v) for k, v in g.value_info.items()}

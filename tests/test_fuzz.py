@@ -310,3 +310,19 @@ def test_gelu_tanh_of_a_scalar_is_not_lowered_to_fastgelu() -> None:
     got, want = _ort_run(to_onnx(res.model), feeds), _ort_run(proto, feeds)
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
+
+
+def test_clone_keeps_the_values_a_subgraph_reads() -> None:
+    """clone_model dropped an If's captures (outer values its branches read): every later
+    stage saw those values as dead (found by the fuzzer, seed 65)."""
+    from graph_autofusion.ir.verify import verify_problems
+    from graph_autofusion.pipeline import clone_model
+
+    g = random_graph(65)
+    model = load_onnx(g.model)
+    (node,) = [n for n in model.graph.nodes if n.op_type == "If"]
+    copy = clone_model(model)
+    (twin,) = [n for n in copy.graph.nodes if n.op_type == "If"]
+    assert [v.name for v in twin.captures] == [v.name for v in node.captures] != []
+    assert twin.captures[0] is not node.captures[0]  # the copy's own value
+    assert verify_problems(copy.graph) == []

@@ -250,6 +250,8 @@ def group_refusal(low: Any, nodes: Sequence[Any], outputs: Sequence[Any]) -> str
     why = wrapper_refusal(low.kernel)
     if why:
         return why
+    if not outputs or not low.kernel.outputs:  # dead code: an operator with no output is invalid
+        return "none of the group's values is read (dead code): nothing to compute"
     made_by_prologue = {o.name for n in low.prologue for o in n.outputs}
     kernel_outs = {o.name for o in low.kernel.outputs}
     for v in outputs:

@@ -12,7 +12,8 @@ For the graph of a seed (:func:`graph_autofusion.testing.fuzz.random_graph`):
    acyclic together (``plan``);
 3. lowering for the onnxruntime target and the cpu target (generated kernels), without safe
    mode (so that safe mode's rollback cannot hide a wrong fusion) with the seed's strategy
-   (``STRATEGIES[seed % 4]``), and with safe mode (``safe``): each fused model passes the IR
+   (``STRATEGIES[seed % 4]``; on the seeds that compile kernels, also onnxruntime with
+   generated custom operators), and with safe mode (``safe``): each fused model passes the IR
    verifier (``ir_verify``) and ``onnx.checker`` (``onnx_checker``), and its outputs equal the
    original's in the interpreter (``interpreter``) and in onnxruntime (``onnxruntime``); the
    cpu target's program (the kernels themselves) too (``cpu_program``).
@@ -292,6 +293,8 @@ def run_graph(
     backend = "c" if seed is not None and seed % compile_every == 0 else "reference"
     report.compiled = backend == "c"
     run.stage("cpu", lambda: ctx.fuse_cpu(strategy, backend, safe_mode=False))
+    if backend == "c":  # onnxruntime with generated custom operators (one library build)
+        run.stage("ort_kernels", lambda: ctx.fuse_ort(strategy, safe_mode=False, custom=True))
     if seed is None or seed % safe_every == 0:
         run.stage("ort_safe", lambda: ctx.fuse_ort("auto", safe_mode=True))
         run.stage("cpu_safe", lambda: ctx.fuse_cpu("auto", "reference", safe_mode=True))
@@ -352,7 +355,8 @@ class _Ctx:
             self.run.fail("plan", stage, p)
 
     def check_fused(self, stage: str, fused: Any, program: Any = None) -> None:
-        """The fused model's invariants (and the cpu program's outputs)."""
+        """The fused model's invariants (and the cpu program's outputs). The interpreter does
+        not run generated custom operators (``ai.graph_autofusion``): onnxruntime does."""
         import onnx
 
         from graph_autofusion.frontend.onnx_frontend import to_onnx
@@ -369,7 +373,10 @@ class _Ctx:
         except Exception as exc:  # noqa: BLE001
             self.run.fail("onnx_checker", stage, str(exc)[:300])
         dtype = self.g.dtype
-        got = self.run.stage(f"{stage}.interpreter", lambda: run_model(fused, self.g.feeds))
+        custom = any(n.domain == "ai.graph_autofusion" for n in fused.graph.nodes)
+        got = None
+        if not custom:
+            got = self.run.stage(f"{stage}.interpreter", lambda: run_model(fused, self.g.feeds))
         if got is not None:
             problem = compare(got, self.ref, dtype, self.scale)
             if problem:
@@ -393,10 +400,10 @@ class _Ctx:
                 if problem:
                     self.run.fail("cpu_program", stage, problem)
 
-    def fuse_ort(self, strategy: str, *, safe_mode: bool) -> None:
+    def fuse_ort(self, strategy: str, *, safe_mode: bool, custom: bool = False) -> None:
         from graph_autofusion.pipeline import fuse_model
 
-        stage = "ort_safe" if safe_mode else "ort"
+        stage = "ort_kernels" if custom else "ort_safe" if safe_mode else "ort"
         res = fuse_model(
             self.model,
             self.rules(),
@@ -406,6 +413,7 @@ class _Ctx:
             strategy=strategy,
             check_speed=False,
             mc_samples=2,
+            custom_ops=custom,
         )
         self.run.r.fused[stage] = len(res.lowered)
         self.check_fused(stage, res.model)
