@@ -4,7 +4,7 @@ strategies on top of it.
     g = random_graph(1234)          # the same graph for the same seed, in any process
     g.model, g.feeds, g.ops, g.dtype
 
-A graph has 5-40 nodes from the catalog's kinds: elementwise (Relu ... Gelu, guarded Exp/Log/
+A graph has 5-40 nodes (a rule pattern drawn last may take it to 48) from the catalog's kinds: elementwise (Relu ... Gelu, guarded Exp/Log/
 Sqrt/Reciprocal/Div/Pow), broadcast (Add, Sub, Mul, Max, Min with graph values or constants),
 reduction (ReduceSum/Mean/Max/Min/L2/SumSquare), layout (Transpose, Reshape, Concat, Slice,
 Unsqueeze, Squeeze, Expand), contraction (MatMul, Gemm, Conv), data movement (Gather of an
