@@ -33,3 +33,17 @@ class FrontendError(GraphAutoFusionError):
 
 class TextParseError(GraphAutoFusionError):
     """The IR text form could not be parsed; the message names the line."""
+
+
+class SampleInputError(GraphAutoFusionError):
+    """The sample inputs (generated or given) cannot be made, or the original model fails on
+    them; the message names the input and points to ``--inputs`` / ``sample_inputs=``."""
+
+
+class PathError(GraphAutoFusionError, OSError):
+    """A path given by the user is missing, a directory, unreadable or not writable."""
+
+
+class InputShapeError(SampleInputError, ValueError):
+    """A sample input's shape disagrees with the model's declared input (rank, a static dim,
+    or a symbol bound to two values); the message names the input."""

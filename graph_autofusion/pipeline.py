@@ -401,12 +401,13 @@ def _fuse_model(
     keep_fp32: tuple[str, ...],
 ) -> FuseResult:
     from graph_autofusion.verify.inputs import generate_inputs
+    from graph_autofusion.verify.sample_inputs import own_copy
 
     timings: dict[str, float] = {}
     notes = list(notes)
     native = RuleSet(tuple(r for r in rules if r.rewrite is not None))
     generic_only = RuleSet(tuple(r for r in rules if r.rewrite is None))
-    feeds = dict(feeds) if feeds is not None else generate_inputs(original)
+    feeds = own_copy(feeds) if feeds is not None else generate_inputs(original)
     from graph_autofusion.options import FuseOptions
     from graph_autofusion.patterns.shape_folding import fold_reshape_shapes
 
@@ -594,16 +595,22 @@ def _capture_original(original: Model, feeds: Mapping[str, Any], capture: Callab
     """Safe mode's activations of the original; a model onnxruntime cannot run (an operator
     without a CPU kernel for its type, e.g. bfloat16) is a clear error, not its traceback."""
     from graph_autofusion.errors import GraphAutoFusionError, UnsupportedOperatorError
+    from graph_autofusion.verify.sample_inputs import is_generated, run_failure, source_of
 
     try:
         return capture(original, feeds)
     except GraphAutoFusionError:
         raise
     except Exception as exc:  # noqa: BLE001 - onnxruntime's own exception types
+        failure = run_failure(
+            original, feeds, exc, runtime="onnxruntime", generated=is_generated(feeds)
+        )
+        if failure is not None:  # it runs, but not on these inputs
+            raise failure from exc
         raise UnsupportedOperatorError(
-            f"safe mode compares every fusion with the original in onnxruntime, which cannot "
-            f"run it: {str(exc).strip()[:300]}; fuse with safe_mode=False (--unsafe) or for "
-            f"the cpu target (torch runs it)"
+            f"{source_of(original)}: safe mode compares every fusion with the original in "
+            f"onnxruntime, which cannot run it: {' '.join(str(exc).split())[:300]}; fuse with "
+            f"safe_mode=False (--unsafe) or for the cpu target (torch runs it)"
         ) from exc
 
 

@@ -185,11 +185,12 @@ def fuse_model_cpu(
     from graph_autofusion.codegen.compiler import KernelCompileError, compile_library
     from graph_autofusion.patterns.shape_folding import fold_reshape_shapes
     from graph_autofusion.verify.inputs import generate_inputs
+    from graph_autofusion.verify.sample_inputs import own_copy
 
     options = options or FuseOptions(target="cpu")
     stages = Stages(dump_dir)
     notes: list[str] = []
-    feeds = dict(feeds) if feeds is not None else generate_inputs(original)
+    feeds = own_copy(feeds) if feeds is not None else generate_inputs(original)
     opset = int(original.opset_imports.get("", 17))
     with stages("plan"):  # load, fold_shapes, candidates, cost, plan
         work, analysis, folding, target = plan_for_target(
@@ -532,7 +533,17 @@ def _safe_mode(result, groups, kernels, feeds, options, build, progress) -> None
     from graph_autofusion.runtime.torch_runtime import TorchRunner
 
     ref = TorchRunner(result.original, shared_constants=_same_values(result))
-    acts = ref.run(feeds, keep_all=True)
+    try:
+        acts = ref.run(feeds, keep_all=True)
+    except RuntimeError as exc:  # the original fails on the sample inputs: one clear error
+        from graph_autofusion.verify.sample_inputs import is_generated, run_failure
+
+        failure = run_failure(
+            result.original, feeds, exc, runtime="torch", generated=is_generated(feeds)
+        )
+        if failure is None:
+            raise
+        raise failure from exc
     failed: dict[str, SafetyResult] = {}
     for i, low in enumerate(result.lowered):
         if progress is not None:

@@ -89,6 +89,7 @@ def _import_model(proto: ModelProto, label: str, infer_shapes: bool) -> Model:
     model.domain = proto.domain
     model.model_version = int(proto.model_version)
     model.doc = proto.doc_string
+    model.meta["onnx_source"] = label  # the file, for messages of later stages
     model.metadata_props = {p.key: p.value for p in proto.metadata_props}
     model.functions = [_copy(f) for f in proto.functions]
     for field in ("training_info", "configuration"):
@@ -172,7 +173,11 @@ def _import_values(g: GraphProto, graph: Graph, label: str) -> dict[str, Value]:
         if sparse:
             graph.meta["onnx_sparse_initializers"] = sparse
         listed_inits: dict[str, onnx.ValueInfoProto] = {}
+        listed: set[str] = set()
         for vi in g.input:
+            if vi.name in listed:
+                raise FrontendError(f"{label}: graph input {vi.name!r} is listed twice")
+            listed.add(vi.name)
             if vi.name in values:
                 listed_inits[vi.name] = _copy(vi)
                 continue
@@ -216,8 +221,9 @@ def _import_nodes(g: GraphProto, graph: Graph, values: dict[str, Value], label: 
         name = npr.name
         if not name or name in claimed:
             name = _fresh(npr.name or npr.op_type, used_node_names, counters)
-            meta["onnx_name"] = npr.name
-            meta["onnx_generated_name"] = name
+            if not npr.name:  # exported unnamed again; a repeated name stays unique
+                meta["onnx_name"] = npr.name
+                meta["onnx_generated_name"] = name
         node = Node(npr.op_type, (), attrs, domain=npr.domain, name=name, outputs=outs)
         node.attr_types = types
         node.meta.update(meta)

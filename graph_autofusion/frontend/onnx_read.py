@@ -10,6 +10,7 @@ import onnx
 from onnx import ModelProto, TypeProto, ValueInfoProto, external_data_helper
 
 from graph_autofusion.errors import ModelLoadError
+from graph_autofusion.frontend.onnx_checks import check_file_size, check_tensors
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,7 @@ def read_model(source: str | os.PathLike[str] | ModelProto) -> tuple[ModelProto,
         label = f"<ModelProto graph {source.graph.name!r}>"
         _check_model_proto(source, label)
         _require_no_external(source, label)
+        check_tensors(source, label, None)
         return source, label
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"load_onnx expects a path or onnx.ModelProto, got {type(source).__name__}")
@@ -38,6 +40,7 @@ def read_model(source: str | os.PathLike[str] | ModelProto) -> tuple[ModelProto,
         raise ModelLoadError(f"{path}: no such file")
     if not os.path.isfile(path):
         raise ModelLoadError(f"{path}: not a regular file")
+    check_file_size(path)
     try:
         proto = onnx.load_model(path, load_external_data=False)
     except Exception as exc:  # DecodeError, OSError, ...
@@ -46,6 +49,7 @@ def read_model(source: str | os.PathLike[str] | ModelProto) -> tuple[ModelProto,
         ) from exc
     _check_model_proto(proto, label)
     base_dir = os.path.dirname(os.path.abspath(path))
+    check_tensors(proto, label, base_dir)
     _load_external(proto, base_dir, label)
     return proto, label
 

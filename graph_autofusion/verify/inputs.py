@@ -9,14 +9,23 @@
 * floating inputs (images included): ``N(0, 1)``, cast to the input's dtype.
 
 Symbolic or unknown dims become ``batch`` (the first axis, or a dim named like ``batch``) or
-``seq_len`` (every other one).
+``seq_len`` (every other one). String inputs get ``"a"``; a sequence of tensors, two tensors.
+
+Inputs an operator reads as a shape, sizes, bounds or indices (an ``Expand`` target shape, a
+``SplitToSequence`` split, ``Gather`` indices, ...) then get values the model accepts
+(:func:`graph_autofusion.verify.sample_inputs.derive_shape_inputs`). An input too large to
+allocate, or of a type no sample can be made for (optional, map), is a
+:class:`~graph_autofusion.errors.SampleInputError` naming it.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from graph_autofusion.ir.core import Model, Node, Value
+from graph_autofusion.ir.dtypes import DType
 
 _PASS_THROUGH = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand"}
 
@@ -30,17 +39,26 @@ def generate_inputs(
     vocab_size: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Seeded sample feeds for every graph input of ``model`` (initializers excluded)."""
+    from graph_autofusion.verify import sample_inputs as si
+
     rng = np.random.default_rng(seed)
     graph = model.graph
     fallback_vocab = vocab_size or _largest_table(model) or 100
-    feeds: dict[str, np.ndarray] = {}
+    feeds = si.SampleInputs()
     for v in graph.inputs:
         if v.name in graph.initializers:
             continue
+        raw = v.meta.get("onnx_type") if v.dtype is None else None
+        if raw is not None:
+            feeds[v.name] = _non_tensor(model, v, raw, rng, batch, seq_len)
+            continue
         shape = _concrete_shape(v, batch, seq_len)
         dtype = v.dtype.to_numpy() if v.dtype is not None else np.dtype(np.float32)
+        si.check_input_size(model, v, shape, dtype)
         name = v.name.lower()
-        if np.issubdtype(dtype, np.floating):
+        if v.dtype == DType.STRING:
+            feeds[v.name] = np.full(shape, "a", dtype=object)
+        elif np.issubdtype(dtype, np.floating):
             feeds[v.name] = rng.standard_normal(shape).astype(dtype)
         elif dtype == np.bool_:
             feeds[v.name] = np.ones(shape, dtype=np.bool_)
@@ -57,7 +75,33 @@ def generate_inputs(
         else:
             high = max(1, min(fallback_vocab, seq_len))
             feeds[v.name] = rng.integers(0, high, shape).astype(dtype)
+    feeds.derived = si.derive_shape_inputs(model, feeds, seed=seed, seq_len=seq_len)
     return feeds
+
+
+def _non_tensor(
+    model: Model, v: Value, raw: Any, rng: np.random.Generator, batch: int, seq_len: int
+) -> Any:
+    """Two tensors for a sequence-of-tensors input; any other non-tensor type is refused."""
+    from graph_autofusion.errors import SampleInputError
+    from graph_autofusion.frontend.onnx_types import dtype_of, shape_of
+    from graph_autofusion.verify.sample_inputs import check_input_size, source_of
+
+    kind = raw.WhichOneof("value")
+    elem = raw.sequence_type.elem_type if kind == "sequence_type" else None
+    if elem is None or elem.WhichOneof("value") != "tensor_type":
+        what = kind.replace("_type", "") if kind else "unknown"
+        raise SampleInputError(
+            f"{source_of(model)}: graph input {v.name!r} is of {what} type: no sample input can "
+            f"be generated for it; pass sample inputs with the API (sample_inputs={{...}})"
+        )
+    item = Value(v.name, dtype_of(elem.tensor_type.elem_type), shape_of(elem.tensor_type))
+    shape = _concrete_shape(item, batch, seq_len)
+    dtype = item.dtype.to_numpy() if item.dtype is not None else np.dtype(np.float32)
+    check_input_size(model, item, shape, dtype)
+    if np.issubdtype(dtype, np.floating):
+        return [rng.standard_normal(shape).astype(dtype) for _ in range(2)]
+    return [rng.integers(0, max(1, seq_len), shape).astype(dtype) for _ in range(2)]
 
 
 def _concrete_shape(v: Value, batch: int, seq_len: int) -> tuple[int, ...]:
@@ -65,7 +109,7 @@ def _concrete_shape(v: Value, batch: int, seq_len: int) -> tuple[int, ...]:
         return (batch, seq_len)
     out = []
     for i, d in enumerate(v.shape):
-        if isinstance(d, int):
+        if isinstance(d, int) and d >= 0:
             out.append(d)
         elif i == 0 or (isinstance(d, str) and "batch" in d.lower()):
             out.append(batch)
