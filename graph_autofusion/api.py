@@ -404,10 +404,10 @@ class GraphAutoFusion:
             return to_onnx(self._need_result().model)
         if isinstance(model, Model):
             return to_onnx(model)
-        if isinstance(model, str | os.PathLike):
-            import onnx
+        if isinstance(model, str | os.PathLike):  # a bad file: ModelLoadError naming it
+            from graph_autofusion.frontend.onnx_read import read_model
 
-            return onnx.load(os.fspath(model))
+            return read_model(model)[0]
         return model
 
     def verify_precision(self, fused: Any = None, original: Any = None) -> dict[str, Any]:

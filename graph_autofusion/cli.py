@@ -8,6 +8,15 @@ import sys
 from collections.abc import Sequence
 
 from graph_autofusion import __version__, defaults
+from graph_autofusion.cli_args import (
+    Parser,
+    check_input_file,
+    check_output_path,
+    cosine_floor,
+    fraction,
+    positive_int,
+    print_error,
+)
 from graph_autofusion.errors import GraphAutoFusionError
 
 
@@ -46,6 +55,7 @@ def _cmd_rules_validate(args: argparse.Namespace) -> int:
 
     builtin = {r.name for r in builtin_rules()}
     for path in args.files:
+        check_input_file(path, "rule file")
         rules = load_rule_file(path)
         shadow = sorted(builtin & {r.name for r in rules})
         note = f"; same names as built-in rules: {shadow}" if shadow else ""
@@ -93,12 +103,82 @@ def _progress_bar(total_hint: str):
 
 
 def _load_feeds(path: str | None):
+    """The arrays of an ``--inputs`` .npz keyed by input name; a file that is not one raises
+    :class:`~graph_autofusion.errors.SampleInputError` naming it."""
     if not path:
         return None
+    import zipfile
+
     import numpy as np
 
-    with np.load(path) as data:
-        return {k: data[k] for k in data.files}
+    from graph_autofusion.cli_args import one_line
+    from graph_autofusion.errors import SampleInputError
+
+    check_input_file(path, "inputs file")
+    how = "write one with numpy.savez(PATH, input_name=array, ...)"
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic == b"PK\x05\x06":  # the zip archive numpy.savez() writes with no arrays
+        raise SampleInputError(f"{path}: the .npz holds no arrays; {how}")
+    if magic != b"PK\x03\x04":  # an .npz is a zip archive
+        raise SampleInputError(f"{path}: not an .npz file (no zip archive header); {how}")
+    try:
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise ValueError("a single array, not an .npz keyed by input name")
+        with data:
+            feeds = {k: data[k] for k in data.files}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+        raise SampleInputError(
+            f"{path}: not a readable .npz of sample inputs ({one_line(e)}); {how}"
+        ) from None
+    if not feeds:
+        raise SampleInputError(f"{path}: the .npz holds no arrays; {how}")
+    return feeds
+
+
+def _check_feeds(model, feeds, path: str | None) -> None:
+    """``--inputs`` against the model's declared inputs (names, rank, static dims, dtype),
+    before any work: a mismatch raises :class:`~graph_autofusion.errors.SampleInputError`
+    naming the file, the input and what the model declares."""
+    if feeds is None:
+        return
+    import numpy as np
+
+    from graph_autofusion.errors import SampleInputError
+
+    inputs = [v for v in model.graph.inputs if v.const is None]
+
+    def decl(v) -> str:
+        dims = "?" if v.shape is None else ", ".join(str(d) for d in v.shape)
+        return f"{v.name} {getattr(v.dtype, 'short', '?')}[{dims}]"
+
+    expected = "; the model's inputs: " + ", ".join(decl(v) for v in inputs)
+    names = {v.name for v in inputs}
+    unknown = sorted(set(feeds) - names)
+    if unknown:
+        raise SampleInputError(f"{path}: no model input named {unknown}{expected}")
+    missing = [v.name for v in inputs if v.name not in feeds]
+    if missing:
+        raise SampleInputError(f"{path}: no array for input(s) {missing}{expected}")
+    for v in inputs:
+        arr = np.asarray(feeds[v.name])
+        shape = tuple(arr.shape)
+        bad = v.shape is not None and (
+            len(shape) != len(v.shape)
+            or any(isinstance(d, int) and d != s for d, s in zip(v.shape, shape))
+        )
+        try:
+            want = v.dtype.to_numpy() if v.dtype is not None else None
+        except TypeError:  # strings and the like: no NumPy dtype to compare with
+            want = None
+        if not bad and want is not None:
+            bad = np.dtype(want) != arr.dtype
+        if bad:
+            raise SampleInputError(
+                f"{path}: input {v.name!r} is {arr.dtype}{list(shape)}, the model declares "
+                f"{decl(v)}{expected}"
+            )
 
 
 def _cmd_fuse(args: argparse.Namespace) -> int:
@@ -107,7 +187,12 @@ def _cmd_fuse(args: argparse.Namespace) -> int:
     from graph_autofusion.api import GraphAutoFusion
     from graph_autofusion.errors import ModelWriteError
 
+    check_input_file(args.model, "model")
     src, out = os.path.abspath(args.model), os.path.abspath(args.output)
+    if os.path.exists(out) and not os.path.isfile(out):
+        raise ModelWriteError(
+            f"{args.output}: cannot write there: it is a directory or another non-regular file"
+        )
     if src == out and not args.overwrite:
         raise ModelWriteError(
             f"{args.output}: the output is the input model; pass --overwrite to replace it"
@@ -128,6 +213,7 @@ def _cmd_fuse(args: argparse.Namespace) -> int:
         size_switches=args.size_switch or (),
         keep_fp32=args.keep_fp32 or (),
     )
+    _check_feeds(gaf.model, gaf.sample_inputs, args.inputs)
     if args.custom_ops:
         gaf.options = gaf.options.replace(custom_ops=True)
     fuse_args = {"check_speed": not args.no_speed_check, "progress": _progress_bar("fuse")}
@@ -174,6 +260,8 @@ def _cmd_kernels(args: argparse.Namespace) -> int:
     """List (and with --profile, time) the generated kernels of a model on the cpu target."""
     from graph_autofusion.api import GraphAutoFusion
 
+    check_input_file(args.model, "model")
+
     gaf = GraphAutoFusion(
         args.model,
         preset=args.preset,
@@ -181,6 +269,7 @@ def _cmd_kernels(args: argparse.Namespace) -> int:
         sample_inputs=_load_feeds(args.inputs),
         target="cpu",
     )
+    _check_feeds(gaf.model, gaf.sample_inputs, args.inputs)
     gaf.fuse(check_speed=False, progress=_progress_bar("kernels"))
     r = gaf.result
     rows = []
@@ -217,7 +306,10 @@ def _cmd_kernels(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from graph_autofusion.api import GraphAutoFusion
 
+    check_input_file(args.original, "model")
+    check_input_file(args.fused, "fused model")
     gaf = GraphAutoFusion(args.original, sample_inputs=_load_feeds(args.inputs))
+    _check_feeds(gaf.model, gaf.sample_inputs, args.inputs)
     res = gaf.verify_precision(args.fused, args.original)
     ok = res["cosine"] >= args.cosine
     if args.json:
@@ -243,7 +335,11 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from graph_autofusion.api import GraphAutoFusion
 
+    check_input_file(args.model, "model")
+    if args.fused:
+        check_input_file(args.fused, "fused model")
     gaf = GraphAutoFusion(args.model, sample_inputs=_load_feeds(args.inputs))
+    _check_feeds(gaf.model, gaf.sample_inputs, args.inputs)
     res = gaf.verify_performance(
         args.fused or args.model, runs=args.runs, threads=args.threads, level=args.level
     )
@@ -264,6 +360,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from graph_autofusion.demo import run_demo
 
+    if args.html:
+        check_output_path(args.html, "HTML report", make_folder=True)
     return run_demo(
         seq_len=args.seq_len,
         html=args.html or None,
@@ -275,7 +373,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="graph-autofusion",
         description="Automatic operator fusion for ONNX and PyTorch models.",
     )
@@ -299,8 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rules", action="append", metavar="FILE", help="extra YAML rule file")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--no-clusters", action="store_true", help="skip automatic clustering")
-    p.add_argument("--max-cluster-nodes", type=int, default=defaults.MAX_CLUSTER_NODES)
-    p.add_argument("--max-cluster-inputs", type=int, default=defaults.MAX_CLUSTER_INPUTS)
+    p.add_argument("--max-cluster-nodes", type=positive_int, default=defaults.MAX_CLUSTER_NODES)
+    p.add_argument("--max-cluster-inputs", type=positive_int, default=defaults.MAX_CLUSTER_INPUTS)
     p.set_defaults(func=_cmd_match)
 
     p = sub.add_parser("rules", help="the rule library and rule files")
@@ -314,6 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_cmd_rules_list)
 
     from graph_autofusion.cost.hardware_cli import add_hardware_commands
+    from graph_autofusion.planner.plan import STRATEGIES
     from graph_autofusion.report.analysis_cli import add_analyze_command
 
     add_hardware_commands(sub)
@@ -326,8 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="all", help="transformer, llm, cnn, rnn or all")
     p.add_argument("--rules", action="append", metavar="FILE", help="extra YAML rule file")
     p.add_argument("--hardware", default="host", help="profile name or YAML path")
-    p.add_argument("--strategy", default="auto")
-    p.add_argument("--benefit-threshold", type=float, default=defaults.BENEFIT_THRESHOLD)
+    p.add_argument("--strategy", default="auto", choices=STRATEGIES)
+    p.add_argument("--benefit-threshold", type=fraction, default=defaults.BENEFIT_THRESHOLD)
     p.add_argument("--inputs", metavar="NPZ", help="sample inputs (.npz keyed by input name)")
     p.add_argument("--unsafe", action="store_true", help="skip safe mode (not recommended)")
     p.add_argument("--no-speed-check", action="store_true", help="keep fusions even if slower")
@@ -376,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hardware", default="host")
     p.add_argument("--inputs", metavar="NPZ")
     p.add_argument("--profile", action="store_true", help="time each kernel vs its operators")
-    p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--runs", type=positive_int, default=20)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_kernels)
 
@@ -386,7 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inputs", metavar="NPZ")
     p.add_argument(
         "--cosine",
-        type=float,
+        type=cosine_floor,
         default=defaults.E2E_COSINE,
         help=f"pass floor (default {defaults.E2E_COSINE})",
     )
@@ -397,8 +496,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model")
     p.add_argument("fused", nargs="?")
     p.add_argument("--inputs", metavar="NPZ")
-    p.add_argument("--runs", type=int, default=20)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--runs", type=positive_int, default=20)
+    p.add_argument("--threads", type=positive_int, default=2)
     p.add_argument("--level", default="all", choices=["disable", "basic", "extended", "all"])
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_bench)
@@ -406,10 +505,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "demo", help="the main job on the built-in models (MiniLM, a Llama-style decoder)"
     )
-    p.add_argument("--seq-len", type=int, default=16)
+    p.add_argument("--seq-len", type=positive_int, default=16)
     p.add_argument("--html", default="demo-report.html", help="the HTML report ('' for none)")
-    p.add_argument("--runs", type=int, default=20, help="timed runs per benchmark")
-    p.add_argument("--new-tokens", type=int, default=20, help="tokens per Llama generate")
+    p.add_argument("--runs", type=positive_int, default=20, help="timed runs per benchmark")
+    p.add_argument("--new-tokens", type=positive_int, default=20, help="tokens per Llama generate")
     p.add_argument("--no-llama", action="store_true", help="ONNX MiniLM only (no PyTorch models)")
     p.set_defaults(func=_cmd_demo)
     return parser
@@ -419,16 +518,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script. Returns the exit status."""
     from graph_autofusion.report import progress
 
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, --version, or a usage error already printed on one line
+        return e.code if isinstance(e.code, int) else 2
     try:
         with progress.reporting(False if args.quiet else None):
             return int(args.func(args) or 0)
-    except GraphAutoFusionError as e:
-        print(f"graph-autofusion: error: {e}", file=sys.stderr)
-        return 2
-    except FileNotFoundError as e:
-        print(f"graph-autofusion: error: {e}", file=sys.stderr)
-        return 2
+    except (GraphAutoFusionError, OSError) as e:  # user mistakes and unwritable destinations
+        return print_error(e)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from graph_autofusion.errors import InputShapeError
 from graph_autofusion.ir.core import Model, Node, Value
 from graph_autofusion.ir.dtypes import DType
 
@@ -138,7 +139,8 @@ def bind_symbols(model: Model, input_shapes: Mapping[str, tuple[int, ...]]) -> d
     """Symbol -> int from the graph inputs' declared shapes and the given concrete shapes.
 
     Raises:
-        ValueError: a symbol would get two different values, or a static dim disagrees.
+        InputShapeError: (a ValueError) a symbol would get two different values, or a static
+            dim disagrees.
     """
     symbols: dict[str, int] = {}
     for v in model.graph.inputs:
@@ -146,15 +148,15 @@ def bind_symbols(model: Model, input_shapes: Mapping[str, tuple[int, ...]]) -> d
             continue
         concrete = tuple(int(d) for d in input_shapes[v.name])
         if len(concrete) != len(v.shape):
-            raise ValueError(f"input {v.name!r} has rank {len(v.shape)}, got shape {concrete}")
+            raise InputShapeError(f"input {v.name!r} has rank {len(v.shape)}, got shape {concrete}")
         for declared, dim in zip(v.shape, concrete):
             if isinstance(declared, str):
                 if symbols.setdefault(declared, dim) != dim:
-                    raise ValueError(
+                    raise InputShapeError(
                         f"symbol {declared!r} bound to {symbols[declared]} and to {dim}"
                     )
             elif isinstance(declared, int) and declared != dim:
-                raise ValueError(f"input {v.name!r}: dim {declared} fed as {dim}")
+                raise InputShapeError(f"input {v.name!r}: dim {declared} fed as {dim}")
     return symbols
 
 
@@ -181,6 +183,10 @@ def _execute(model: Model, feeds: Mapping[str, Any]) -> dict[str, ConcreteType] 
     for v in graph.inputs:
         if v.name in feeds:
             arr = feeds[v.name]
+            if not isinstance(arr, torch.Tensor) and (
+                isinstance(arr, list) or np.asarray(arr).dtype.kind not in "biufc"
+            ):
+                return None  # a sequence or strings: no tensor for torch, symbols only
             t = arr if isinstance(arr, torch.Tensor) else torch.from_numpy(np.asarray(arr))
             env[v.name] = t
             types[v.name] = (from_torch_dtype(t.dtype), tuple(int(d) for d in t.shape))

@@ -613,12 +613,14 @@ def analyze_model(
             execute are refused with its reason code, so the plan is what ``fuse()`` runs.
 
     Raises:
-        ValueError: unknown strategy.
+        OptionsError: (a ValueError) unknown strategy.
         HardwareError: unknown profile name (the message lists the known ones).
         FusionRuleConflict: two rules of equal priority claim the same nodes.
     """
     if strategy not in STRATEGIES:  # fail before the expensive stages
-        raise ValueError(f"unknown planner strategy {strategy!r}; known: {list(STRATEGIES)}")
+        from graph_autofusion.options import OptionsError  # a ValueError
+
+        raise OptionsError(f"unknown planner strategy {strategy!r}; known: {list(STRATEGIES)}")
     if isinstance(profile, str | os.PathLike):
         profile = load_profile(profile)
     timings: dict[str, float] = {}

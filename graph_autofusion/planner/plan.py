@@ -303,10 +303,12 @@ def plan(
     wall-clock time.
 
     Raises:
-        ValueError: unknown strategy.
+        OptionsError: (a ValueError) unknown strategy.
     """
     if strategy not in STRATEGIES:
-        raise ValueError(f"unknown planner strategy {strategy!r}; known: {list(STRATEGIES)}")
+        from graph_autofusion.options import OptionsError  # a ValueError
+
+        raise OptionsError(f"unknown planner strategy {strategy!r}; known: {list(STRATEGIES)}")
     t0 = time.perf_counter()
     rejected: list[Rejected] = []
     usable: list[PlanCandidate] = []

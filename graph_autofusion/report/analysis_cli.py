@@ -15,6 +15,14 @@ import sys
 from collections.abc import Sequence
 
 from graph_autofusion import defaults
+from graph_autofusion.cli_args import (
+    Parser,
+    check_input_file,
+    check_output_path,
+    fraction,
+    positive_int,
+    print_error,
+)
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.planner.plan import STRATEGIES
 
@@ -37,6 +45,9 @@ def run_analyze(args: argparse.Namespace) -> int:
     from graph_autofusion.planner.analysis import analyze_model, default_feeds
     from graph_autofusion.report.analysis_report import write_atomic
 
+    check_input_file(args.model, "model")
+    if args.html:  # before the work, not after it
+        check_output_path(args.html, "HTML report", make_folder=True)
     profile = load_profile(args.hardware)  # unknown name: HardwareError listing the known ones
     rules = builtin_rules().preset(args.preset)
     for path in args.rules or ():
@@ -97,7 +108,7 @@ def add_analyze_command(subparsers: argparse._SubParsersAction) -> argparse.Argu
     p.add_argument("--strategy", default="auto", choices=STRATEGIES)
     p.add_argument(
         "--benefit-threshold",
-        type=float,
+        type=fraction,
         default=defaults.BENEFIT_THRESHOLD,
         help="minimum relative saving to fuse (default 0.2; a rule may set its own)",
     )
@@ -116,8 +127,8 @@ def add_analyze_command(subparsers: argparse._SubParsersAction) -> argparse.Argu
         action="store_true",
         help="with --target: also list what the other target would fuse",
     )
-    p.add_argument("--max-cluster-nodes", type=int, default=defaults.MAX_CLUSTER_NODES)
-    p.add_argument("--max-cluster-inputs", type=int, default=defaults.MAX_CLUSTER_INPUTS)
+    p.add_argument("--max-cluster-nodes", type=positive_int, default=defaults.MAX_CLUSTER_NODES)
+    p.add_argument("--max-cluster-inputs", type=positive_int, default=defaults.MAX_CLUSTER_INPUTS)
     p.add_argument("--brief", action="store_true", help="no reason sentence under each row")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--html", metavar="PATH", help="also write a self-contained HTML report")
@@ -127,7 +138,7 @@ def add_analyze_command(subparsers: argparse._SubParsersAction) -> argparse.Argu
 
 def build_parser() -> argparse.ArgumentParser:
     """A parser with only the ``analyze`` command (the main CLI adds it to its own)."""
-    parser = argparse.ArgumentParser(prog="graph-autofusion")
+    parser = Parser(prog="graph-autofusion")
     sub = parser.add_subparsers(dest="command", required=True)
     add_analyze_command(sub)
     return parser
@@ -135,12 +146,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``analyze`` like the main CLI: errors print one line and return 2."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, or a usage error already printed on one line
+        return e.code if isinstance(e.code, int) else 2
     try:
         return int(args.func(args) or 0)
-    except (GraphAutoFusionError, FileNotFoundError) as e:
-        print(f"graph-autofusion: error: {e}", file=sys.stderr)
-        return 2
+    except (GraphAutoFusionError, OSError) as e:
+        return print_error(e)
 
 
 if __name__ == "__main__":  # pragma: no cover
