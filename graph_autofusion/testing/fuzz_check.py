@@ -373,7 +373,9 @@ class _Ctx:
         except Exception as exc:  # noqa: BLE001
             self.run.fail("onnx_checker", stage, str(exc)[:300])
         dtype = self.g.dtype
-        custom = any(n.domain == "ai.graph_autofusion" for n in fused.graph.nodes)
+        from graph_autofusion.codegen.ort_customop import library_ops
+
+        custom = bool(library_ops(fused))  # also inside If branches (the Gemv lowering)
         got = None
         if not custom:
             got = self.run.stage(f"{stage}.interpreter", lambda: run_model(fused, self.g.feeds))
