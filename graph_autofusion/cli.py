@@ -190,9 +190,8 @@ def _cmd_fuse(args: argparse.Namespace) -> int:
     check_input_file(args.model, "model")
     src, out = os.path.abspath(args.model), os.path.abspath(args.output)
     if os.path.exists(out) and not os.path.isfile(out):
-        raise ModelWriteError(
-            f"{args.output}: cannot write there: it is a directory or another non-regular file"
-        )
+        what = "a directory" if os.path.isdir(out) else "not a regular file (a device, a pipe)"
+        raise ModelWriteError(f"{args.output}: cannot write there: it is {what}")
     if src == out and not args.overwrite:
         raise ModelWriteError(
             f"{args.output}: the output is the input model; pass --overwrite to replace it"

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import os
+import reprlib
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ from typing import Any
 import yaml
 
 from graph_autofusion.errors import GraphAutoFusionError
-from graph_autofusion.yaml_util import load_yaml_with_nodes
+from graph_autofusion.yaml_util import load_yaml_with_nodes, read_yaml_file
 
 __all__ = [
     "HardwareError",
@@ -320,9 +321,14 @@ _OP_TABLES: dict[str, tuple[Callable[[Any, Any], bool], str]] = {
 }
 
 
+def _clip(v: Any) -> str:
+    """A short repr of ``v`` for messages (a hostile value may be huge)."""
+    return reprlib.repr(v)
+
+
 def _type_name(t: type | tuple[type, ...]) -> str:
     if t == (int, float):
-        return "a number"
+        return "a finite number"
     return {str: "a string", int: "an integer", dict: "a mapping"}.get(t, str(t))  # type: ignore[arg-type]
 
 
@@ -351,45 +357,48 @@ def _validate(data: Any, where: str, lines: dict[str, int]) -> None:
         if typ is int and isinstance(v, bool):
             ok = False
         if not ok:
-            fail(key, f"must be {_type_name(typ)}, got {type(v).__name__} {v!r}")
+            fail(key, f"must be {_type_name(typ)}, got {type(v).__name__} {_clip(v)}")
     if data.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
         fail("schema_version", f"unsupported version {data['schema_version']}")
     for key in ("name", "description"):
         if not data[key].strip():
             fail(key, "must not be empty")
     if data["kind"] not in KINDS:
-        fail("kind", f"must be one of {', '.join(KINDS)}, got {data['kind']!r}")
+        fail("kind", f"must be one of {', '.join(KINDS)}, got {_clip(data['kind'])}")
     for key in _POSITIVE:
         if data.get(key) is not None and not data[key] > 0:
-            fail(key, f"must be positive, got {data[key]!r}")
+            fail(key, f"must be positive, got {_clip(data[key])}")
     peaks = data["peak_gflops"]
     if "f32" not in peaks:
         fail("peak_gflops", "must list 'f32' (the fallback for dtypes not listed)")
     for dt, v in peaks.items():
         if not isinstance(dt, str) or not _is_number(v) or not v > 0:
-            fail("peak_gflops", f"entry {dt!r}: must be a positive number, got {v!r}")
+            fail("peak_gflops", f"entry {_clip(dt)}: must be a positive number, got {_clip(v)}")
     for k, v in (data.get("extra") or {}).items():
         if k in _OP_TABLES:
             entry_ok, what = _OP_TABLES[k]
             if not isinstance(v, dict) or not all(entry_ok(op, x) for op, x in v.items()):
-                fail("extra", f"entry {k!r}: {what}")
+                fail("extra", f"entry {_clip(k)}: {what}")
             continue
         if not isinstance(k, str) or not (_is_number(v) or isinstance(v, (str, bool))):
-            fail("extra", f"entry {k!r}: values must be numbers, strings or booleans")
+            fail("extra", f"entry {_clip(k)}: values must be numbers, strings or booleans")
     for k, v in (data.get("op_overhead_us") or {}).items():
         if not isinstance(k, str) or not k.strip():
-            fail("op_overhead_us", f"entry {k!r}: keys must be operator type names")
+            fail("op_overhead_us", f"entry {_clip(k)}: keys must be operator type names")
         if not _is_number(v) or not v > 0:
-            fail("op_overhead_us", f"entry {k!r}: must be a positive number (us), got {v!r}")
+            fail(
+                "op_overhead_us",
+                f"entry {_clip(k)}: must be a positive number (us), got {_clip(v)}",
+            )
     sources = data.get("sources") or {}
     if not isinstance(sources, dict):
         fail("sources", "must be a mapping")
     for k, v in sources.items():
         head = str(k).split(".", 1)[0]
         if head not in _REQUIRED and head not in _OPTIONAL:
-            fail("sources", f"entry {k!r} names no profile key")
+            fail("sources", f"entry {_clip(k)} names no profile key")
         if not isinstance(v, str) or not v.strip():
-            fail("sources", f"entry {k!r}: must be a non-empty string")
+            fail("sources", f"entry {_clip(k)}: must be a non-empty string")
 
 
 def _from_dict(data: dict[str, Any]) -> HardwareProfile:
@@ -465,10 +474,7 @@ def list_profiles() -> list[str]:
 
 
 def _read(path: Path) -> HardwareProfile:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise HardwareError(f"{path}: cannot read hardware profile: {e.strerror or e}") from None
+    text = read_yaml_file(path, HardwareError, "hardware profile")  # bounded size, UTF-8
     return parse_profile_text(text, str(path))
 
 

@@ -56,6 +56,8 @@ def save_onnx(
     data_path = os.path.join(folder, data_name)
     if not base or os.path.isdir(path):
         raise ModelWriteError(f"{path}: is a directory, not a file path")
+    if os.path.exists(path) and not os.path.isfile(path):  # os.replace would remove a device
+        raise ModelWriteError(f"{path}: exists and is not a regular file (a device or a pipe)")
     if not os.path.isdir(folder):
         raise ModelWriteError(f"{path}: destination folder {folder!r} does not exist")
     if not overwrite and os.path.exists(path):

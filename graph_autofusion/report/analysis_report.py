@@ -230,15 +230,27 @@ def render_html(report: AnalysisReport) -> str:
 def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``:
     readers never see a partial file, and on failure the old content stays."""
+    from graph_autofusion.errors import PathError
+
     dest = Path(path)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    if dest.exists() and not dest.is_file():  # a directory, a device (/dev/full), a pipe
+        raise PathError(f"{dest}: cannot write the report there: not a regular file")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    except OSError as e:  # read-only or missing folder: nothing was written
+        raise PathError(f"{dest}: cannot write the report: {e.strerror or e}") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, dest)
+    except OSError as e:  # a full disk: the temporary file goes, the old content stays
+        Path(tmp).unlink(missing_ok=True)
+        raise PathError(
+            f"{dest}: cannot write the report: {e.strerror or e}; nothing was written"
+        ) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
