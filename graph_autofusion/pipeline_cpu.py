@@ -28,7 +28,6 @@ Stages, in order (each timed in ``result.timings`` and able to dump its artifact
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -53,6 +52,7 @@ from graph_autofusion.pipeline import (
     plan_for_target,
     to_json,
 )
+from graph_autofusion.runtime.timing import median_us
 from graph_autofusion.verify.safety import SafetyResult
 
 
@@ -411,17 +411,6 @@ def _rewrite(model: Model, groups: list[KernelGroup], kernels: Mapping[str, Any]
     return lowered, CpuProgram(model, steps)
 
 
-def median_us(fn: Callable[[], Any], runs: int = 7) -> float:
-    """Median microseconds of ``runs`` calls of ``fn`` after one warm-up call."""
-    fn()
-    ts = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts) * 1e6
-
-
 def _unfused_runner(
     nodes: list,
     input_names: list[str],
@@ -519,8 +508,8 @@ def check_kernel(
             res.message = f"cosine {worst['cosine']:.6f} below {floor}"
     if res.passed and unfused is not None:
         with torch.no_grad():
-            res.time_unfused_us = median_us(lambda: unfused(*args))
-            res.time_fused_us = median_us(lambda: step(None, *args))
+            res.time_unfused_us = median_us(lambda: unfused(*args), key=low.key, side="unfused")
+            res.time_fused_us = median_us(lambda: step(None, *args), key=low.key, side="fused")
         if res.time_fused_us > res.time_unfused_us * speed_margin:
             res.passed, res.code = False, "slower"
             res.message = (

@@ -30,6 +30,7 @@ from graph_autofusion.patterns.rewrite import RewriteError
 from graph_autofusion.patterns.rules import FusionRule
 from graph_autofusion.pipeline import fuse_model
 from graph_autofusion.report.fuse_report import SafeFusionReport
+from graph_autofusion.runtime.timing import use_timer
 from graph_autofusion.testing import ort_outputs
 from graph_autofusion.verify.inputs import generate_inputs
 
@@ -247,18 +248,31 @@ SLOW_RULE = FusionRule(
 )
 
 
+def _slow_rewrites_timer(key, side, fn):
+    """Safe mode's timer (``runtime.timing.use_timer``): the sessions run for real, the times
+    are set: the slow_relu_neg fusion takes 10x its operators, every other fusion 0.8x."""
+    fn()
+    if side == "unfused":
+        return 10e-6
+    return 100e-6 if key.startswith("slow_relu_neg@") else 8e-6
+
+
 def test_slower_fusion_is_rolled_back_and_the_gelu_stays():
+    """The speed check's verdict drives the rollback: with a timer that makes one fusion
+    slower (and no real timing at all), that one is rolled back with ``slower`` and the
+    model rebuilt with the other, which keeps its measured times."""
     original = parse_model(SLOW_MODEL)
     rules = builtin_rules().preset("all") + SLOW_RULE
-    # a generous margin: the slow rewrite is >10x slower, the Gelu is not 3x slower
-    res = fuse_model(original, rules, PROFILE, check_speed=True, speed_margin=3.0)
+    with use_timer(_slow_rewrites_timer):
+        res = fuse_model(original, rules, PROFILE, check_speed=True, speed_margin=3.0)
     (bad,) = res.rolled_back
     assert (bad.rule, bad.code) == ("slow_relu_neg", "slower"), bad
     assert bad.result.cosine > 0.99999  # the math is right: only the speed is wrong
-    assert bad.result.time_fused_us > 3.0 * bad.result.time_unfused_us
+    assert (bad.result.time_unfused_us, bad.result.time_fused_us) == pytest.approx((10, 100))
+    assert bad.message == "fused 100.0 us > unfused 10.0 us x 3.0 on the real shapes"
     assert [low.rule for low in res.lowered] == ["gelu_erf"]
     good = res.safety[res.lowered[0].key]
-    assert good.passed and good.time_fused_us is not None and good.time_unfused_us is not None
+    assert good.passed and (good.time_unfused_us, good.time_fused_us) == pytest.approx((10, 8))
     assert res.measured_improvement() is not None
     got = ops(res.model)
     assert "MatMul" not in got and f"{MS}::Gelu" in got

@@ -21,7 +21,8 @@ def profile_kernel(result: Any, key: str | int, hardware: Any, *, runs: int = 20
     import torch
 
     from graph_autofusion.cost.hardware import load_profile
-    from graph_autofusion.pipeline_cpu import kernel_and_operators, median_us
+    from graph_autofusion.pipeline_cpu import kernel_and_operators
+    from graph_autofusion.runtime.timing import median_us
     from graph_autofusion.runtime.torch_runtime import TorchRunner
 
     if getattr(result, "program", None) is None:
@@ -44,8 +45,12 @@ def profile_kernel(result: Any, key: str | int, hardware: Any, *, runs: int = 20
         outs = outs if isinstance(outs, tuple | list) else (outs,)
         k_times, u_times = [], []
         for _ in range(3):  # alternate, so both see the same machine state
-            k_times.append(median_us(lambda: step(None, *args), max(1, runs // 3)))
-            u_times.append(median_us(lambda: unfused(*args), max(1, runs // 3)))
+            k_times.append(
+                median_us(lambda: step(None, *args), max(1, runs // 3), key=low.key, side="fused")
+            )
+            u_times.append(
+                median_us(lambda: unfused(*args), max(1, runs // 3), key=low.key, side="unfused")
+            )
         kernel_us, unfused_us = statistics.median(k_times), statistics.median(u_times)
     group = low.payload
     nbytes = sum(

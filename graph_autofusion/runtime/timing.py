@@ -3,13 +3,72 @@
 
     times = round_robin({"eager": f, "fused": g}, runs=20, warmup=3)   # name -> seconds
     stats = summarize(times)                                           # name -> ms, p10, p90
+
+Safe mode's speed check (the onnxruntime target's per-fusion timing and the cpu target's
+per-kernel timing) reads every duration through one boundary, :func:`current_timer`: a
+:data:`Timer` called as ``timer(key, side, fn)`` runs ``fn`` once and returns its seconds;
+``key`` is the fusion's key (``"gelu_erf@/mlp/Mul_1"``) and ``side`` is ``"unfused"`` or
+``"fused"``. The default, :func:`wall_timer`, reads
+``time.perf_counter``; :func:`use_timer` swaps it for the duration of a ``with`` block, so a
+test can make the fused side slower (or faster) deterministically and assert what safe mode
+does with that, instead of deciding from the machine's real, load-dependent speed::
+
+    with use_timer(lambda key, side, fn: (fn(), 5e-5 if side == "fused" else 1e-5)[1]):
+        result = fuse_model(model, rules, profile)      # every timed fusion is "slower"
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+
+#: ``timer(key, side, fn) -> seconds``: run ``fn`` once, return how long it took; ``key`` names
+#: the fusion timed, ``side`` is ``"unfused"`` or ``"fused"`` (what a stub needs to tell them
+#: apart).
+Timer = Callable[[str, str, Callable[[], object]], float]
+
+
+def wall_timer(key: str, side: str, fn: Callable[[], object]) -> float:
+    """The real timer: ``fn``'s wall time by ``time.perf_counter`` (``key``, ``side`` unused)."""
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+_TIMER: contextvars.ContextVar[Timer] = contextvars.ContextVar("gaf_timer", default=wall_timer)
+
+
+def current_timer() -> Timer:
+    """The timer safe mode's speed check uses now (:func:`wall_timer` unless swapped)."""
+    return _TIMER.get()
+
+
+@contextlib.contextmanager
+def use_timer(timer: Timer) -> Iterator[Timer]:
+    """Make ``timer`` the one :func:`current_timer` returns inside the ``with`` block."""
+    token = _TIMER.set(timer)
+    try:
+        yield timer
+    finally:
+        _TIMER.reset(token)
+
+
+def median_us(
+    fn: Callable[[], object],
+    runs: int = 7,
+    *,
+    key: str = "",
+    side: str = "",
+    timer: Timer | None = None,
+) -> float:
+    """Median microseconds of ``runs`` calls of ``fn`` after one warm-up call, each timed by
+    ``timer`` (default: :func:`current_timer`) as ``key``'s ``side``."""
+    timer = timer or current_timer()
+    fn()
+    return statistics.median([timer(key, side, fn) for _ in range(max(1, runs))]) * 1e6
 
 
 def round_robin(

@@ -30,7 +30,6 @@ captured activations) and runs them in onnxruntime:
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +39,7 @@ import numpy as np
 from graph_autofusion import defaults
 from graph_autofusion.ir.core import Model, Node, Value
 from graph_autofusion.patterns.matcher import const_value
+from graph_autofusion.runtime.timing import Timer, current_timer
 from graph_autofusion.verify.compare import compare_tensors
 from graph_autofusion.verify.fp16 import FP16_MAX, fp16_analysis
 from graph_autofusion.verify.inputs import generate_inputs
@@ -162,8 +162,12 @@ def _alias_hazard(original: Model, fused: Model, record: FusionRecord) -> str:
 
 
 # ----------------------------------------------------------------------------- timing
-def _times(a: Any, b: Any, feeds_a: dict, feeds_b: dict, runs: int) -> tuple[list, list]:
-    """Per-run wall times (µs) of sessions ``a`` and ``b``, interleaved, after 3 warm-ups."""
+def _times(
+    a: Any, b: Any, feeds_a: dict, feeds_b: dict, runs: int, timer: Timer, key: str
+) -> tuple[list, list]:
+    """Per-run times (µs) of sessions ``a`` (unfused) and ``b`` (fused) of fusion ``key``,
+    interleaved, after 3 warm-ups, each run timed by ``timer``
+    (:mod:`graph_autofusion.runtime.timing`)."""
     na = [o.name for o in a.get_outputs()]
     nb = [o.name for o in b.get_outputs()]
     for _ in range(3):
@@ -171,13 +175,8 @@ def _times(a: Any, b: Any, feeds_a: dict, feeds_b: dict, runs: int) -> tuple[lis
         b.run(nb, feeds_b)
     ta, tb = [], []
     for _ in range(max(1, runs)):  # interleaved, so load changes hit both alike
-        t0 = time.perf_counter_ns()
-        a.run(na, feeds_a)
-        t1 = time.perf_counter_ns()
-        b.run(nb, feeds_b)
-        t2 = time.perf_counter_ns()
-        ta.append((t1 - t0) / 1e3)
-        tb.append((t2 - t1) / 1e3)
+        ta.append(timer(key, "unfused", lambda: a.run(na, feeds_a)) * 1e6)
+        tb.append(timer(key, "fused", lambda: b.run(nb, feeds_b)) * 1e6)
     return ta, tb
 
 
@@ -227,6 +226,7 @@ def check_fusion(
     ort_level: str = "all",
     threads: int = 2,
     seed: int = 0,
+    timer: Timer | None = None,
 ) -> SafetyResult:
     """Check one fusion on the captured ``activations`` of the original model.
 
@@ -238,6 +238,8 @@ def check_fusion(
         speed_margin: Fused may take up to this factor of the unfused time.
         ort_level: Graph optimization level for timing (``disable``/``basic``/``all``); the
             numeric checks always run with optimizations off.
+        timer: Times each run of the speed check (default: the current timer of
+            :mod:`graph_autofusion.runtime.timing`, the wall clock unless a test swapped it).
 
     Returns:
         A :class:`SafetyResult`; ``code`` names the first failing check in the order alias,
@@ -343,11 +345,12 @@ def check_fusion(
             a = _session(timed_orig, ort_level, threads, spinning=True)
             b = _session(fused_proto, ort_level, threads, spinning=True)
             fa, fb = _feeds_for(a, feeds), _feeds_for(b, feeds)
-            ta, tb = _times(a, b, fa, fb, time_runs)
+            timer = timer or current_timer()
+            ta, tb = _times(a, b, fa, fb, time_runs, timer, record.key)
             tu, tf = statistics.median(ta), statistics.median(tb)
             slower = tf > tu * speed_margin
             if slower:  # confirm on a longer measurement, by median and by best run alike
-                ta, tb = _times(a, b, fa, fb, 2 * time_runs)
+                ta, tb = _times(a, b, fa, fb, 2 * time_runs, timer, record.key)
                 tu, tf = statistics.median(ta), statistics.median(tb)
                 slower = tf > tu * speed_margin and min(tb) > min(ta) * speed_margin
         except Exception as exc:
