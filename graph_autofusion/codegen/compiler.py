@@ -193,27 +193,42 @@ def compile_source(
         return BuiltSource(str(lib), str(src), key, True, 0.0)
     entry.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
-    fd, tmp_src = tempfile.mkstemp(prefix=".kernels-", suffix=".c", dir=entry)
-    with os.fdopen(fd, "w") as f:
-        f.write(source)
-    tmp_lib = tmp_src[:-2] + ".so"
-    cmd = [
-        *shlex.split(options.compiler),
-        *options.flags(),
-        tmp_src,
-        "-o",
-        tmp_lib,
-        "-lmvec",
-        "-lm",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        kept = str(entry / "failed.c")
-        os.replace(tmp_src, kept)
-        repro = " ".join(
-            shlex.quote(c) for c in [*cmd[:-4], kept, "-o", "/tmp/kernels.so", "-lmvec", "-lm"]
-        )
-        raise KernelCompileError(f"{options.compiler} failed on {what}", kept, proc.stderr, repro)
-    os.replace(tmp_src, src)
-    os.replace(tmp_lib, lib)
+    # The source first (same key, same bytes: a concurrent writer replaces it with itself),
+    # then the library under a private name, renamed into place once the linker is done.
+    # gcc runs in the entry folder on the relative name, so the library records "kernels.c",
+    # not a temporary or cache path: the same source gives the same bytes in any cache.
+    _write_atomic(src, source)
+    fd, tmp_lib = tempfile.mkstemp(prefix=".kernels-", suffix=".so", dir=entry)
+    os.close(fd)
+    tail = ["-lmvec", "-lm"]
+    cmd = [*shlex.split(options.compiler), *options.flags(), src.name, "-o", tmp_lib, *tail]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=entry)
+        if proc.returncode != 0:
+            kept = str(entry / "failed.c")
+            _write_atomic(Path(kept), source)
+            repro = " ".join(
+                shlex.quote(c) for c in [*cmd[:-5], kept, "-o", "/tmp/kernels.so", *tail]
+            )
+            raise KernelCompileError(
+                f"{options.compiler} failed on {what}", kept, proc.stderr, repro
+            )
+        os.replace(tmp_lib, lib)
+    finally:
+        if os.path.exists(tmp_lib):
+            os.unlink(tmp_lib)
     return BuiltSource(str(lib), str(src), key, False, time.perf_counter() - t)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a private temporary file in the same folder and
+    ``os.replace``: a reader sees the old file or the whole new one, never a part."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=path.suffix, dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
