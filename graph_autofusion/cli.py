@@ -124,14 +124,17 @@ def _load_feeds(path: str | None):
         raise SampleInputError(f"{path}: not an .npz file (no zip archive header); {how}")
     try:
         data = np.load(path, allow_pickle=False)
-        if not isinstance(data, np.lib.npyio.NpzFile):
-            raise ValueError("a single array, not an .npz keyed by input name")
-        with data:
-            feeds = {k: data[k] for k in data.files}
+        if isinstance(data, np.lib.npyio.NpzFile):
+            with data:
+                feeds = {k: data[k] for k in data.files}
+        else:  # a zip archive numpy read as something else
+            feeds = None
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
         raise SampleInputError(
             f"{path}: not a readable .npz of sample inputs ({one_line(e)}); {how}"
         ) from None
+    if feeds is None:
+        raise SampleInputError(f"{path}: not an .npz keyed by input name; {how}")
     if not feeds:
         raise SampleInputError(f"{path}: the .npz holds no arrays; {how}")
     return feeds

@@ -47,3 +47,7 @@ class PathError(GraphAutoFusionError, OSError):
 class InputShapeError(SampleInputError, ValueError):
     """A sample input's shape disagrees with the model's declared input (rank, a static dim,
     or a symbol bound to two values); the message names the input."""
+
+
+class MissingFileError(PathError, FileNotFoundError):
+    """A file the model needs is not there (a fused model's custom-operator library)."""

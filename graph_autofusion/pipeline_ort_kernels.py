@@ -32,9 +32,10 @@ from graph_autofusion.codegen.ort_customop import (
     ort_include_dir,
     register_library,
 )
+from graph_autofusion.errors import GraphAutoFusionError
 
 
-class CustomOpsUnavailable(Exception):
+class CustomOpsUnavailable(GraphAutoFusionError):
     """The library could not be built or loaded: fuse without custom operators."""
 
 

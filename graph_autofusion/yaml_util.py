@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from graph_autofusion.errors import GraphAutoFusionError
+
 __all__ = ["MAX_DEPTH", "MAX_NODES", "MAX_YAML_BYTES", "load_yaml_with_nodes", "read_yaml_file"]
 
 #: Largest rule or profile file read (the shipped profiles are ~2 KB, a calibrated host ~12 KB).
@@ -29,7 +31,9 @@ _OPEN = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
 _CLOSE = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
 
 
-def read_yaml_file(path: str | os.PathLike[str], error: type[Exception], what: str) -> str:
+def read_yaml_file(
+    path: str | os.PathLike[str], error: type[GraphAutoFusionError], what: str
+) -> str:
     """The text of ``path`` (UTF-8), at most :data:`MAX_YAML_BYTES`; any problem raises
     ``error`` naming the file (``what`` says what it is: "rule file", "hardware profile")."""
     try:
@@ -53,7 +57,7 @@ def _line(mark: Any) -> str:
     return f", line {mark.line + 1}" if mark is not None else ""
 
 
-def _check_bounds(loader: yaml.SafeLoader, path: str, error: type[Exception]) -> None:
+def _check_bounds(loader: yaml.SafeLoader, path: str, error: type[GraphAutoFusionError]) -> None:
     """Walk the event stream (without building anything) and refuse a document nested deeper
     than :data:`MAX_DEPTH` or larger than :data:`MAX_NODES` once aliases are expanded."""
     sizes = [0]  # expanded node count of each open collection (and the document)
@@ -94,7 +98,9 @@ def _check_bounds(loader: yaml.SafeLoader, path: str, error: type[Exception]) ->
             )
 
 
-def load_yaml_with_nodes(text: str, path: str, error: type[Exception]) -> tuple[Any, Any]:
+def load_yaml_with_nodes(
+    text: str, path: str, error: type[GraphAutoFusionError]
+) -> tuple[Any, Any]:
     """``(root node, data)`` of one YAML document; a syntax error, a non-plain tag (such as
     ``!!python/object``), or a document over the size, depth or alias-expansion bounds raises
     ``error`` naming ``path`` and the line."""

@@ -11,17 +11,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.ir.core import Value
 from graph_autofusion.patterns.pattern import MatchContext
 
 Check = Callable[[MatchContext], "str | None"]
 
 
+class UnboundVariableError(GraphAutoFusionError, KeyError):
+    """A constraint names a variable its rule's pattern does not bind."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0]) if self.args else ""
+
+
 def _get(ctx: MatchContext, name: str) -> Value:
     try:
         return ctx.values[name]
     except KeyError:
-        raise KeyError(f"constraint names %{name}, which the pattern does not bind") from None
+        raise UnboundVariableError(
+            f"constraint names %{name}, which the pattern does not bind"
+        ) from None
 
 
 def _named(fn: Check, text: str) -> Check:

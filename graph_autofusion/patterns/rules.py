@@ -42,6 +42,17 @@ class RuleSetError(GraphAutoFusionError, ValueError):
     """Rule sets that cannot be combined (a rule name used twice)."""
 
 
+class RuleDefinitionError(GraphAutoFusionError, ValueError):
+    """A rule defined in Python is incomplete or names a variable its pattern does not bind."""
+
+
+class UnknownRuleError(GraphAutoFusionError, KeyError):
+    """No rule of that name in the rule set (the message lists the names)."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0]) if self.args else ""
+
+
 @dataclass(frozen=True)
 class FusionRule:
     """One fusion rule.
@@ -92,7 +103,7 @@ class FusionRule:
     def __post_init__(self) -> None:
         if self.pattern is None:
             if not (self.op1 and self.op2):
-                raise ValueError(f"rule {self.name!r}: give a pattern, or op1 and op2")
+                raise RuleDefinitionError(f"rule {self.name!r}: give a pattern, or op1 and op2")
             b = PatternBuilder()
             op1 = OP_ALIASES.get(self.op1, self.op1)
             op2 = OP_ALIASES.get(self.op2, self.op2)
@@ -127,7 +138,7 @@ class FusionRule:
         for m in found:
             shared = m.values.get(self.horizontal)
             if shared is None:
-                raise ValueError(
+                raise RuleDefinitionError(
                     f"rule {self.name!r}: horizontal variable %{self.horizontal} is not bound "
                     f"by its pattern"
                 )
@@ -210,7 +221,7 @@ class RuleSet:
         for r in self.rules:
             if r.name == name:
                 return r
-        raise KeyError(f"no rule named {name!r}; rules: {[r.name for r in self.rules]}")
+        raise UnknownRuleError(f"no rule named {name!r}; rules: {[r.name for r in self.rules]}")
 
 
 @dataclass

@@ -106,7 +106,9 @@ def fused_session(path: str | Path, level: str = "all", threads: int = 2, **kw: 
     proto = onnx.load(str(path), load_external_data=False)
     lib = co.library_path_from_metadata(proto, str(path))
     if lib is not None and not os.path.exists(lib):
-        raise FileNotFoundError(
+        from graph_autofusion.errors import MissingFileError
+
+        raise MissingFileError(
             f"{path} needs its custom-operator library {lib}, which is missing (the kernel "
             f"folder written next to the model must stay next to it)"
         )

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import transformers
 
+from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.testing.export import _quiet
 
 SEQ = 12
@@ -32,7 +33,7 @@ SEQ = 12
 KNOWN_EXPORT_FAILURES = frozenset({("t5_encoder", "dynamo"), ("swin", "dynamo")})
 
 
-class KnownExportFailure(RuntimeError):
+class KnownExportFailure(GraphAutoFusionError, RuntimeError):
     """The torch exporter failed on a pair listed in :data:`KNOWN_EXPORT_FAILURES`."""
 
 

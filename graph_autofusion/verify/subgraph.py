@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.frontend.onnx_export import node_to_proto
 from graph_autofusion.frontend.onnx_frontend import to_onnx
 from graph_autofusion.frontend.onnx_types import make_value_info, tensor_for_value
@@ -18,7 +19,7 @@ from graph_autofusion.ir.core import Model, Node, Value
 from graph_autofusion.runtime.ort_session import _LEVELS, ort_session  # noqa: F401
 
 
-class SafetyCheckError(RuntimeError):
+class SafetyCheckError(GraphAutoFusionError, RuntimeError):
     """A check could not run (missing activation, a subgraph onnxruntime rejects)."""
 
 
