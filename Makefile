@@ -24,6 +24,7 @@ demo: $(STAMP) $(ORT_HEADERS)
 	$(BIN)/graph-autofusion demo
 
 test: $(STAMP) $(ORT_HEADERS)
+	sh tools/chromium.sh >/dev/null || echo "no headless Chromium: the HTML report's browser test is skipped" >&2
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 lint: $(STAMP)

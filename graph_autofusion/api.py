@@ -396,6 +396,27 @@ class GraphAutoFusion:
             ]
         return SafeFusionReport(self._need_result(), self.source_name)
 
+    def html_report(self, *, precision: bool = True) -> str:
+        """The self-contained HTML report (F14) of the last ``fuse()``: the graph before and
+        after, fused groups, the candidate table, the safe-fusion summary, precision per fusion
+        and per layer (``precision``: runs :meth:`verify_precision`), estimated against
+        measured time per fusion, the hardware profile. Before any ``fuse()``: the plan of
+        :meth:`analyze` on the model's graph."""
+        from graph_autofusion.report.html_report import html_report
+
+        if self.result is None:
+            analysis = self.analyze()
+            return html_report(analysis=analysis, model_name=self.source_name)
+        prec = self.verify_precision() if precision else None
+        return html_report(result=self.result, precision=prec, model_name=self.source_name)
+
+    def write_html_report(self, path: str | os.PathLike[str], *, precision: bool = True):
+        """Write :meth:`html_report` to ``path`` atomically (a temporary file, then
+        ``os.replace``: never a half-written page); returns the path."""
+        from graph_autofusion.report.analysis_report import write_atomic
+
+        return write_atomic(path, self.html_report(precision=precision))
+
     # ------------------------------------------------------------------ verification
     def _proto(self, model: Any):
         from graph_autofusion.frontend.onnx_frontend import to_onnx

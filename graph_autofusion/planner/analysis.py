@@ -192,6 +192,9 @@ class AnalysisReport:
     target: str | None = None
     #: What other targets would plan instead: name -> {"fusions", "performance_improvement"}.
     other_targets: dict[str, Any] = field(default_factory=dict)
+    #: The analyzed model and the HardwareProfile used (the HTML report draws and lists them).
+    model: Any = field(default=None, repr=False)
+    hardware: Any = field(default=None, repr=False)
 
     # ------------------------------------------------------------------ derived numbers
     @property
@@ -277,9 +280,11 @@ class AnalysisReport:
         return render_text(self, reasons=reasons)
 
     def to_html(self) -> str:
-        from graph_autofusion.report.analysis_report import render_html
+        """The self-contained HTML report of this plan: the graph with the planned groups,
+        the candidate table, the hardware profile (:mod:`graph_autofusion.report.html_report`)."""
+        from graph_autofusion.report.html_report import html_report
 
-        return render_html(self)
+        return html_report(analysis=self)
 
 
 def _us(s: float | None) -> float | None:
@@ -666,6 +671,7 @@ def analyze_model(
     report.timings["report"] = time.perf_counter() - t
     report.binding = binding
     report.target = getattr(target, "name", None)
+    report.model, report.hardware = model, profile
     return report
 
 

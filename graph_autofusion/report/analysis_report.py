@@ -3,9 +3,8 @@
 * :func:`render_text`: a console table, one row per candidate (source, operators, HBM accesses
   before -> after, time before -> after, GFLOPS before -> after, local memory need / capacity,
   verdict, plan outcome) and, with ``reasons``, the reason sentence under it; then the totals.
-* :func:`render_html`: one self-contained page (inline CSS, no scripts, every name escaped
-  with :func:`html.escape`) with the totals and the candidate table, and a bar per candidate
-  comparing its time before and after.
+* HTML: ``report.to_html()``, the self-contained report page of
+  :mod:`graph_autofusion.report.html_report` (graph, candidate table, hardware profile).
 * :func:`write_atomic`: write a rendering to a file through a temporary file and ``os.replace``.
 
 JSON is ``report.to_dict()``.
@@ -13,7 +12,6 @@ JSON is ``report.to_dict()``.
 
 from __future__ import annotations
 
-import html
 import os
 import tempfile
 from pathlib import Path
@@ -22,7 +20,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     from graph_autofusion.planner.analysis import AnalysisReport, CandidateAnalysis
 
-__all__ = ["render_html", "render_text", "write_atomic"]
+__all__ = ["render_text", "write_atomic"]
 
 
 def _short(s: str, width: int) -> str:
@@ -160,71 +158,6 @@ def _totals_lines(r: AnalysisReport) -> list[str]:
     if r.unknown_nodes:
         out.append(f"{r.unknown_nodes} node(s) of unknown cost are left out of the totals")
     return out
-
-
-_CSS = """
-body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
-table{border-collapse:collapse;font-size:13px}
-th,td{border:1px solid #ccc;padding:3px 6px;vertical-align:top}
-th{background:#f0f0f0;position:sticky;top:0}
-td.n{text-align:right;white-space:nowrap}
-tr.chosen td{background:#eef9ee}
-.v-fuse{color:#176b17}.v-skip-low-benefit{color:#7a5b00}
-.v-skip-local-memory-overflow{color:#a01818}.v-maybe{color:#555}
-.bar{height:6px;background:#c44;margin:1px 0}.bar.after{background:#4a4}
-.why{font-size:12px;color:#555}
-""".strip()
-
-
-def render_html(report: AnalysisReport) -> str:
-    """A self-contained HTML page: totals and the candidate table (names escaped)."""
-    r = report
-    e = html.escape
-    longest = max((c.cost.time_before_s or 0.0 for c in r.candidates), default=0.0) or 1.0
-    totals = "".join(f"<li>{e(line)}</li>" for line in _totals_lines(r))
-    notes = "".join(f"<li>{e(n)}</li>" for n in r.plan.notes)
-    head = "".join(f"<th>{e(h)}</th>" for h in HEADERS) + "<th>time</th><th>reason</th>"
-    body = []
-    for i, c in enumerate(r.candidates, 1):
-        fc = c.cost
-        cells = _row_cells(i, c)
-        cells[2] = ", ".join(fc.ops)
-        tb = (fc.time_before_s or 0.0) / longest * 100
-        ta = (fc.time_after_s or 0.0) / longest * 100
-        bars = (
-            f'<div class="bar" style="width:{tb:.1f}px"></div>'
-            f'<div class="bar after" style="width:{ta:.1f}px"></div>'
-        )
-        tds = []
-        for k, cell in enumerate(cells):
-            cls = ' class="n"' if k in (0, 3, 4, 5, 6) else ""
-            if k == 7:
-                cls = f' class="v-{e(cell)}"'
-            tds.append(f"<td{cls}>{e(cell)}</td>")
-        tds.append(f"<td>{bars}</td>")
-        tds.append(
-            f'<td class="why"><b>{e(c.key)}</b>: {e(c.message)}<br>nodes: '
-            f"{e(', '.join(fc.nodes))}</td>"
-        )
-        cls = ' class="chosen"' if c.chosen else ""
-        body.append(f"<tr{cls}>{''.join(tds)}</tr>")
-    title = f"Fusion benefit analysis: {r.model_name} on {r.profile}"
-    sym = ", ".join(f"{k}={v}" for k, v in sorted(r.symbols.items())) or "static"
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{e(title)}</title><style>{_CSS}</style></head><body>\n"
-        f"<h1>{e(title)}</h1>\n"
-        f"<p>{r.num_nodes} nodes; hardware {e(r.profile)} ({e(r.profile_kind)}); shapes "
-        f"{e(r.binding_method)} ({e(sym)}); strategy {e(r.strategy)} -&gt; "
-        f"{e(r.strategy_used)}; benefit threshold {r.benefit_threshold:.0%}</p>\n"
-        f"<h2>Totals</h2><ul>{totals}</ul>\n"
-        + (f"<h2>Planner notes</h2><ul>{notes}</ul>\n" if notes else "")
-        + "<h2>Candidates</h2>\n<p>Bars: time before (red) and after (green), scaled to the "
-        "slowest candidate. Green rows are chosen.</p>\n"
-        f"<table><thead><tr>{head}</tr></thead><tbody>\n"
-        + "\n".join(body)
-        + "\n</tbody></table>\n</body></html>\n"
-    )
 
 
 def write_atomic(path: str | os.PathLike[str], text: str) -> Path:

@@ -52,6 +52,16 @@ class SafeFusionReport:
         data["notes"] = r.notes
         return data
 
+    def to_html(self, precision: dict[str, Any] | None = None, hardware: Any = None) -> str:
+        """The self-contained HTML report of this run (:mod:`graph_autofusion.report.
+        html_report`); ``precision``: :meth:`GraphAutoFusion.verify_precision`'s dict for the
+        per-layer comparison (safe mode's per-fusion checks are in the result already)."""
+        from graph_autofusion.report.html_report import html_report
+
+        return html_report(
+            result=self.result, precision=precision, hardware=hardware, model_name=self.model_name
+        )
+
     def to_text(self, *, limit: int = 12) -> str:
         r = self.result
         s = r.summary()
