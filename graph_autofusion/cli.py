@@ -24,6 +24,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from graph_autofusion.frontend.loader import load_model
     from graph_autofusion.report.inspect import inspect_model
 
+    check_input_file(args.model, "model")
     model = load_model(args.model)
     report = inspect_model(model, name=str(args.model))
     if args.json:
@@ -36,6 +37,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_match(args: argparse.Namespace) -> int:
     from graph_autofusion.api import GraphAutoFusion
 
+    check_input_file(args.model, "model")
     gaf = GraphAutoFusion(
         args.model,
         preset=args.preset,
