@@ -700,11 +700,15 @@ def group_io(nodes: Sequence[Node], binding: ShapeBinding | None = None) -> Grou
     for n in nodes:
         if _is_strided_reduction(n) and n.inputs[0] is not None and n.inputs[0].name in inputs:
             strided.add(n.inputs[0].name)
-    meta = {
-        name
-        for name, v in inputs.items()
-        if all(id(u) not in members or is_meta_operand(u, i) for u, i in v.users if i >= 0)
+    # an input is a meta operand when every member slot reading it is one (read from the
+    # members' side: a shared constant has a user in every layer of the model)
+    data_read = {
+        v.name
+        for n in nodes
+        for i, v in enumerate(n.inputs)
+        if v is not None and v.name in inputs and not is_meta_operand(n, i)
     }
+    meta = {name for name in inputs if name not in data_read}
     if binding is not None:
         shadow_nodes = binding.nodes(nodes)
         conv = binding.value

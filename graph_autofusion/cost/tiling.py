@@ -297,14 +297,28 @@ def _group_key(
     intermediates: Sequence[Value],
 ) -> tuple[tuple, tuple[str, ...]]:
     """A key equal for groups of the same structure, shapes and dtypes (the repeated layers
-    of a model), and the group's value names in canonical order."""
+    of a model), and the group's value names in canonical order.
+
+    The data of a small constant is part of the key where the search may read it: integer
+    constants (axes, shapes) and what a ``Reduce*`` node reads past its first input. Float
+    data (a layer's LayerNorm gamma, its biases) never changes the plan, and keying on it
+    would give every layer its own search."""
     ids: dict[str, int] = {}
+    read_as_ints = {
+        id(v)
+        for n in nodes
+        if n.op_type.startswith("Reduce")
+        for v in n.inputs[1:]
+        if v is not None
+    }
 
     def vid(v: Value | None) -> Any:
         if v is None:
             return None
         c = const_value(v)  # axes, shapes: small constants the search reads
-        data = tuple(c.ravel().tolist()) if c is not None and c.size <= 64 else None
+        data = None
+        if c is not None and c.size <= 64 and (c.dtype.kind in "iub" or id(v) in read_as_ints):
+            data = tuple(c.ravel().tolist())
         return (ids.setdefault(v.name, len(ids)), str(v.dtype), v.shape, data)
 
     parts: list[Any] = [capacity]

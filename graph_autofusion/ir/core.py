@@ -16,6 +16,7 @@ Canonical operator vocabulary: ONNX operator names (domain ``""``) plus contrib 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -91,7 +92,7 @@ class Value:
         """Number of elements if the shape is static, else ``None``."""
         if not self.is_static:
             return None
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)  # exact ints (the dims are ints: is_static)
 
     def nbytes(self) -> int | None:
         n = self.numel()
@@ -272,6 +273,10 @@ class Node:
         return f"Node({self.name!r}: {outs} = {self.qualified_op}({ins}))"
 
 
+#: Offset of an inserted node's last key component: above every counter value (see add_node).
+_AFTER = 1 << 62
+
+
 class Graph:
     """A computation graph: inputs, initializers, nodes (kept in a topological order), outputs."""
 
@@ -290,6 +295,12 @@ class Graph:
         self.meta: dict[str, Any] = {}
         self._positions: dict[Node, int] | None = None
         self._sorted = True  # False once an edit may have broken topological order
+        # Order keys: tuples that sort the nodes in graph order. An appended node gets
+        # ``(seq,)``; a node inserted before X gets a key just below X's (see ``add_node``),
+        # so an insertion is O(1) and ``_nodes``' own order is restored lazily (``_order``).
+        self._keys: dict[Node, tuple[int, ...]] = {}
+        self._seq = itertools.count()
+        self._unordered = False  # True while _nodes' dict order lags the order keys
 
     @property
     def is_sorted(self) -> bool:
@@ -299,14 +310,35 @@ class Graph:
     def position(self, node: Node) -> int:
         """Index of ``node`` in the current order (cached until the graph changes)."""
         if self._positions is None:
-            self._positions = {n: i for i, n in enumerate(self._nodes)}
+            self._positions = {n: i for i, n in enumerate(self._order())}
         return self._positions[node]
+
+    def order_key(self, node: Node) -> tuple[int, ...]:
+        """A key that sorts this graph's nodes in their current order, valid until the graph
+        is reordered (unlike :meth:`position`, kept up to date in O(1) by insertions)."""
+        return self._keys[node]
+
+    def _order(self) -> dict[Node, None]:
+        """``_nodes`` in graph order (sorted by the order keys after insertions)."""
+        if self._unordered:
+            keys = self._keys
+            self._nodes = dict.fromkeys(sorted(self._nodes, key=keys.__getitem__))
+            self._unordered = False
+        return self._nodes
+
+    def _renumber(self, order: Iterable[Node]) -> None:
+        """Make ``order`` the node order, with fresh keys."""
+        self._nodes = dict.fromkeys(order)
+        self._keys = {n: (i,) for i, n in enumerate(self._nodes)}
+        self._seq = itertools.count(len(self._nodes))
+        self._unordered = False
+        self._positions = None
 
     # ----- read access -------------------------------------------------------------------
     @property
     def nodes(self) -> list[Node]:
         """Snapshot of the nodes in order; safe to mutate the graph while iterating."""
-        return list(self._nodes)
+        return list(self._order())
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -318,7 +350,7 @@ class Graph:
         """Every value: inputs, initializers, node outputs."""
         yield from self.inputs
         yield from self.initializers.values()
-        for n in self._nodes:
+        for n in self._order():
             yield from n._outputs
 
     def value_map(self) -> dict[str, Value]:
@@ -326,7 +358,7 @@ class Graph:
 
     def op_histogram(self) -> dict[str, int]:
         hist: dict[str, int] = {}
-        for n in self._nodes:
+        for n in self._order():
             hist[n.qualified_op] = hist.get(n.qualified_op, 0) + 1
         return dict(sorted(hist.items(), key=lambda kv: (-kv[1], kv[0])))
 
@@ -409,14 +441,17 @@ class Graph:
         self._claim_node_name(node)
         node.graph = self
         self._positions = None
+        self._nodes[node] = None
         if before is None:
-            self._nodes[node] = None
+            self._keys[node] = (next(self._seq),)  # above every key: last in order
         else:
+            # Just below ``before``'s key and above every key now below it (the last
+            # component lowered by one, then a component larger than any used so far):
+            # ``node`` sits right before ``before``, after earlier insertions there.
             self._sorted = False
-            items = list(self._nodes)
-            pos = items.index(before)
-            items.insert(pos, node)
-            self._nodes = dict.fromkeys(items)
+            k = self._keys[before]
+            self._keys[node] = (*k[:-1], k[-1] - 1, _AFTER + next(self._seq))
+            self._unordered = True
         return node
 
     def make_node(
@@ -475,6 +510,7 @@ class Graph:
         node._detach()
         self._positions = None
         del self._nodes[node]
+        del self._keys[node]
         self._node_names.discard(node.name)
         for out in node._outputs:
             self._names.discard(out.name)
@@ -510,7 +546,7 @@ class Graph:
     def remove_unused(self) -> int:
         """Delete nodes and initializers that no graph output depends on. Returns the count."""
         live = self._live_nodes()
-        dead = [n for n in self._nodes if n not in live]
+        dead = [n for n in self._order() if n not in live]
         for n in dead:
             n._detach()
         for n in dead:
@@ -538,9 +574,8 @@ class Graph:
         Raises:
             CycleError: if the graph has a cycle; the message names nodes on it.
         """
-        order = topological_order(list(self._nodes))
-        self._nodes = dict.fromkeys(order)
-        self._positions = None
+        order = topological_order(list(self._order()))
+        self._renumber(order)
         self._sorted = True
 
     def is_convex(self, nodes: Iterable[Node]) -> bool:
@@ -588,7 +623,8 @@ def is_convex(nodes: Iterable[Node]) -> bool:
     graph = next(iter(members)).graph
     limit = None
     if graph is not None and graph.is_sorted and all(n.graph is graph for n in members):
-        limit = max(graph.position(n) for n in members)
+        key = graph.order_key  # valid while the graph is edited (position() would renumber)
+        limit = max(key(n) for n in members)
     # Walk forward from every successor outside the set; if we reach a member, not convex.
     frontier = [s for n in members for s in n.successors() if s not in members]
     seen: set[Node] = set()
@@ -597,7 +633,7 @@ def is_convex(nodes: Iterable[Node]) -> bool:
         if n in seen:
             continue
         seen.add(n)
-        if limit is not None and n.graph is graph and graph.position(n) > limit:
+        if limit is not None and n.graph is graph and key(n) > limit:
             continue
         for s in n.successors():
             if s in members:

@@ -274,9 +274,10 @@ def fuse_match(
 
 
 def _still_sorted(graph, new_nodes: list[Node]) -> bool:
+    key = graph.order_key  # O(1) after insertions; position() would renumber every node
     for node in new_nodes:
-        pos = graph.position(node)
+        pos = key(node)
         for out in node.outputs:
-            if any(graph.position(u) < pos for u in out.user_nodes if u.graph is graph):
+            if any(key(u) < pos for u in out.user_nodes if u.graph is graph):
                 return False
     return True
