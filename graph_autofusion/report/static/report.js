@@ -33,7 +33,7 @@
   function arrow(p, d) { return p ? fmt(p[0], d) + " \u2192 " + fmt(p[1], d) : "?"; }
 
   // ------------------------------------------------------------------ graph layout
-  function nodeWidth(label) { return Math.max(46, Math.min(190, 7 * label.length + 16)); }
+  function nodeWidth(label, most) { return Math.max(46, Math.min(most || 190, 7 * label.length + 16)); }
   function shortOp(op) { var i = op.lastIndexOf("::"); return i >= 0 ? op.slice(i + 2) : op; }
 
   function members(view) {
@@ -61,7 +61,7 @@
         ids.forEach(function (i) { if (view.nodes[i][3] >= 0) fused[view.nodes[i][3]] = 1; });
         var nf = Object.keys(fused).length;
         var text = label + "  (" + ids.length + " ops" + (nf ? ", " + nf + " fused" : "") + ")";
-        g.setNode("b" + b, { width: nodeWidth(text), height: 34, block: +b, label: text, fused: nf });
+        g.setNode("b" + b, { width: nodeWidth(text, 420), height: 34, block: +b, label: text, fused: nf });
       } else {
         g.setNode("B" + b, { cluster: "block", block: +b, label: label });
         ids.forEach(function (i) { g.setParent(vis[i], "B" + b); });
@@ -367,9 +367,10 @@
     idx.forEach(function (i) { var b = view.nodes[i][2]; if (b >= 0 && c[b]) { c[b] = false; changed = true; } });
     if (changed) draw();
     var d = state.layout.node("G" + gi) || (idx.length ? state.layout.node("n" + idx[0]) : null);
-    if (d) centerOn(d.x, d.y, 1.1);
+    if (d) centerOn(d.x, d.y, 1);
     showGroup(gi);
     document.getElementById("graph-section").scrollIntoView();
+    window.scrollTo(0, window.scrollY);
   }
   window.GAF.revealGroup = revealGroup;
 
