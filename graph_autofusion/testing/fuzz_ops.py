@@ -106,7 +106,7 @@ def binary(b: B) -> None:
         y_name, y_mag = b.tame(other).name, b.tame(other).mag
     else:
         shape = _bcast_shape(b.c, x.shape)
-        if b.symbolic and len(shape) == len(x.shape):  # no constant dim against ``batch``
+        if b.symbolic and shape and len(shape) == len(x.shape):  # no constant dim vs ``batch``
             shape = (1, *shape[1:])
         if b.compute == "int64":
             arr = b.rng.integers(-3, 4, shape)
