@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from graph_autofusion import reasons
+
 MINILM_SENTENCES = (
     "Operator fusion merges small kernels into one.",
     "The cat sat quietly on the warm windowsill.",
@@ -198,7 +200,7 @@ def _summary(
     m: dict[str, Any], mt: dict[str, Any] | None, llama: dict[str, Any] | None
 ) -> list[str]:
     a, r = m["analysis"], m["result"]
-    skipped = Counter(c.code or "not-chosen" for c in a.candidates if not c.chosen)
+    skipped = Counter(c.code or reasons.NOT_CHOSEN for c in a.candidates if not c.chosen)
     lines = ["", "== Summary (every number measured in this run)"]
     lines.append(
         f"MiniLM (onnxruntime target): {len(a.candidates)} candidates, {len(r.lowered)} fused "

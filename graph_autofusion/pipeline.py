@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from graph_autofusion import defaults
+from graph_autofusion import defaults, reasons
 from graph_autofusion.codegen.attention_layout import absorb_layout
 from graph_autofusion.codegen.gemm_reshape import flatten_gemms
 from graph_autofusion.codegen.onnxruntime import (
@@ -173,7 +173,7 @@ class FuseResult:
             out[f"rolled-back:{r.code}"] = out.get(f"rolled-back:{r.code}", 0) + 1
         for c in self.analysis.candidates if self.analysis is not None else ():
             if not c.chosen:
-                out[c.code or "not-chosen"] = out.get(c.code or "not-chosen", 0) + 1
+                out[c.code or reasons.NOT_CHOSEN] = out.get(c.code or reasons.NOT_CHOSEN, 0) + 1
         return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
 
     def fused_op_counts(self) -> dict[str, int]:
@@ -443,7 +443,7 @@ def _fuse_model(
             NotLowered(
                 candidate_key(rm.rule.name, rm.match.root),
                 rm.rule.name,
-                "no-native-form",
+                reasons.NO_NATIVE_FORM,
                 f"{rm.rule.fuse_pattern} has no onnxruntime-native operator (its generic local "
                 f"function would be inlined and run unfused)",
             )
@@ -561,7 +561,7 @@ def _fuse_model(
         )
         for low in result.lowered:
             result.rolled_back.append(
-                RolledBack(low.key, low.rule, "end-to-end", "the whole fused model differs")
+                RolledBack(low.key, low.rule, reasons.END_TO_END, "the whole fused model differs")
             )
         result.model = clone_model(original)
         result.lowered = []

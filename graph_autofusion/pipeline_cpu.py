@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from graph_autofusion import reasons
 from graph_autofusion.codegen.kernel_ir import Kernel
 from graph_autofusion.codegen.lower import KernelReason, KernelRefused
 from graph_autofusion.codegen.onnxruntime import Lowered, NotLowered
@@ -492,9 +493,9 @@ def check_kernel(
         with torch.no_grad():
             got = step(None, *args)
     except Exception as exc:  # noqa: BLE001 - a failing kernel is rolled back, never a crash
-        return SafetyResult(low.key, False, "error", f"{type(exc).__name__}: {exc}")
+        return SafetyResult(low.key, False, reasons.ERROR, f"{type(exc).__name__}: {exc}")
     got = got if isinstance(got, tuple | list) else (got,)
-    res = SafetyResult(low.key, True, "ok", "kernel outputs equal its unfused operators'")
+    res = SafetyResult(low.key, True, reasons.OK, "kernel outputs equal its unfused operators'")
     worst = None
     for name, t in zip(low.outputs, got):
         if name in expected:
@@ -504,14 +505,14 @@ def check_kernel(
     if worst is not None:
         res.cosine, res.max_abs, res.max_rel = worst["cosine"], worst["max_abs"], worst["max_rel"]
         if worst["cosine"] < floor:
-            res.passed, res.code = False, "numerics"
+            res.passed, res.code = False, reasons.NUMERICS
             res.message = f"cosine {worst['cosine']:.6f} below {floor}"
     if res.passed and unfused is not None:
         with torch.no_grad():
             res.time_unfused_us = median_us(lambda: unfused(*args), key=low.key, side="unfused")
             res.time_fused_us = median_us(lambda: step(None, *args), key=low.key, side="fused")
         if res.time_fused_us > res.time_unfused_us * speed_margin:
-            res.passed, res.code = False, "slower"
+            res.passed, res.code = False, reasons.SLOWER
             res.message = (
                 f"kernel {res.time_fused_us:.1f} us vs unfused {res.time_unfused_us:.1f} us"
             )
@@ -610,6 +611,6 @@ def _end_to_end(result, feeds, options, build, notes, reference=None) -> None:
         notes.append("the end-to-end comparison failed: every fusion rolled back")
         for low in result.lowered:
             result.rolled_back.append(
-                RolledBack(low.key, low.rule, "end-to-end", "the whole fused model differs")
+                RolledBack(low.key, low.rule, reasons.END_TO_END, "the whole fused model differs")
             )
         build([], [])

@@ -24,12 +24,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from graph_autofusion import reasons
 from graph_autofusion.planner.controls import ControlError
 
 __all__ = ["ProgressiveResult", "StageOutcome", "fuse_progressive", "resolve_stages"]
 
 #: Rollback codes that are not numerical failures: they drop a fusion, not a stage.
-NOT_A_FAILURE = frozenset({"slower"})
+NOT_A_FAILURE = reasons.NOT_A_FAILURE
 
 
 @dataclass

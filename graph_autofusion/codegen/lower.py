@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from graph_autofusion import reasons
 from graph_autofusion.codegen.kernel_ir import (
     ELEM,
     FLOAT_ONLY,
@@ -47,15 +48,15 @@ from graph_autofusion.ir.dtypes import DType
 class KernelReason:
     """Why a group cannot become a generated kernel (reason codes, docs/reasons.md)."""
 
-    UNSUPPORTED_OP = "codegen-unsupported-op"
-    UNSUPPORTED_DTYPE = "codegen-unsupported-dtype"
-    UNKNOWN_SHAPE = "codegen-unknown-shape"
-    LAYOUT_INSIDE = "codegen-layout-inside-group"
-    REDUCTION_MISMATCH = "codegen-reduction-mismatch"
-    BROADCAST = "codegen-broadcast"
-    OUTPUT_SHAPE = "codegen-output-shape"
-    CONTRACTION = "codegen-contraction-not-first"
-    COMPILE_FAILED = "codegen-compile-failed"
+    UNSUPPORTED_OP = reasons.CODEGEN_UNSUPPORTED_OP
+    UNSUPPORTED_DTYPE = reasons.CODEGEN_UNSUPPORTED_DTYPE
+    UNKNOWN_SHAPE = reasons.CODEGEN_UNKNOWN_SHAPE
+    LAYOUT_INSIDE = reasons.CODEGEN_LAYOUT_INSIDE
+    REDUCTION_MISMATCH = reasons.CODEGEN_REDUCTION_MISMATCH
+    BROADCAST = reasons.CODEGEN_BROADCAST
+    OUTPUT_SHAPE = reasons.CODEGEN_OUTPUT_SHAPE
+    CONTRACTION = reasons.CODEGEN_CONTRACTION_NOT_FIRST
+    COMPILE_FAILED = reasons.CODEGEN_COMPILE_FAILED
 
 
 class KernelRefused(GraphAutoFusionError):

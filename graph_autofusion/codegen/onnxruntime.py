@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from graph_autofusion import reasons
 from graph_autofusion.ir.core import Model, Node, Value
 from graph_autofusion.patterns.candidates import RuleMatch
 from graph_autofusion.patterns.rewrite import RewriteError, fuse_match
@@ -27,11 +28,11 @@ TARGET = "onnxruntime"
 class LowerReason:
     """Why a planned fusion was not lowered for onnxruntime."""
 
-    NO_NATIVE_RULE = "no-native-form"  # the rule has no onnxruntime operator
-    DECLINED = "native-declined"  # the native rewrite does not apply to this instance
-    CLUSTER = "needs-codegen"  # an automatic cluster: no operator exists for it
-    STALE = "stale"  # its nodes were already rewritten by another fusion
-    ERROR = "rewrite-error"  # the rewrite raised; the graph is unchanged by it
+    NO_NATIVE_RULE = reasons.NO_NATIVE_FORM  # the rule has no onnxruntime operator
+    DECLINED = reasons.NATIVE_DECLINED  # the native rewrite does not apply to this instance
+    CLUSTER = reasons.NEEDS_CODEGEN  # an automatic cluster: no operator exists for it
+    STALE = reasons.STALE  # its nodes were already rewritten by another fusion
+    ERROR = reasons.REWRITE_ERROR  # the rewrite raised; the graph is unchanged by it
 
 
 @dataclass

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from graph_autofusion import reasons
 from graph_autofusion.codegen.compiler import BuiltSource, CodegenOptions, compile_source
 from graph_autofusion.codegen.kernel_ir import Kernel
 from graph_autofusion.codegen.ort_customop_c import (
@@ -51,11 +52,11 @@ NO_HEADER = "onnxruntime C API header not available"
 class CustomOpReason:
     """Why a planned group is not a custom operator (reason codes, docs/reasons.md)."""
 
-    NO_HEADER = "customop-no-header"
-    WRAPPER = "customop-unsupported"
-    NATIVE_PREFERRED = "customop-native-preferred"
-    BUILD_FAILED = "customop-build-failed"
-    LOAD_FAILED = "customop-load-failed"
+    NO_HEADER = reasons.CUSTOMOP_NO_HEADER
+    WRAPPER = reasons.CUSTOMOP_UNSUPPORTED
+    NATIVE_PREFERRED = reasons.CUSTOMOP_NATIVE_PREFERRED
+    BUILD_FAILED = reasons.CUSTOMOP_BUILD_FAILED
+    LOAD_FAILED = reasons.CUSTOMOP_LOAD_FAILED
 
 
 class CustomOpBuildError(GraphAutoFusionError):

@@ -69,7 +69,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from graph_autofusion import defaults
+from graph_autofusion import defaults, reasons
 from graph_autofusion.catalog.cost import node_bytes, node_flops
 from graph_autofusion.cost.shapes import ShapeBinding
 from graph_autofusion.cost.tiling import TilePlan, plan_tiles, reduced_axes
@@ -146,10 +146,10 @@ MAYBE_BAND = 0.02
 
 
 class Verdict(str, enum.Enum):
-    FUSE = "fuse"
-    SKIP_LOW_BENEFIT = "skip-low-benefit"
-    SKIP_LOCAL_MEMORY_OVERFLOW = "skip-local-memory-overflow"
-    MAYBE = "maybe"
+    FUSE = reasons.FUSE
+    SKIP_LOW_BENEFIT = reasons.SKIP_LOW_BENEFIT
+    SKIP_LOCAL_MEMORY_OVERFLOW = reasons.SKIP_LOCAL_MEMORY_OVERFLOW
+    MAYBE = reasons.MAYBE
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from graph_autofusion import reasons
 from graph_autofusion.catalog.registry import schema_of
 from graph_autofusion.ir.core import (  # noqa: F401 (const_value: re-exported)
     Graph,
@@ -40,21 +41,21 @@ from graph_autofusion.patterns.pattern import (
 class Reason:
     """Reason codes for a failed match (documented in docs/reasons.md)."""
 
-    OP_MISMATCH = "op-mismatch"
-    NO_PRODUCER = "no-producer"
-    OUTPUT_INDEX = "output-index"
-    ARITY = "arity"
-    ATTR_MISMATCH = "attr-mismatch"
-    DTYPE = "dtype"
-    RANK = "rank"
-    DYNAMIC_SHAPE = "dynamic-shape"
-    NOT_CONST = "not-constant"
-    VALUE_MISMATCH = "value-mismatch"
-    BINDING_CONFLICT = "binding-conflict"
-    CHECK_FAILED = "check-failed"
-    EXTERNAL_USER = "external-user"
-    NOT_CONVEX = "not-convex"
-    HORIZONTAL = "too-few-siblings"
+    OP_MISMATCH = reasons.OP_MISMATCH
+    NO_PRODUCER = reasons.NO_PRODUCER
+    OUTPUT_INDEX = reasons.OUTPUT_INDEX
+    ARITY = reasons.ARITY
+    ATTR_MISMATCH = reasons.ATTR_MISMATCH
+    DTYPE = reasons.DTYPE
+    RANK = reasons.RANK
+    DYNAMIC_SHAPE = reasons.DYNAMIC_SHAPE
+    NOT_CONST = reasons.NOT_CONSTANT
+    VALUE_MISMATCH = reasons.VALUE_MISMATCH
+    BINDING_CONFLICT = reasons.BINDING_CONFLICT
+    CHECK_FAILED = reasons.CHECK_FAILED
+    EXTERNAL_USER = reasons.EXTERNAL_USER
+    NOT_CONVEX = reasons.NOT_CONVEX
+    HORIZONTAL = reasons.TOO_FEW_SIBLINGS
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from graph_autofusion import reasons
 from graph_autofusion.catalog.registry import FusionKind, schema_of
 from graph_autofusion.ir.core import Graph, Node, RawAttribute, Value, topological_order
 
@@ -36,24 +37,24 @@ class PairReason:
     """Reason codes of pair verdicts and cluster merges (documented in docs/clustering.md)."""
 
     # fusible pairs
-    LOOP_FUSION = "loop-fusion"
-    REDUCTION_PROLOGUE = "reduction-prologue"
-    REDUCTION_EPILOGUE = "reduction-epilogue"
-    CONTRACTION_EPILOGUE = "contraction-epilogue"
+    LOOP_FUSION = reasons.LOOP_FUSION
+    REDUCTION_PROLOGUE = reasons.REDUCTION_PROLOGUE
+    REDUCTION_EPILOGUE = reasons.REDUCTION_EPILOGUE
+    CONTRACTION_EPILOGUE = reasons.CONTRACTION_EPILOGUE
     # refused pairs
-    HAS_SUBGRAPH = "has-subgraph"
-    UNKNOWN_OP = "unknown-op"
-    OPAQUE_OP = "opaque-op"
-    DATA_MOVEMENT = "data-movement"
-    TWO_CONTRACTIONS = "two-contractions"
-    CONTRACTION_PROLOGUE = "contraction-prologue"
-    NOT_ELEMENTWISE_EPILOGUE = "not-elementwise-epilogue"
-    REDUCE_AFTER_REDUCE = "reduce-after-reduce"
+    HAS_SUBGRAPH = reasons.HAS_SUBGRAPH
+    UNKNOWN_OP = reasons.UNKNOWN_OP
+    OPAQUE_OP = reasons.OPAQUE_OP
+    DATA_MOVEMENT = reasons.DATA_MOVEMENT
+    TWO_CONTRACTIONS = reasons.TWO_CONTRACTIONS
+    CONTRACTION_PROLOGUE = reasons.CONTRACTION_PROLOGUE
+    NOT_ELEMENTWISE_EPILOGUE = reasons.NOT_ELEMENTWISE_EPILOGUE
+    REDUCE_AFTER_REDUCE = reasons.REDUCE_AFTER_REDUCE
     # refused merges of groups (clustering only)
-    NOT_CONVEX = "not-convex"
-    MAX_NODES = "max-nodes"
-    MAX_INPUTS = "max-inputs"
-    REDUCTION_MISMATCH = "reduction-mismatch"
+    NOT_CONVEX = reasons.NOT_CONVEX
+    MAX_NODES = reasons.MAX_NODES
+    MAX_INPUTS = reasons.MAX_INPUTS
+    REDUCTION_MISMATCH = reasons.REDUCTION_MISMATCH
 
 
 #: Codes of fusible pairs (the clusterer's phases: see ``clustering.PHASES``).

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from graph_autofusion import defaults
+from graph_autofusion import defaults, reasons
 from graph_autofusion.cost.hardware import load_profile
 from graph_autofusion.cost.model import (
     DEFAULT_BENEFIT_THRESHOLD,
@@ -76,9 +76,9 @@ __all__ = [
 ]
 
 #: Reason code of a chosen candidate.
-CHOSEN = "chosen"
+CHOSEN = reasons.CHOSEN
 #: Reason code of a cluster whose nodes are exactly a rule match's (the rule is preferred).
-SAME_AS_RULE = "same-as-rule"
+SAME_AS_RULE = reasons.SAME_AS_RULE
 #: Default value of a symbolic dim in position 0 (batch) and elsewhere (sequence ...).
 DEFAULT_BATCH = 1
 DEFAULT_DIM = 16
@@ -520,7 +520,7 @@ def build_report(
             code, message = CHOSEN, fc.reason
         else:
             r = why.get(id(pc))
-            code, message = (r.code, r.message) if r else ("illegal", fc.reason)
+            code, message = (r.code, r.message) if r else (reasons.ILLEGAL, fc.reason)
         analyses.append(
             CandidateAnalysis(
                 pc.key,

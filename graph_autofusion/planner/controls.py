@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from graph_autofusion import reasons
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.ir.dtypes import DType
 
@@ -41,8 +42,8 @@ __all__ = [
     "parse_size_switch",
 ]
 
-PRECISION_CONSTRAINT = "precision-constraint"
-SIZE_SWITCH_OFF = "size-switch-off"
+PRECISION_CONSTRAINT = reasons.PRECISION_CONSTRAINT
+SIZE_SWITCH_OFF = reasons.SIZE_SWITCH_OFF
 
 REDUCTIONS = (
     "ReduceMean",

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from graph_autofusion import reasons
 from graph_autofusion.ir.core import Node
 
 DP_LIMIT = 16
@@ -42,10 +43,10 @@ STRATEGIES = ("auto", "greedy", "dp", "evolutionary")
 class PlanReason:
     """Why the planner did not choose a candidate."""
 
-    ILLEGAL = "illegal"  # the cost model or legality check refused it (its own code is kept)
-    OVERLAP = "overlap"  # shares nodes with a chosen candidate of larger total saving
-    CYCLE = "joint-cycle"  # fusing it together with the chosen ones would create a cycle
-    NO_SAVING = "no-saving"  # estimated saving is not positive
+    ILLEGAL = reasons.ILLEGAL  # the cost model or legality check refused it (its own code is kept)
+    OVERLAP = reasons.OVERLAP  # shares nodes with a chosen candidate of larger total saving
+    CYCLE = reasons.JOINT_CYCLE  # fusing it together with the chosen ones would create a cycle
+    NO_SAVING = reasons.NO_SAVING  # estimated saving is not positive
 
 
 @dataclass(eq=False)

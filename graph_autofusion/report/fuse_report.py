@@ -6,6 +6,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from graph_autofusion import reasons
+
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:+.1f}%"
@@ -97,7 +99,7 @@ class SafeFusionReport:
                 lines.append(f"  {b.key}: [{b.code}] {b.message}")
             if len(r.rolled_back) > limit:
                 lines.append(f"  ... {len(r.rolled_back) - limit} more")
-        byrule = Counter(n.rule for n in r.not_lowered if n.code == "no-native-form")
+        byrule = Counter(n.rule for n in r.not_lowered if n.code == reasons.NO_NATIVE_FORM)
         if byrule:
             lines.append(
                 "no onnxruntime-native form (left unfused): "

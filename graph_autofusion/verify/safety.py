@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from graph_autofusion import defaults
+from graph_autofusion import defaults, reasons
 from graph_autofusion.ir.core import Model, Node, Value
 from graph_autofusion.patterns.matcher import const_value
 from graph_autofusion.runtime.timing import Timer, current_timer
@@ -246,7 +246,7 @@ def check_fusion(
         error, fp16-overflow, numerics, monte-carlo, slower.
     """
     floor = record.tolerance if cosine_floor is None else cosine_floor
-    res = SafetyResult(record.key, True, "ok", "")
+    res = SafetyResult(record.key, True, reasons.OK, "")
 
     def fail(code: str, message: str) -> SafetyResult:
         res.passed, res.code, res.message = False, code, message
@@ -254,7 +254,7 @@ def check_fusion(
 
     hazard = _alias_hazard(original, fused, record)
     if hazard:
-        return fail("alias", hazard)
+        return fail(reasons.ALIAS, hazard)
     try:
         internal = [
             o.name
@@ -280,11 +280,13 @@ def check_fusion(
         feeds = {k: np.asarray(activations[k]) for k in wanted if k in activations}
         missing = [k for k in wanted if k not in feeds]
         if missing:
-            return fail("error", f"activations not captured: %{', %'.join(sorted(set(missing)))}")
+            return fail(
+                reasons.ERROR, f"activations not captured: %{', %'.join(sorted(set(missing)))}"
+            )
         ref = _run(orig_sess, feeds)
         got = _run(fused_sess, feeds)
     except Exception as exc:  # a subgraph ORT rejects is a fusion we cannot vouch for
-        return fail("error", f"{type(exc).__name__}: {exc}")
+        return fail(reasons.ERROR, f"{type(exc).__name__}: {exc}")
 
     per_output = {}
     for name in record.outputs:
@@ -299,17 +301,18 @@ def check_fusion(
     try:
         res.fp16_max, overflow = fp16_analysis(original, fused, record, orig_proto, feeds, internal)
     except Exception as exc:
-        return fail("error", f"fp16 range analysis failed: {type(exc).__name__}: {exc}")
+        return fail(reasons.ERROR, f"fp16 range analysis failed: {type(exc).__name__}: {exc}")
     if overflow:
-        return fail("fp16-overflow", overflow)
+        return fail(reasons.FP16_OVERFLOW, overflow)
     if new_nonfinite and res.fp16_max is not None:
         return fail(
-            "fp16-overflow", f"fused output %{new_nonfinite[0]} has inf/nan; the original has none"
+            reasons.FP16_OVERFLOW,
+            f"fused output %{new_nonfinite[0]} has inf/nan; the original has none",
         )
     if res.cosine < floor:
         worst = min(per_output, key=lambda k: per_output[k]["cosine"])
         return fail(
-            "numerics",
+            reasons.NUMERICS,
             f"%{worst}: cosine {res.cosine:.6f} < {floor} (max abs {res.max_abs:.3g}, "
             f"max rel {res.max_rel:.3g})",
         )
@@ -327,7 +330,7 @@ def check_fusion(
         res.details["mc_cosines"] = cosines
         if min(cosines) < floor:
             return fail(
-                "monte-carlo",
+                reasons.MONTE_CARLO,
                 f"{sum(c < floor for c in cosines)}/{len(cosines)} perturbed samples fall below "
                 f"cosine {floor} (lowest {min(cosines):.6f}, spread {res.mc_spread:.3g})",
             )
@@ -354,11 +357,11 @@ def check_fusion(
                 tu, tf = statistics.median(ta), statistics.median(tb)
                 slower = tf > tu * speed_margin and min(tb) > min(ta) * speed_margin
         except Exception as exc:
-            return fail("error", f"timing failed: {type(exc).__name__}: {exc}")
+            return fail(reasons.ERROR, f"timing failed: {type(exc).__name__}: {exc}")
         res.time_unfused_us, res.time_fused_us = tu, tf
         if slower:
             return fail(
-                "slower",
+                reasons.SLOWER,
                 f"fused {tf:.1f} us > unfused {tu:.1f} us x {speed_margin} on the real shapes",
             )
     res.message = f"cosine {res.cosine:.6f}, max abs {res.max_abs:.3g}"
