@@ -204,8 +204,15 @@ def _cmd_fuse(args: argparse.Namespace) -> int:
     folder = os.path.dirname(out)
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
         raise ModelWriteError(f"{args.output}: cannot write there (folder missing or read-only)")
-    if args.html:  # before the work, not after it
-        check_output_path(args.html, "HTML report")
+    if args.html:  # before the work, not after it (the report's folder is created)
+        check_output_path(args.html, "HTML report", make_folder=True)
+    if args.custom_ops and args.target != "onnxruntime":
+        from graph_autofusion.options import OptionsError
+
+        raise OptionsError(
+            f"--custom-ops is an onnxruntime-target option; --target {args.target} generates "
+            f"its kernels anyway (drop --custom-ops, or use --target onnxruntime)"
+        )
     gaf = GraphAutoFusion(
         args.model,
         preset=args.preset,

@@ -64,6 +64,10 @@ CASES = [
     ("hardware-no-subcommand", "hardware", ["required"]),
     ("fuse-no-output", "fuse {model}", ["-o/--output", "required"]),
     ("unknown-option", "inspect {model} --colour", ["--colour"]),
+    ("fuse-size-switch", "fuse {model} -o {out} --size-switch bad", ["'bad'", "RULE:INPUT[AXIS]"]),
+    ("fuse-keep-fp32", "fuse {model} -o {out} --keep-fp32 Bogus", ["'Bogus'", "ReduceMean"]),
+    ("fuse-stage", "fuse {model} -o {out} --stage nope", ["'nope'", "bias_gelu"]),
+    ("fuse-custom-ops-cpu", "fuse {model} -o {out} --target cpu --custom-ops", ["onnxruntime"]),
     # rule files
     (
         "fuse-rules-missing",
@@ -132,6 +136,8 @@ CASES = [
     ("fuse-output-is-the-input", "fuse {model} -o {model}", ["--overwrite"]),
     ("fuse-output-is-a-device", "fuse {model} -o /dev/full", ["/dev/full", "regular file"]),
     ("analyze-html-is-a-folder", "analyze {model} --html {dir}", ["directory"]),
+    ("fuse-html-is-a-device", "fuse {model} -o {out} --html /dev/full", ["regular file"]),
+    ("fuse-html-under-a-file", "fuse {model} -o {out} --html {model}/r.html", ["m.onnx"]),
     ("demo-html-is-a-device", "demo --html /dev/null", ["/dev/null", "regular file"]),
     ("calibrate-output-folder", "hardware calibrate -o {folder.onnx}", ["directory"]),
     ("calibrate-output-under-a-file", "hardware calibrate -o {model}/h.yaml", ["m.onnx"]),
