@@ -296,6 +296,8 @@ def default_feeds(
     model: Model, *, symbols: Mapping[str, int] | None = None, seed: int = 0
 ) -> dict[str, np.ndarray]:
     """Seeded example inputs from the graph's input specs (see the module docstring)."""
+    from graph_autofusion.verify.sample_inputs import check_input_size, derive_shape_inputs
+
     rng = np.random.default_rng(seed)
     graph = model.graph
     symbols = dict(symbols or {})
@@ -312,6 +314,7 @@ def default_feeds(
             else:
                 shape.append(DEFAULT_BATCH if i == 0 else DEFAULT_DIM)
         np_dtype = v.dtype.to_numpy()
+        check_input_size(model, v, tuple(shape), np_dtype)  # an absurd dim: a clear error
         if np.issubdtype(np_dtype, np.floating):
             feeds[v.name] = rng.standard_normal(shape).astype(np_dtype)
         elif np_dtype == np.bool_:
@@ -319,6 +322,8 @@ def default_feeds(
         else:
             high = _index_bound(v)
             feeds[v.name] = rng.integers(0, high, shape).astype(np_dtype)
+    # shapes, sizes and indices the model accepts (the binding runs the graph on them)
+    derive_shape_inputs(model, feeds, seed=seed, seq_len=DEFAULT_DIM)
     return feeds
 
 

@@ -1,0 +1,292 @@
+"""Sample inputs the model rejects (issue 15): graph inputs that carry shapes, sizes or indices.
+
+Each small model reads a graph input as an operand whose value must fit the data (an
+``Expand`` target shape, ``SplitToSequence`` split sizes, ``Gather`` indices, ...). The drawn
+inputs used to make the original fail in onnxruntime with its traceback; now ``fuse`` derives
+values the model accepts (the original runs on them, and the fused model gives the same
+outputs), or stops with one :class:`SampleInputError` naming the input and ``--inputs``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
+
+from graph_autofusion.api import GraphAutoFusion
+from graph_autofusion.cli import main
+from graph_autofusion.errors import SampleInputError
+from graph_autofusion.frontend import load_onnx
+from graph_autofusion.frontend.onnx_frontend import to_onnx
+from graph_autofusion.verify.inputs import generate_inputs
+
+I64 = T.INT64
+
+
+def vi(name, elem=T.FLOAT, shape=None):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def node(op, ins, outs, name=None, **attrs):
+    return helper.make_node(op, ins, outs, name=name or f"{op.lower()}_{outs[0]}", **attrs)
+
+
+def model(nodes, inputs, outputs, inits=(), opset=17) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def tail(x):
+    """Relu then Mul: a fusible pair after the shape-carrying operator."""
+    return [node("Relu", [x], ["t_r"]), node("Mul", ["t_r", "t_r"], ["y"])]
+
+
+def const(name, value):
+    return numpy_helper.from_array(np.asarray(value, dtype=np.int64), name)
+
+
+MODELS = {
+    # the two third-party shapes of the issue
+    "expand": lambda: model(
+        [node("Expand", ["x", "shape"], ["e"], name="exp"), *tail("e")],
+        [vi("x", shape=[3, 1, 4]), vi("shape", I64, [3])],
+        [vi("y")],
+    ),
+    "split_to_sequence": lambda: model(
+        [
+            node("Relu", ["x"], ["r"]),
+            node("SplitToSequence", ["r", "split"], ["seq"], name="sts", axis=1),
+            node("ConcatFromSequence", ["seq"], ["c"], axis=1),
+            *tail("c"),
+        ],
+        [vi("x", shape=[2, 10]), vi("split", I64, [3])],
+        [vi("y")],
+    ),
+    "split_to_sequence_scalar": lambda: model(
+        [
+            node("SplitToSequence", ["x", "split"], ["seq"], name="sts", axis=0),
+            node("SequenceAt", ["seq", "zero"], ["first"]),
+            *tail("first"),
+        ],
+        [vi("x", shape=[7, 3]), vi("split", I64, [])],
+        [vi("y")],
+        [const("zero", 0)],
+    ),
+    "reshape_symbolic_batch": lambda: model(
+        [node("Relu", ["x"], ["r"]), node("Reshape", ["r", "shape"], ["s"], name="rs"), *tail("s")],
+        [vi("x", shape=["batch", 3, 4]), vi("shape", I64, [2])],
+        [vi("y")],
+    ),
+    # two rounds: the Expand's data shape is known only once the Reshape's shape is derived
+    "reshape_then_expand": lambda: model(
+        [
+            node("Reshape", ["x", "s1"], ["a"], name="rs"),
+            node("Expand", ["a", "s2"], ["b"], name="exp"),
+            *tail("b"),
+        ],
+        [vi("x", shape=[2, 6]), vi("s1", I64, [3]), vi("s2", I64, [3])],
+        [vi("y")],
+    ),
+    "gather_axis1": lambda: model(
+        [node("Relu", ["x"], ["r"]), node("Gather", ["r", "idx"], ["g"], name="ga", axis=1)]
+        + tail("g"),
+        [vi("x", shape=[2, 5, 4]), vi("idx", I64, [7])],
+        [vi("y")],
+    ),
+    "gather_elements": lambda: model(
+        [node("GatherElements", ["x", "idx"], ["g"], name="ge", axis=1), *tail("g")],
+        [vi("x", shape=[3, 4]), vi("idx", I64, [3, "n"])],
+        [vi("y")],
+    ),
+    "slice_bounds": lambda: model(
+        [node("Slice", ["x", "starts", "ends", "axes"], ["s"], name="sl"), *tail("s")],
+        [vi("x", shape=[4, 6]), vi("starts", I64, [1]), vi("ends", I64, [1])],
+        [vi("y")],
+        [const("axes", [1])],
+    ),
+    "topk_k": lambda: model(
+        [node("TopK", ["x", "k"], ["v", "i"], name="tk", axis=-1), *tail("v")],
+        [vi("x", shape=[2, 9]), vi("k", I64, [1])],
+        [vi("y")],
+    ),
+    "onehot_depth": lambda: model(
+        [
+            node("OneHot", ["idx", "depth", "vals"], ["o"], name="oh"),
+            *tail("o"),
+        ],
+        [vi("idx", I64, [5]), vi("depth", I64, [])],
+        [vi("y")],
+        [numpy_helper.from_array(np.array([0.0, 1.0], np.float32), "vals")],
+    ),
+    "tile_and_pad": lambda: model(
+        [
+            node("Tile", ["x", "reps"], ["t"], name="ti"),
+            node("Pad", ["t", "pads"], ["p"], name="pa"),
+            *tail("p"),
+        ],
+        [vi("x", shape=[2, 3]), vi("reps", I64, [2]), vi("pads", I64, [4])],
+        [vi("y")],
+    ),
+    "strings_and_sequence": lambda: model(
+        [
+            node("ConcatFromSequence", ["seq"], ["c"], axis=0),
+            *tail("c"),
+            node("Identity", ["s"], ["s_out"]),
+        ],
+        [helper.make_tensor_sequence_value_info("seq", T.FLOAT, [2, 4]), vi("s", T.STRING, [3])],
+        [vi("y"), vi("s_out", T.STRING)],
+    ),
+}
+
+
+def _ort(proto: onnx.ModelProto, feeds) -> list[np.ndarray]:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.log_severity_level = 4
+    sess = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    names = {i.name for i in sess.get_inputs()}
+    return sess.run(None, {k: v for k, v in feeds.items() if k in names})
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_fuse_derives_inputs_the_model_accepts(tmp_path, name):
+    proto = MODELS[name]()
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(proto, path)
+    gaf = GraphAutoFusion(str(path), hardware="x86_avx2")
+    fused = gaf.fuse(check_speed=False)
+    feeds = gaf.feeds()
+    want = _ort(proto, feeds)  # the original runs on the derived inputs
+    got = _ort(to_onnx(fused), feeds)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        if a.dtype == object:
+            assert a.tolist() == b.tolist()
+        else:
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    assert gaf.result.end_to_end is not None
+
+
+def test_derived_values_fit_their_operators():
+    def feeds(name):
+        return generate_inputs(load_onnx(MODELS[name]()))
+
+    f = feeds("expand")
+    assert np.broadcast_shapes((3, 1, 4), tuple(f["shape"])) == (3, 1, 4)
+    assert f.derived == {"shape": "Expand 'exp' target shape"}
+    f = feeds("split_to_sequence")
+    assert f["split"].shape == (3,) and f["split"].sum() == 10 and (f["split"] > 0).all()
+    f = feeds("split_to_sequence_scalar")
+    assert f["split"].shape == () and 1 <= int(f["split"]) <= 7
+    f = feeds("reshape_symbolic_batch")
+    assert f["x"].shape[0] == 1 and int(np.prod(f["shape"])) == f["x"].size
+    f = feeds("reshape_then_expand")
+    assert int(np.prod(f["s1"])) == 12 and len(f["s2"]) == 3
+    assert np.broadcast_shapes(tuple(f["s1"]), tuple(f["s2"]))
+    f = feeds("gather_axis1")
+    assert f["idx"].shape == (7,) and f["idx"].min() >= 0 and f["idx"].max() < 5
+    f = feeds("gather_elements")
+    assert f["idx"].shape == (3, 4) and f["idx"].max() < 4
+    f = feeds("slice_bounds")
+    assert (f["starts"].tolist(), f["ends"].tolist()) == ([0], [6])
+    f = feeds("topk_k")
+    assert f["k"].tolist() == [4]
+    f = feeds("onehot_depth")
+    assert f["idx"].max() < int(f["depth"])
+    f = feeds("strings_and_sequence")
+    assert f["s"].tolist() == ["a"] * 3 and [a.shape for a in f["seq"]] == [(2, 4), (2, 4)]
+
+
+def test_token_ids_drawn_within_the_table_are_kept():
+    """A drawn value that is already valid (ids within an embedding table) is not redrawn."""
+    table = numpy_helper.from_array(np.ones((50, 4), np.float32), "table")
+    proto = model(
+        [node("Gather", ["table", "input_ids"], ["emb"], name="embed")],
+        [vi("input_ids", I64, ["batch", "seq"])],
+        [vi("emb")],
+        [table],
+    )
+    f = generate_inputs(load_onnx(proto))
+    assert f.derived == {}
+    assert f["input_ids"].shape == (1, 16) and f["input_ids"].max() < 50
+
+
+def _not_derivable() -> onnx.ModelProto:
+    """Gather indices computed from the input (an Add): no derivation reaches them."""
+    return model(
+        [
+            node("Add", ["idx", "forty"], ["i2"]),
+            node("Gather", ["x", "i2"], ["g"], name="ga", axis=1),
+            *tail("g"),
+        ],
+        [vi("x", shape=[2, 5, 4]), vi("idx", I64, [7])],
+        [vi("y")],
+        [const("forty", 40)],
+    )
+
+
+@pytest.mark.parametrize("target", ["onnxruntime", "cpu"])
+def test_inputs_that_cannot_be_derived_are_one_clear_error(tmp_path, target):
+    path = tmp_path / "gather_add.onnx"
+    onnx.save(_not_derivable(), path)
+    with pytest.raises(SampleInputError) as info:
+        GraphAutoFusion(str(path), hardware="x86_avx2", target=target).fuse(check_speed=False)
+    msg = str(info.value)
+    assert "gather_add.onnx" in msg and "'ga' (Gather)" in msg and "'idx'" in msg
+    assert "generated from the input specs" in msg and "--inputs" in msg
+    assert "\n" not in msg and "'x'" not in msg  # the float data input is not suspected
+    assert ("torch" if target == "cpu" else "onnxruntime") in msg
+
+
+def test_given_inputs_the_model_rejects_are_one_clear_error(tmp_path):
+    path = tmp_path / "expand.onnx"
+    onnx.save(MODELS["expand"](), path)
+    bad = {"x": np.ones((3, 1, 4), np.float32), "shape": np.array([5, 7, 4], np.int64)}
+    with pytest.raises(SampleInputError, match=r"inputs given .*'exp' \(Expand\).*'shape'"):
+        GraphAutoFusion(str(path), hardware="x86_avx2", sample_inputs=bad).fuse()
+
+
+def test_cli_fuse_exit_2_one_line_and_nothing_written(tmp_path, capsys):
+    path = tmp_path / "gather_add.onnx"
+    onnx.save(_not_derivable(), path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    rc = main(["-q", "fuse", str(path), "-o", str(tmp_path / "out.onnx"), "--hardware", "x86_avx2"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("graph-autofusion: error:") and "'idx'" in err and "--inputs" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    # the same model with inputs that fit: --inputs makes it fuse
+    np.savez(
+        tmp_path / "feeds.npz",
+        x=np.ones((2, 5, 4), np.float32),
+        idx=np.array([-40, -39, -38, -37, -36, -40, -39], np.int64),
+    )
+    out = tmp_path / "out.onnx"
+    args = ["-q", "fuse", str(path), "-o", str(out), "--inputs", str(tmp_path / "feeds.npz")]
+    assert main([*args, "--hardware", "x86_avx2"]) == 0
+    assert out.exists()
+
+
+@pytest.mark.parametrize(
+    "make_input, match",
+    [
+        (lambda: vi("x", shape=[2, 2**40]), r"'x' declares shape .*too large.*--inputs"),
+        (
+            lambda: helper.make_value_info(
+                "x", helper.make_optional_type_proto(helper.make_tensor_type_proto(T.FLOAT, [2]))
+            ),
+            r"'x' is of optional type.*sample_inputs",
+        ),
+    ],
+)
+def test_inputs_no_sample_can_be_made_for(tmp_path, make_input, match):
+    nodes = [node("Identity", ["x"], ["y"])]
+    path = tmp_path / "m.onnx"
+    onnx.save(model(nodes, [make_input()], [vi("y")], opset=18), path)
+    with pytest.raises(SampleInputError, match=match) as info:
+        GraphAutoFusion(str(path), hardware="x86_avx2").fuse()
+    assert "m.onnx" in str(info.value)
