@@ -22,6 +22,8 @@ from graph_autofusion.errors import ModelLoadError
 PROTOBUF_LIMIT = 2**31 - 1
 
 _A = AttributeProto
+_HOLDERS = frozenset((_A.TENSOR, _A.TENSORS, _A.GRAPH, _A.GRAPHS, _A.SPARSE_TENSOR))
+_HOLDING_OPS = frozenset(("Constant", "ConstantOfShape", "If", "Loop", "Scan", "SequenceMap"))
 _BYTES: dict[int, float] = {
     TensorProto.FLOAT: 4,
     TensorProto.UINT8: 1,
@@ -91,15 +93,16 @@ def named_tensors(proto: ModelProto) -> Iterator[tuple[str, TensorProto]]:
         for sp in g.sparse_initializer:
             yield f"{where}sparse initializer {sp.values.name!r} (values)", sp.values
             yield f"{where}sparse initializer {sp.values.name!r} (indices)", sp.indices
-        for node in g.node:
-            yield from _node_tensors(node, where, stack)
+        for node in g.node:  # standard operators: only these hold tensors or graphs
+            if node.op_type in _HOLDING_OPS or node.domain not in ("", "ai.onnx"):
+                yield from _node_tensors(node, where, stack)
 
 
 def _node_tensors(
     node, where: str, stack: list[tuple[str, GraphProto]]
 ) -> Iterator[tuple[str, TensorProto]]:
     for a in node.attribute:
-        if a.type not in (_A.TENSOR, _A.TENSORS, _A.GRAPH, _A.GRAPHS, _A.SPARSE_TENSOR):
+        if a.type not in _HOLDERS:
             continue
         label = f"{where}node {node.name or '(unnamed)'!r} ({node.op_type}) attribute {a.name!r}"
         if a.type == _A.TENSOR:
