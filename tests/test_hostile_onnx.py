@@ -366,10 +366,35 @@ def test_repeated_node_names_fuse_with_unique_names(tmp_path):
     assert len(names) == len(set(names)) and "r1" in names
 
 
+def attributed() -> onnx.ModelProto:
+    """A small model whose nodes carry attributes (strides, perm, axes) and constants."""
+    rng = np.random.default_rng(2)
+
+    def init(name, a):
+        return numpy_helper.from_array(np.asarray(a), name)
+
+    inits = [
+        init("w", rng.standard_normal((4, 3, 3, 3)).astype(np.float32)),
+        init("shape", np.array([1, 4, 36], np.int64)),
+        init("idx", np.array([0, 2], np.int64)),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1], strides=[1, 1]),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("Reshape", ["r", "shape"], ["rs"], name="reshape"),
+        helper.make_node("Transpose", ["rs"], ["tr"], name="tr", perm=[0, 2, 1]),
+        helper.make_node("Softmax", ["tr"], ["sm"], name="sm", axis=-1),
+        helper.make_node("Gather", ["sm", "idx"], ["ga"], name="ga", axis=2),
+        helper.make_node("ReduceMean", ["ga"], ["y"], name="rm", axes=[-1], keepdims=1),
+    ]
+    return make(nodes, [vi("x", shape=["batch", 3, 6, 6])], [vi("y", shape=None)], inits)
+
+
 def test_bit_flipped_files_load_or_fail_clearly(tmp_path):
     """300 seeded files with 1-3 flipped bits: each loads or raises a GraphAutoFusionError;
-    the first few that load also fuse (or raise one)."""
-    good = mlp().SerializeToString()
+    the first few that load also fuse (or raise one). Found this way: names that are not
+    UTF-8 (read back as bytes), attributes of the wrong type, a 573-dim tensor."""
+    good = attributed().SerializeToString()
     rng = np.random.default_rng(15)
     outcomes: dict[str, int] = {}
     fused = 0

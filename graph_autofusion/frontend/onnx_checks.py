@@ -20,6 +20,8 @@ from graph_autofusion.errors import ModelLoadError
 
 #: One ONNX (protobuf) file cannot exceed 2 GiB: larger models keep weights as external data.
 PROTOBUF_LIMIT = 2**31 - 1
+#: NumPy's largest rank: a tensor of more dims cannot become an array.
+MAX_RANK = 64
 
 _A = AttributeProto
 _HOLDERS = frozenset((_A.TENSOR, _A.TENSORS, _A.GRAPH, _A.GRAPHS, _A.SPARSE_TENSOR))
@@ -121,6 +123,8 @@ def _node_tensors(
 
 def element_count(t: TensorProto, label: str, where: str) -> int:
     """Declared element count of ``t`` (exact Python int); negative dims are refused."""
+    if len(t.dims) > MAX_RANK:
+        raise ModelLoadError(f"{label}: {where} has rank {len(t.dims)} (at most {MAX_RANK})")
     n = 1
     for d in t.dims:
         if d < 0:
@@ -279,3 +283,79 @@ def _check_sparse(sp, label: str, memory: int) -> None:
         bound = dense if ind.ndim == 1 else list(sp.dims)
         if (ind < 0).any() or (ind >= bound).any():
             raise ModelLoadError(f"{label}: {where} has indices outside its shape {list(sp.dims)}")
+
+
+# ----------------------------------------------------------------------------- text, attributes
+# A string field of a damaged file that is not valid UTF-8 reads back as ``bytes``: every later
+# stage would fail on it (export cannot even write it back).
+_NODE_TEXT = ("op_type", "domain", "name", "doc_string")
+
+
+def check_text(proto: ModelProto, label: str) -> None:
+    """Refuse model, graph and value names or docs that are not valid UTF-8 (node fields are
+    checked by :func:`node_problem` during the import)."""
+    fields = [
+        ("producer name", proto.producer_name),
+        ("producer version", proto.producer_version),
+        ("domain", proto.domain),
+        ("doc string", proto.doc_string),
+        ("graph name", proto.graph.name),
+        ("graph doc string", proto.graph.doc_string),
+    ]
+    fields += [("opset domain", op.domain) for op in proto.opset_import]
+    fields += [("metadata", p.key) for p in proto.metadata_props]
+    fields += [("metadata", p.value) for p in proto.metadata_props]
+    g = proto.graph
+    for kind, infos in (("input", g.input), ("output", g.output), ("value_info", g.value_info)):
+        fields += [(f"a graph {kind} name", vi.name) for vi in infos]
+        fields += [(f"a graph {kind} doc string", vi.doc_string) for vi in infos]
+    fields += [("an initializer name", t.name) for t in g.initializer]
+    fields += [("an initializer doc string", t.doc_string) for t in g.initializer]
+    for what, value in fields:
+        if type(value) is not str:
+            raise ModelLoadError(
+                f"{label}: {what} is not valid UTF-8 (damaged file?): {value!r:.60}"
+            )
+
+
+def node_problem(npr, opsets: dict[str, int]) -> str | None:
+    """Why this NodeProto cannot be imported (``None``: it can): a name field that is not valid
+    UTF-8, or an attribute of a type the operator's schema does not take (a damaged file)."""
+    for field in _NODE_TEXT:
+        if type(getattr(npr, field)) is not str:
+            return f"its {field} is not valid UTF-8 (damaged file?)"
+    for s in (*npr.input, *npr.output):
+        if type(s) is not str:
+            return f"an input or output name is not valid UTF-8 (damaged file?): {s!r:.40}"
+    expected = (
+        _attribute_types(npr.op_type, npr.domain or "", opsets.get(npr.domain or "", 0))
+        if npr.attribute
+        else None
+    )
+    for a in npr.attribute:
+        if type(a.name) is not str or type(a.ref_attr_name) is not str:
+            return "an attribute name is not valid UTF-8 (damaged file?)"
+        want = expected.get(a.name) if expected else None
+        if want is not None and a.type != want and not a.ref_attr_name:
+            return (
+                f"attribute {a.name!r} is of type {_A.AttributeType.Name(a.type)}; "
+                f"{npr.op_type} takes {_A.AttributeType.Name(want)} (damaged file?)"
+            )
+    return None
+
+
+_SCHEMA_CACHE: dict[tuple[str, str, int], dict[str, int] | None] = {}
+
+
+def _attribute_types(op_type: str, domain: str, version: int) -> dict[str, int] | None:
+    """Attribute name -> type of the operator's schema at ``version`` (None: no schema)."""
+    key = (op_type, domain, version)
+    if key not in _SCHEMA_CACHE:
+        from onnx import defs
+
+        try:
+            schema = defs.get_schema(op_type, version or defs.onnx_opset_version(), domain)
+            _SCHEMA_CACHE[key] = {n: int(a.type) for n, a in schema.attributes.items()}
+        except Exception:  # noqa: BLE001 - unknown operator or domain: nothing to compare
+            _SCHEMA_CACHE[key] = None
+    return _SCHEMA_CACHE[key]

@@ -16,6 +16,7 @@ import onnx
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto
 
 from graph_autofusion.errors import CycleError, FrontendError, IRError
+from graph_autofusion.frontend.onnx_checks import node_problem
 from graph_autofusion.frontend.onnx_read import infer_types, read_model
 from graph_autofusion.frontend.onnx_types import (
     apply_type,
@@ -100,7 +101,7 @@ def _import_model(proto: ModelProto, label: str, infer_shapes: bool) -> Model:
             graph.meta[f"onnx_{field}"] = [_copy(x) for x in getattr(g, field)]
 
     values = _import_values(g, graph, label)
-    nodes = _import_nodes(g, graph, values, label)
+    nodes = _import_nodes(g, graph, values, label, model.opset_imports)
     typed: list[tuple[Value, onnx.ValueInfoProto, bool]] = []
     for vi in g.value_info:
         v = values.get(vi.name)
@@ -201,7 +202,14 @@ def _set_tensor_type(v: Value, elem_type: int) -> None:
         v.meta["onnx_elem_type"] = int(elem_type)
 
 
-def _import_nodes(g: GraphProto, graph: Graph, values: dict[str, Value], label: str) -> list[Node]:
+def _import_nodes(
+    g: GraphProto, graph: Graph, values: dict[str, Value], label: str, opsets: dict[str, int]
+) -> list[Node]:
+    for i, npr in enumerate(g.node):  # damaged fields first: every name below is a str
+        problem = node_problem(npr, opsets)
+        if problem:
+            who = repr(npr.name) if type(npr.name) is str and npr.name else f"#{i}"
+            raise FrontendError(f"{label}: node {who} ({npr.op_type!r}): {problem}")
     used_node_names = {n.name for n in g.node if n.name}
     used_values = set(values) | {o for n in g.node for o in n.output if o}
     counters: dict[str, int] = {}

@@ -10,7 +10,7 @@ import onnx
 from onnx import ModelProto, TypeProto, ValueInfoProto, external_data_helper
 
 from graph_autofusion.errors import ModelLoadError
-from graph_autofusion.frontend.onnx_checks import check_file_size, check_tensors
+from graph_autofusion.frontend.onnx_checks import check_file_size, check_tensors, check_text
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,7 @@ def read_model(source: str | os.PathLike[str] | ModelProto) -> tuple[ModelProto,
         _check_model_proto(source, label)
         _require_no_external(source, label)
         check_tensors(source, label, None)
+        check_text(source, label)
         return source, label
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"load_onnx expects a path or onnx.ModelProto, got {type(source).__name__}")
@@ -50,6 +51,7 @@ def read_model(source: str | os.PathLike[str] | ModelProto) -> tuple[ModelProto,
     _check_model_proto(proto, label)
     base_dir = os.path.dirname(os.path.abspath(path))
     check_tensors(proto, label, base_dir)
+    check_text(proto, label)
     _load_external(proto, base_dir, label)
     return proto, label
 

@@ -617,12 +617,19 @@ def run_failure(
         if name in derived:
             desc += f", derived as the {derived[name]}"
         parts.append(f"{name!r} ({desc})")
+    carriers = [n for n in suspects if not _floating(feeds[n])]
     who = f"; check input{'s' if len(parts) > 1 else ''} {', '.join(parts)}" if parts else ""
+    if not carriers:  # nothing shape- or index-like reaches it: maybe the model itself
+        who += "; the model itself may be invalid, or it needs other inputs"
     return SampleInputError(
         f"{source_of(model)}: the sample inputs {how} make the original model fail in "
         f"{runtime}{at}: {detail}{who}; pass inputs the model accepts with --inputs FILE.npz "
         f"(API: sample_inputs={{name: array}})"
     )
+
+
+def _floating(arr: Any) -> bool:
+    return not isinstance(arr, list) and np.asarray(arr).dtype.kind in "fc"
 
 
 def _suspects(model: Model, node: Node | None, feeds: Mapping[str, Any]) -> list[str]:
@@ -643,11 +650,7 @@ def _suspects(model: Model, node: Node | None, feeds: Mapping[str, Any]) -> list
                     stack.append(v.producer)
         inputs = [v for v in inputs if id(v) in reach] or inputs
 
-    def floating(v: Value) -> bool:
-        arr = feeds[v.name]
-        return not isinstance(arr, list) and np.asarray(arr).dtype.kind in "fc"
-
-    carriers = [v.name for v in inputs if not floating(v)]
+    carriers = [v.name for v in inputs if not _floating(feeds[v.name])]
     return carriers or [v.name for v in inputs]
 
 
