@@ -152,6 +152,14 @@ def huge_sparse():
 
 ONES4 = numpy_helper.from_array(np.ones(4, np.float32), "x")
 
+
+def not_utf8(path):
+    """A node name whose bytes are not UTF-8 (protobuf reads such a field back as bytes)."""
+    m = one_node(helper.make_node("Relu", ["x"], ["y"], name="QQ"))
+    path.write_bytes(m.SerializeToString().replace(b"QQ", b"\xff\xfe"))
+    return str(path)
+
+
 # case -> (build the file at path, error class, words the message holds besides the file name)
 CASES = {
     "truncated": (raw_bytes(lambda: mlp().SerializeToString()[:150]), ModelLoadError, "truncated"),
@@ -250,6 +258,12 @@ CASES = {
         saved(lambda: one_node(helper.make_node("Relu", ["x"], ["y"]), inputs=("x", "x"))),
         FrontendError,
         "graph input 'x' is listed twice",
+    ),
+    "name_not_utf8": (not_utf8, FrontendError, r"node #0 \('Relu'\): its name is not valid UTF-8"),
+    "attribute_of_wrong_type": (
+        saved(lambda: one_node(helper.make_node("Softmax", ["x"], ["y"], name="sm", axis=1.5))),
+        FrontendError,
+        r"node 'sm' \('Softmax'\): attribute 'axis' is of type FLOAT; Softmax takes INT",
     ),
     "absurd_input_dim": (
         saved(

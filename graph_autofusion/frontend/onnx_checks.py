@@ -318,28 +318,34 @@ def check_text(proto: ModelProto, label: str) -> None:
             )
 
 
-def node_problem(npr, opsets: dict[str, int]) -> str | None:
-    """Why this NodeProto cannot be imported (``None``: it can): a name field that is not valid
-    UTF-8, or an attribute of a type the operator's schema does not take (a damaged file)."""
-    for field in _NODE_TEXT:
-        if type(getattr(npr, field)) is not str:
+def node_problem(node, opsets: dict[str, int]) -> str | None:
+    """Why an imported node cannot be used (``None``: it can): a name field that is not valid
+    UTF-8, or an attribute of a type the operator's schema does not take (a damaged file).
+    Reads the IR node (plain Python fields), not its NodeProto: cheap on 100k-node graphs."""
+    name = node.meta.get("onnx_name", node.name)
+    for field, value in (("op_type", node.op_type), ("domain", node.domain), ("name", name)):
+        if type(value) is not str:
             return f"its {field} is not valid UTF-8 (damaged file?)"
-    for s in (*npr.input, *npr.output):
-        if type(s) is not str:
-            return f"an input or output name is not valid UTF-8 (damaged file?): {s!r:.40}"
-    expected = (
-        _attribute_types(npr.op_type, npr.domain or "", opsets.get(npr.domain or "", 0))
-        if npr.attribute
-        else None
-    )
-    for a in npr.attribute:
-        if type(a.name) is not str or type(a.ref_attr_name) is not str:
+    if type(node.doc) is not str or type(node.overload) is not str:
+        return "its doc string is not valid UTF-8 (damaged file?)"
+    for v in node.outputs:
+        if type(v.name) is not str:
+            return f"an output name is not valid UTF-8 (damaged file?): {v.name!r:.40}"
+    if not node.attr_types:
+        return None
+    expected = _attribute_types(node.op_type, node.domain, opsets.get(node.domain, 0))
+    for key, kind in node.attr_types.items():
+        if type(key) is not str:
             return "an attribute name is not valid UTF-8 (damaged file?)"
-        want = expected.get(a.name) if expected else None
-        if want is not None and a.type != want and not a.ref_attr_name:
+        want = expected.get(key) if expected else None
+        if (
+            want is not None
+            and kind != want
+            and not getattr(getattr(node.attrs.get(key), "proto", None), "ref_attr_name", "")
+        ):
             return (
-                f"attribute {a.name!r} is of type {_A.AttributeType.Name(a.type)}; "
-                f"{npr.op_type} takes {_A.AttributeType.Name(want)} (damaged file?)"
+                f"attribute {key!r} is of type {_A.AttributeType.Name(kind)}; "
+                f"{node.op_type} takes {_A.AttributeType.Name(want)} (damaged file?)"
             )
     return None
 

@@ -205,11 +205,6 @@ def _set_tensor_type(v: Value, elem_type: int) -> None:
 def _import_nodes(
     g: GraphProto, graph: Graph, values: dict[str, Value], label: str, opsets: dict[str, int]
 ) -> list[Node]:
-    for i, npr in enumerate(g.node):  # damaged fields first: every name below is a str
-        problem = node_problem(npr, opsets)
-        if problem:
-            who = repr(npr.name) if type(npr.name) is str and npr.name else f"#{i}"
-            raise FrontendError(f"{label}: node {who} ({npr.op_type!r}): {problem}")
     used_node_names = {n.name for n in g.node if n.name}
     used_values = set(values) | {o for n in g.node for o in n.output if o}
     counters: dict[str, int] = {}
@@ -270,6 +265,12 @@ def _import_nodes(
                 )
             node.set_captures([values[c] for c in caps])
             node.meta["onnx_capture_names"] = list(caps)
+    for i, node in enumerate(nodes):  # damaged fields (not UTF-8, wrong attribute types)
+        problem = node_problem(node, opsets)
+        if problem:
+            name = node.meta.get("onnx_name", node.name)
+            who = repr(name) if type(name) is str and name else f"#{i}"
+            raise FrontendError(f"{label}: node {who} ({node.op_type!r}): {problem}")
     return nodes
 
 
