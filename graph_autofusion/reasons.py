@@ -231,7 +231,7 @@ PRECISION_CONSTRAINT = _define(
 SIZE_SWITCH_OFF = _define(
     "size-switch-off",
     "controls",
-    "A size switch turned the rule off: the sample inputs are below its threshold.",
+    "A size switch turned the rule off: the sample inputs' size fails its condition.",
 )
 
 # ---------------------------------------------------------------- onnxruntime target

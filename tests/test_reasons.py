@@ -170,3 +170,10 @@ def test_codes_a_real_run_emits_are_all_defined(tmp_path):
     emitted |= set(report.code_counts()) | {c.cost.verdict.value for c in report.candidates}
     assert emitted - set(CODES) == set()
     assert {"no-native-form", "chosen"} & emitted  # the run did report some codes
+
+
+def test_docs_list_every_code():
+    """docs/reasons.md lists every code of the module (the page users read)."""
+    page = (Path(__file__).parent.parent / "docs" / "reasons.md").read_text()
+    missing = [c for c in reasons.CODES if f"`{c}`" not in page]
+    assert not missing, f"docs/reasons.md does not list {missing}"
