@@ -29,6 +29,7 @@ The articles' CamelCase names (``Fuse``, ``FuseSafe``, ``AnalyzeFusionBenefit``,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import sys
@@ -451,8 +452,9 @@ class GraphAutoFusion:
         fused_p = self._proto(fused)
         orig_p = self._proto(original if original is not None else self.model)
         feeds = self.feeds()
-        a = capture_activations(load_onnx(orig_p), feeds)
-        b = capture_activations(load_onnx(fused_p), feeds)
+        with _onnxruntime_errors(self.model, feeds, "verify_precision"):
+            a = capture_activations(load_onnx(orig_p), feeds)
+            b = capture_activations(load_onnx(fused_p), feeds)
         outs = [o.name for o in orig_p.graph.output]
         outputs = {n: compare_tensors(b[n], a[n]) for n in outs if n in a and n in b}
         layers = {
@@ -516,7 +518,11 @@ class GraphAutoFusion:
         from graph_autofusion.report import progress
 
         times: dict[str, list[float]] = {k: [] for k in sessions}
-        with progress.task("bench: original and fused, alternating", total=warmup + runs) as tick:
+        guard = _onnxruntime_errors(self.model, feeds, "verify_performance")
+        with (
+            guard,
+            progress.task("bench: original and fused, alternating", total=warmup + runs) as tick,
+        ):
             for _ in range(warmup):
                 for s in sessions.values():
                     s.run(None, inputs(s))
@@ -563,9 +569,10 @@ class GraphAutoFusion:
             return {k: _to_numpy(v) for k, v in outs.items()}
         from graph_autofusion.runtime.ort_session import ort_session
 
-        sess = ort_session(self._proto(None), "all", self.options.threads or 2)
-        names = {i.name for i in sess.get_inputs()}
-        got = sess.run(None, {k: np.asarray(v) for k, v in feeds.items() if k in names})
+        with _onnxruntime_errors(self.model, feeds, "run"):
+            sess = ort_session(self._proto(None), "all", self.options.threads or 2)
+            names = {i.name for i in sess.get_inputs()}
+            got = sess.run(None, {k: np.asarray(v) for k, v in feeds.items() if k in names})
         return {o.name: v for o, v in zip(sess.get_outputs(), got)}
 
     def compile_fused_operators(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
@@ -643,6 +650,28 @@ class GraphAutoFusion:
     AddFusionRule = add_rule
     CompileFusedOperators = compile_fused_operators
     ProfileFusionKernel = profile_fusion_kernel
+
+
+@contextlib.contextmanager
+def _onnxruntime_errors(model: Model, feeds: Mapping[str, Any], what: str):
+    """onnxruntime failing on the sample inputs (or on the model) inside ``what``: one clear
+    error naming the node and the inputs and pointing to ``--inputs``, not its traceback."""
+    try:
+        yield
+    except GraphAutoFusionError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - onnxruntime's own exception types
+        from graph_autofusion.verify.sample_inputs import is_generated, run_failure, source_of
+
+        failure = run_failure(
+            model, feeds, exc, runtime="onnxruntime", generated=is_generated(feeds)
+        )
+        if failure is not None:
+            raise failure from exc
+        raise GraphAutoFusionError(
+            f"{source_of(model)}: {what}: onnxruntime cannot run the model: "
+            f"{' '.join(str(exc).split())[:300]}"
+        ) from exc
 
 
 def _torch_module(model: Any) -> Any:

@@ -290,3 +290,32 @@ def test_inputs_no_sample_can_be_made_for(tmp_path, make_input, match):
     with pytest.raises(SampleInputError, match=match) as info:
         GraphAutoFusion(str(path), hardware="x86_avx2").fuse()
     assert "m.onnx" in str(info.value)
+
+
+def test_verify_and_bench_on_inputs_the_model_rejects_are_one_clear_error(tmp_path):
+    """verify_precision / verify_performance / run (the CLI's verify and bench) name the node
+    and the input instead of showing onnxruntime's traceback."""
+    from graph_autofusion.errors import GraphAutoFusionError
+
+    shape = numpy_helper.from_array(np.array([4, 5], np.int64), "shape")
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")],
+        "g",
+        [helper.make_tensor_value_info("x", T.FLOAT, ["n", 3])],
+        [helper.make_tensor_value_info("y", T.FLOAT, None)],
+        [shape],
+    )
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    bad = {"x": np.ones((2, 3), np.float32)}
+    gaf = GraphAutoFusion(str(path), sample_inputs=bad)
+    for call in (
+        lambda: gaf.verify_precision(str(path), str(path)),
+        lambda: gaf.verify_performance(str(path), runs=1, warmup=1),
+    ):
+        with pytest.raises(GraphAutoFusionError, match="reshape|Reshape"):
+            call()
+    npz = tmp_path / "bad.npz"
+    np.savez(npz, **bad)
+    assert main(["verify", str(path), str(path), "--inputs", str(npz)]) == 2
+    assert main(["bench", str(path), "--inputs", str(npz), "--runs", "1"]) == 2
