@@ -131,7 +131,7 @@ def cast_int(b: B) -> None:
     x = _x(b)
     if x is None or not _float(b):
         return
-    shape = _bcast_shape(b.c, x.shape) or (1,)
+    shape = _bcast_shape(b.c, x.shape)  # may be 0-d: a (1,) would raise a 0-d x's rank
     i = b.input(shape, "int64")
     b.pool.remove(i)
     to = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
