@@ -136,6 +136,15 @@ def table(s: dict[str, Any]) -> str:
         f"seed in {s['compile_every']}; safe mode on 1 in {s['safe_every']}; not a timing "
         "benchmark: the machine was shared).",
         "",
+        *(
+            [
+                f"**Stopped at {s['graphs']} of {s['requested']} graphs** (the results file is "
+                "rewritten every 250 graphs; the run was ended there).",
+                "",
+            ]
+            if s["graphs"] < s["requested"]
+            else []
+        ),
         "| graphs | mean nodes | symbolic | compiled | wall s | graphs/s |",
         "| ---: | ---: | ---: | ---: | ---: | ---: |",
         f"| {s['graphs']} | {s['mean_nodes']} | {s['symbolic_graphs']} | "
