@@ -20,6 +20,7 @@ pytest.importorskip("torch")
 from graph_autofusion import GraphAutoFusion  # noqa: E402
 from graph_autofusion.options import FuseOptions  # noqa: E402
 from graph_autofusion.patterns.rewrite import FUSED_DOMAIN  # noqa: E402
+from graph_autofusion.runtime.timing import use_timer  # noqa: E402
 from graph_autofusion.testing import ort_outputs  # noqa: E402
 from graph_autofusion.testing.models import EXPORTERS, MODEL_NAMES, example_feeds, export_onnx  # noqa: E402
 from graph_autofusion.verify.compare import compare_tensors  # noqa: E402
@@ -120,12 +121,21 @@ def test_safe_mode_times_every_kernel_and_rolls_back_a_kernel_that_fails_to_comp
     path = export_onnx("minilm", "torchscript")
     feeds = example_feeds("minilm")
     gaf = GraphAutoFusion(str(path), sample_inputs=feeds, target="cpu")
-    gaf.fuse()  # speed check on
+    timed = []
+
+    def kernel_is_faster(key, side, fn):  # the runs are real, the verdict is set
+        fn()
+        timed.append((key, side))
+        return 5e-6 if side == "fused" else 10e-6
+
+    with use_timer(kernel_is_faster):
+        gaf.fuse()  # speed check on
     base = gaf.result
-    assert base.lowered
+    assert base.lowered and not base.rolled_back, base.rolled_back
     for low in base.lowered:
         res = base.safety[low.key]
-        assert res.time_unfused_us > 0 and res.time_fused_us > 0
+        assert (res.time_unfused_us, res.time_fused_us) == pytest.approx((10.0, 5.0))
+        assert (low.key, "fused") in timed and (low.key, "unfused") in timed
     victim = base.kernels[0].kernel.name
     real = c_backend.kernel_source
 
