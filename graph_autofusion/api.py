@@ -661,13 +661,14 @@ def _onnxruntime_errors(model: Model, feeds: Mapping[str, Any], what: str):
     except GraphAutoFusionError:
         raise
     except Exception as exc:  # noqa: BLE001 - onnxruntime's own exception types
+        from graph_autofusion.errors import SampleInputError
         from graph_autofusion.verify.sample_inputs import is_generated, run_failure, source_of
 
         failure = run_failure(
             model, feeds, exc, runtime="onnxruntime", generated=is_generated(feeds)
         )
         if failure is not None:
-            raise failure from exc
+            raise SampleInputError(*failure.args) from exc
         raise GraphAutoFusionError(
             f"{source_of(model)}: {what}: onnxruntime cannot run the model: "
             f"{' '.join(str(exc).split())[:300]}"
