@@ -16,6 +16,7 @@ from graph_autofusion.ir.text import parse_model
 from graph_autofusion.patterns.rules import FusionRule
 from graph_autofusion.planner.controls import ControlError, parse_size_switch
 from graph_autofusion.testing import ort_outputs
+from tests.test_fuse_pipeline import WRONG  # exp(-u) rewritten as relu(u): deliberately wrong
 
 PROFILE = "x86_avx2"  # fixed: the fusions here save far more than the threshold on any profile
 
@@ -38,21 +39,6 @@ graph g(%x: f32[2,SEQ,64], %u: f32[4,64]) -> (%h, %z) {
 
 def _model(seq: int = 16):
     return parse_model(GELU_AND_NEG_EXP.replace("SEQ", str(seq)))
-
-
-def _relu_instead_of_exp_neg(ctx):
-    """Deliberately wrong: exp(-u) is not relu(u)."""
-    return ctx.make_node("Relu", [ctx.label("op1").inputs[0]]).outputs
-
-
-WRONG = FusionRule(
-    "neg_exp_wrong",
-    op1="Neg",
-    op2="Exp",
-    fuse_pattern="NegExp",
-    priority=10_000,
-    rewrite=_relu_instead_of_exp_neg,
-)
 
 
 def _ops(model) -> list[str]:

@@ -12,22 +12,8 @@ import onnx
 from graph_autofusion import GraphAutoFusion
 from graph_autofusion.cli import main
 from graph_autofusion.frontend.onnx_frontend import to_onnx
-from graph_autofusion.ir.text import parse_model
 from graph_autofusion.report import progress
-
-GELU = """
-model opset {"": 18}
-graph g(%x: f32[2,16,64]) -> (%h) {
-  init %c: f32[] = [1.4142135381698608]
-  init %one: f32[] = [1.0]
-  init %half: f32[] = [0.5]
-  %s = Div(%x, %c) @div
-  %e = Erf(%s) @erf
-  %a1 = Add(%e, %one) @add1
-  %mg = Mul(%x, %a1) @mul
-  %h = Mul(%mg, %half) @gelu_out
-}
-"""
+from tests.test_controls import _model
 
 
 class Recorder:
@@ -63,7 +49,7 @@ def _record(fn):
 
 
 def test_fuse_reports_analysis_safe_mode_and_end_to_end():
-    gaf = GraphAutoFusion(parse_model(GELU), hardware="x86_avx2")
+    gaf = GraphAutoFusion(_model(), hardware="x86_avx2")
     rec = _record(lambda: gaf.fuse(check_speed=False))
     names = rec.names()
     assert any(n.startswith("analyze ") for n in names)
@@ -74,11 +60,11 @@ def test_fuse_reports_analysis_safe_mode_and_end_to_end():
 
 
 def test_cpu_target_reports_its_stages_and_bench_counts_runs():
-    gaf = GraphAutoFusion(parse_model(GELU), hardware="x86_avx2", target="cpu")
+    gaf = GraphAutoFusion(_model(), hardware="x86_avx2", target="cpu")
     names = _record(lambda: gaf.fuse(check_speed=False)).names()
     for stage in ("plan", "lower", "compile", "verify"):
         assert f"cpu target: {stage}" in names
-    ort = GraphAutoFusion(parse_model(GELU), hardware="x86_avx2")
+    ort = GraphAutoFusion(_model(), hardware="x86_avx2")
     ort.fuse(check_speed=False)
     rec = _record(lambda: ort.verify_performance(runs=4, warmup=1))
     ticks = [e for e in rec.events if e[0] == "update" and e[1].startswith("bench")]
@@ -96,7 +82,7 @@ def test_calibration_reports_each_measurement():
 
 def test_nothing_is_shown_without_a_terminal_or_with_quiet(tmp_path):
     src, out = tmp_path / "m.onnx", tmp_path / "f.onnx"
-    onnx.save(to_onnx(parse_model(GELU)), src)
+    onnx.save(to_onnx(_model()), src)
     run = [sys.executable, "-m", "graph_autofusion"]
     args = ["fuse", str(src), "-o", str(out), "--hardware", "x86_avx2", "--no-speed-check"]
     for extra in ([], ["--quiet"]):
@@ -123,5 +109,5 @@ def test_rich_display_renders_tasks_on_a_terminal_like_stream(monkeypatch):
 
 def test_quiet_flag_parses(tmp_path, capsys):
     src = tmp_path / "m.onnx"
-    onnx.save(to_onnx(parse_model(GELU)), src)
+    onnx.save(to_onnx(_model()), src)
     assert main(["--quiet", "inspect", str(src)]) == 0
