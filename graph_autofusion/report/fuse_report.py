@@ -117,21 +117,24 @@ class SafeFusionReport:
         return "\n".join(lines)
 
 
+#: The fields of a safe-mode result (``verify.safety.SafetyResult``) the reports show.
+SAFETY_KEYS = (
+    "passed",
+    "code",
+    "cosine",
+    "max_abs",
+    "max_rel",
+    "mc_spread",
+    "fp16_max",
+    "time_unfused_us",
+    "time_fused_us",
+)
+
+
 def _safety(res: Any) -> dict[str, Any]:
     if res is None:
         return {}
-    keys = (
-        "passed",
-        "code",
-        "cosine",
-        "max_abs",
-        "max_rel",
-        "mc_spread",
-        "fp16_max",
-        "time_unfused_us",
-        "time_fused_us",
-    )
-    return {k: getattr(res, k, None) for k in keys}
+    return {k: getattr(res, k, None) for k in SAFETY_KEYS}
 
 
 def _target(r: Any) -> str:

@@ -26,22 +26,12 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from graph_autofusion.report.fuse_report import SAFETY_KEYS
 from graph_autofusion.report.graph_view import block_of, graph_view
 
 __all__ = ["report_data"]
 
-_SAFETY_FIELDS = (
-    "passed",
-    "code",
-    "message",
-    "cosine",
-    "max_abs",
-    "max_rel",
-    "mc_spread",
-    "fp16_max",
-    "time_unfused_us",
-    "time_fused_us",
-)
+_SAFETY_FIELDS = ("message", *SAFETY_KEYS)
 
 
 def _finite(x: Any) -> Any:

@@ -99,21 +99,6 @@ def _precision(model: Any) -> str:
     return names[next(iter(kinds))] if len(kinds) == 1 else ("mixed" if kinds else "none")
 
 
-def _capture_proto(proto: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    import onnx
-
-    from graph_autofusion.verify.subgraph import _run, _session
-
-    taken = {o.name for o in proto.graph.output} | {i.name for i in proto.graph.input}
-    for node in proto.graph.node:
-        for name in node.output:
-            if name and name not in taken:
-                proto.graph.output.append(onnx.ValueInfoProto(name=name))
-                taken.add(name)
-    sess = _session(proto, "disable", 2)
-    return _run(sess, feeds)
-
-
 def _widen(feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
     out = {}
     for k, v in feeds.items():
@@ -128,11 +113,11 @@ def float_check(result: Any, feeds: Mapping[str, Any] | None = None) -> FloatChe
     from graph_autofusion.frontend.onnx_frontend import to_onnx
     from graph_autofusion.verify.compare import compare_tensors
     from graph_autofusion.verify.fp16 import to_fp32
-    from graph_autofusion.verify.subgraph import capture_activations
+    from graph_autofusion.verify.subgraph import capture_activations, capture_proto
 
     feeds = dict(feeds if feeds is not None else result.feeds)
     report = FloatCheckReport(_precision(result.original))
-    ref = _capture_proto(to_fp32(to_onnx(result.original)), _widen(feeds))
+    ref = capture_proto(to_fp32(to_onnx(result.original)), _widen(feeds))
     unfused = capture_activations(result.original, feeds)
     program = getattr(result, "program", None)
     if program is not None:  # the cpu target: the fused program's own values
@@ -145,7 +130,7 @@ def float_check(result: Any, feeds: Mapping[str, Any] | None = None) -> FloatChe
     else:
         got = capture_activations(result.model, feeds)
         try:
-            fused32 = _capture_proto(to_fp32(to_onnx(result.model)), _widen(feeds))
+            fused32 = capture_proto(to_fp32(to_onnx(result.model)), _widen(feeds))
         except Exception as exc:  # noqa: BLE001 - e.g. a fused operator with no fp32 kernel
             fused32 = None
             report.notes.append(f"the fused model does not run in float32: {exc}"[:300])

@@ -60,7 +60,14 @@ def capture_activations(
         graph outputs. Intermediates are added untyped (onnxruntime infers their types), so
         values the IR has no type for are captured too.
     """
-    proto = to_onnx(model)
+    return capture_proto(to_onnx(model), feeds, threads=threads)
+
+
+def capture_proto(
+    proto: onnx.ModelProto, feeds: Mapping[str, np.ndarray], *, threads: int = 2
+) -> dict[str, np.ndarray]:
+    """:func:`capture_activations` of a model proto (modified: every node output of its main
+    graph becomes a graph output)."""
     taken = {o.name for o in proto.graph.output} | {i.name for i in proto.graph.input}
     for node in proto.graph.node:
         for name in node.output:
