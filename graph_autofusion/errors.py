@@ -51,3 +51,10 @@ class InputShapeError(SampleInputError, ValueError):
 
 class MissingFileError(PathError, FileNotFoundError):
     """A file the model needs is not there (a fused model's custom-operator library)."""
+
+
+class MissingInputError(GraphAutoFusionError, KeyError):
+    """A graph input was not given when running a model (the message lists the inputs)."""
+
+    def __str__(self) -> str:  # KeyError would print the message quoted
+        return str(self.args[0]) if self.args else ""

@@ -10,6 +10,7 @@ import inspect
 import pkgutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import graph_autofusion
@@ -155,3 +156,17 @@ def test_error_factories_make_graph_autofusion_errors():
     for fn in (yaml_util.read_yaml_file, yaml_util.load_yaml_with_nodes):
         hint = typing.get_type_hints(fn)["error"]
         assert typing.get_args(hint) == (GraphAutoFusionError,)  # type[GraphAutoFusionError]
+
+
+def test_running_a_model_without_an_input_names_the_inputs():
+    """The torch runner's missing input is one of ours and still a KeyError."""
+    from graph_autofusion.errors import MissingInputError
+    from graph_autofusion.ir.text import parse_model
+    from graph_autofusion.runtime.torch_runtime import TorchRunner
+
+    model = parse_model(
+        'model opset {"": 18}\ngraph g(%x: f32[2], %y: f32[2]) -> (%z) {\n  %z = Add(%x, %y)\n}\n'
+    )
+    with pytest.raises(MissingInputError, match=r"missing graph input 'y'; inputs: \['x', 'y'\]"):
+        TorchRunner(model).run({"x": np.ones(2, np.float32)})
+    assert issubclass(MissingInputError, KeyError)

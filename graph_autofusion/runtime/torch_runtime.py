@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from graph_autofusion.errors import UnsupportedOperatorError
+from graph_autofusion.errors import MissingInputError, UnsupportedOperatorError
 from graph_autofusion.ir.core import Graph, Model, Node, Value
 from graph_autofusion.runtime.torch_ops import (
     OpCall,
@@ -147,7 +147,9 @@ class TorchRunner:
             if v.name not in feeds:
                 if v.name in env:  # an input that also has an initializer (default value)
                     continue
-                raise KeyError(f"missing graph input {v.name!r}; inputs: {self.input_names}")
+                raise MissingInputError(
+                    f"missing graph input {v.name!r}; inputs: {self.input_names}"
+                )
             t = feeds[v.name]
             env[v.name] = torch.from_numpy(np.asarray(t)) if not isinstance(t, torch.Tensor) else t
         with torch.no_grad():
