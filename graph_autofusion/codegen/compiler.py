@@ -197,7 +197,7 @@ def compile_source(
     # then the library under a private name, renamed into place once the linker is done.
     # gcc runs in the entry folder on the relative name, so the library records "kernels.c",
     # not a temporary or cache path: the same source gives the same bytes in any cache.
-    _write_atomic(src, source)
+    write_atomic(src, source)
     fd, tmp_lib = tempfile.mkstemp(prefix=".kernels-", suffix=".so", dir=entry)
     os.close(fd)
     tail = ["-lmvec", "-lm"]
@@ -206,7 +206,7 @@ def compile_source(
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=entry)
         if proc.returncode != 0:
             kept = str(entry / "failed.c")
-            _write_atomic(Path(kept), source)
+            write_atomic(kept, source)
             repro = " ".join(
                 shlex.quote(c) for c in [*cmd[:-5], kept, "-o", "/tmp/kernels.so", *tail]
             )
@@ -220,13 +220,14 @@ def compile_source(
     return BuiltSource(str(lib), str(src), key, False, time.perf_counter() - t)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a private temporary file in the same folder and
+def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
+    """Write ``data`` to ``path`` through a private temporary file in the same folder and
     ``os.replace``: a reader sees the old file or the whole new one, never a part."""
+    path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=path.suffix, dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

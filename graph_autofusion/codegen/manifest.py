@@ -18,7 +18,7 @@ import tempfile
 from typing import Any
 
 from graph_autofusion.codegen.c_backend import library_source
-from graph_autofusion.codegen.compiler import compiler_version
+from graph_autofusion.codegen.compiler import compiler_version, write_atomic
 
 
 def manifest(result: Any) -> dict[str, Any]:
@@ -67,19 +67,6 @@ def manifest(result: Any) -> dict[str, Any]:
     }
 
 
-def _atomic_write(path: str, data: bytes) -> None:
-    folder = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".gaf-", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_kernel_dir(result: Any, directory: str | os.PathLike[str]) -> dict[str, Any]:
     """Write ``kernels.c``, ``kernels.so`` and ``manifest.json`` into ``directory``."""
     directory = os.fspath(directory)
@@ -87,7 +74,7 @@ def write_kernel_dir(result: Any, directory: str | os.PathLike[str]) -> dict[str
     data = manifest(result)
     live = {low.key for low in result.lowered}
     kernels = {g.kernel.name: g.kernel for g in result.kernels if g.key in live}
-    _atomic_write(
+    write_atomic(
         os.path.join(directory, "kernels.c"), library_source(list(kernels.values())).encode()
     )
     if result.library is not None:
@@ -95,7 +82,7 @@ def write_kernel_dir(result: Any, directory: str | os.PathLike[str]) -> dict[str
         os.close(fd)
         shutil.copyfile(result.library.path, tmp)
         os.replace(tmp, os.path.join(directory, "kernels.so"))
-    _atomic_write(
+    write_atomic(
         os.path.join(directory, "manifest.json"), json.dumps(data, indent=2).encode() + b"\n"
     )
     return data
