@@ -234,6 +234,8 @@ def plan_for_target(
     """
     from graph_autofusion.codegen.targets import get_target
     from graph_autofusion.patterns.shape_folding import fold_reshape_shapes
+    from graph_autofusion.planner.analysis import analyze_model
+    from graph_autofusion.report import progress
 
     opset = int(original.opset_imports.get("", 17))
     if options.target == "onnxruntime" and getattr(options, "custom_ops", False):
@@ -252,32 +254,24 @@ def plan_for_target(
     keep_fp32 = getattr(options, "keep_fp32", ())
     if keep_fp32 and half_precision(work):  # F17: fusions that would compute them in half
         refuser = PrecisionGuard(target, keep_fp32)
-    from graph_autofusion.report import progress
-
     with progress.task(f"analyze {len(work.graph)} nodes"):
-        analysis = _analyze(work, rules, profile, options, feeds, refuser, target, model_name)
+        analysis = analyze_model(
+            work,
+            target.select_rules(rules),
+            profile,
+            feeds=feeds,
+            benefit_threshold=options.benefit_threshold,
+            strategy=options.strategy,
+            max_cluster_nodes=options.max_cluster_nodes,
+            max_cluster_inputs=options.max_cluster_inputs,
+            clustering=options.clustering and target.clustering,
+            accept_maybe=options.safe_mode and options.check_speed,  # safe mode times close calls
+            native_target=target.native_target,
+            target=refuser,
+            model_name=model_name,
+        )
     analysis.target = target.name
     return work, analysis, folding, target
-
-
-def _analyze(work, rules, profile, options, feeds, refuser, target, model_name):
-    from graph_autofusion.planner.analysis import analyze_model
-
-    return analyze_model(
-        work,
-        target.select_rules(rules),
-        profile,
-        feeds=feeds,
-        benefit_threshold=options.benefit_threshold,
-        strategy=options.strategy,
-        max_cluster_nodes=options.max_cluster_nodes,
-        max_cluster_inputs=options.max_cluster_inputs,
-        clustering=options.clustering and target.clustering,
-        accept_maybe=options.safe_mode and options.check_speed,  # safe mode times close calls
-        native_target=target.native_target,
-        target=refuser,
-        model_name=model_name,
-    )
 
 
 def add_other_targets(

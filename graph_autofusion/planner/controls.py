@@ -58,16 +58,6 @@ REDUCTIONS = (
 #: ``keep_fp32="default"``: BatchNormalization and the accumulating reductions (ReduceMax and
 #: ReduceMin are exact in any precision).
 DEFAULT_KEEP_FP32 = ("BatchNormalization", *REDUCTIONS)
-#: Fused onnxruntime operators that accumulate in float32 on float16 tensors.
-FP32_FUSED_OPS = frozenset(
-    {
-        "LayerNormalization",
-        "SimplifiedLayerNormalization",
-        "SkipLayerNormalization",
-        "SkipSimplifiedLayerNormalization",
-        "RMSNormalization",
-    }
-)
 HALF = (DType.FLOAT16, DType.BFLOAT16)
 
 _OPS = {
@@ -223,12 +213,15 @@ def _half_nodes(nodes: Iterable[Any], keep: frozenset[str]) -> list[Any]:
 def computes_in_fp32(candidate: Any, kernel: bool) -> bool:
     """Whether ``candidate``'s fused form computes in float32: a generated kernel always
     does (half values are widened on load); an onnxruntime operator only when it is one of
-    :data:`FP32_FUSED_OPS`."""
+    :data:`graph_autofusion.verify.fp16.FP32_ACCUMULATING` or ``RMSNormalization``."""
     if kernel:
         return True
     rule = getattr(candidate, "rule", None)
     native = getattr(rule, "native_op", None) or getattr(rule, "fuse_pattern", "")
-    return str(native).split(".")[-1] in FP32_FUSED_OPS
+    from graph_autofusion.verify.fp16 import FP32_ACCUMULATING
+
+    # onnxruntime's normalizations, and the opset-23 RMSNormalization (stash_type float32)
+    return str(native).split(".")[-1] in FP32_ACCUMULATING | {"RMSNormalization"}
 
 
 class PrecisionGuard:
