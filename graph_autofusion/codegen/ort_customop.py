@@ -505,13 +505,12 @@ def write_kernel_dir(library: CustomOpLibrary, directory: str, groups: Sequence[
     import shutil
     import tempfile
 
-    from graph_autofusion.codegen.compiler import compiler_version
-    from graph_autofusion.codegen.manifest import _atomic_write
+    from graph_autofusion.codegen.compiler import compiler_version, write_atomic
 
     os.makedirs(directory, exist_ok=True)
     with open(library.source_path, "rb") as f:
         source = f.read()
-    _atomic_write(os.path.join(directory, "custom_ops.c"), source)
+    write_atomic(os.path.join(directory, "custom_ops.c"), source)
     fd, tmp = tempfile.mkstemp(prefix=".gaf-", dir=directory)
     os.close(fd)
     shutil.copyfile(library.path, tmp)
@@ -567,7 +566,7 @@ def write_kernel_dir(library: CustomOpLibrary, directory: str, groups: Sequence[
             if g.op in kernels
         ],
     }
-    _atomic_write(
+    write_atomic(
         os.path.join(directory, "manifest.json"), json.dumps(data, indent=2).encode() + b"\n"
     )
     return data
