@@ -5,8 +5,12 @@ sess = ort_session(model_or_path_or_proto, level="all", threads=2)
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 _LEVELS = {
     "disable": "ORT_DISABLE_ALL",
@@ -22,6 +26,7 @@ def ort_session(
     threads: int = 2,
     spinning: bool = False,
     custom_ops_library: str | None = None,
+    in_place: Mapping[str, np.ndarray] | None = None,
 ) -> Any:
     """An onnxruntime CPU session of an IR :class:`Model`, a ``ModelProto`` or a path.
 
@@ -34,6 +39,10 @@ def ort_session(
     ``custom_ops_library``, else the one its metadata names (next to a saved file), else the
     one this process built for those operators. Without any, onnxruntime refuses the model
     with a message naming the ``ai.graph_autofusion`` domain.
+
+    ``in_place``: initializers (by name) that the session reads from these arrays' memory
+    instead of the model's bytes (:func:`in_place_weights`): nothing is copied beyond what
+    onnxruntime's own kernels pack, and a write into an array is seen by the next run.
     """
     import onnxruntime as ort
 
@@ -56,7 +65,65 @@ def ort_session(
     lib = custom_ops_library or _custom_ops_library(model)
     if lib:
         so.register_custom_ops_library(lib)
+    if in_place:
+        return _session_in_place(src, so, in_place)
     return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+
+
+#: Only float initializers at least this large are read in place: onnxruntime reads small
+#: integer initializers (shapes, indices) from the model's bytes while it optimizes the graph.
+IN_PLACE_MIN_BYTES = 1 << 16
+
+
+def in_place_weights(arrays: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The arrays of ``arrays`` (initializer name -> array) that a session can read in place:
+    contiguous floating-point arrays of at least :data:`IN_PLACE_MIN_BYTES`."""
+    return {
+        name: a
+        for name, a in arrays.items()
+        if isinstance(a, np.ndarray)
+        and a.dtype.kind == "f"
+        and a.flags.c_contiguous
+        and a.nbytes >= IN_PLACE_MIN_BYTES
+    }
+
+
+def _session_in_place(src: Any, so: Any, arrays: Mapping[str, np.ndarray]) -> Any:
+    """A session whose initializers ``arrays`` are onnxruntime values over the arrays' memory
+    (``SessionOptions.add_initializer``). The model declares them as external data in a sparse
+    placeholder file that onnxruntime never reads (the values given here replace them); the
+    placeholder lives in a temporary folder only while the session is created."""
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+
+    proto = onnx.load_from_string(src) if isinstance(src, bytes) else onnx.load(src)
+    values = {}
+    for init in proto.graph.initializer:
+        a = arrays.get(init.name)
+        if a is None:
+            continue
+        init.ClearField("raw_data")
+        for field in ("float_data", "double_data", "int32_data", "int64_data"):
+            init.ClearField(field)
+        init.data_location = onnx.TensorProto.EXTERNAL
+        del init.external_data[:]
+        for key, val in (("location", "weights.bin"), ("offset", "0"), ("length", str(a.nbytes))):
+            entry = init.external_data.add()
+            entry.key, entry.value = key, val
+        values[init.name] = ort.OrtValue.ortvalue_from_numpy(a)
+        so.add_initializer(init.name, values[init.name])
+    with tempfile.TemporaryDirectory(prefix="autofusion-ort-") as d:
+        size = max((a.nbytes for a in arrays.values()), default=0)
+        with open(os.path.join(d, "weights.bin"), "wb") as f:
+            f.truncate(size)  # sparse: no disk, never read
+        path = os.path.join(d, "model.onnx")
+        onnx.save(proto, path)
+        sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    # onnxruntime keeps raw pointers: the values (and the arrays under them) must outlive it
+    sess._autofusion_in_place = (values, dict(arrays))
+    return sess
 
 
 def _custom_ops_library(model: Any) -> str | None:
