@@ -74,6 +74,7 @@ def measure(num_nodes: int, hardware: str = "ascend910b") -> dict:
     from graph_autofusion.frontend.loader import load_model
     from graph_autofusion.frontend.onnx_frontend import save_onnx, to_onnx
     from graph_autofusion.ir.verify import verify
+    from graph_autofusion.options import FuseOptions
     from graph_autofusion.patterns.library import builtin_rules
     from graph_autofusion.pipeline import fuse_model
     from graph_autofusion.testing.scale_graphs import hybrid_feeds, hybrid_stack
@@ -81,6 +82,7 @@ def measure(num_nodes: int, hardware: str = "ascend910b") -> dict:
     torch.set_num_threads(1)
     profile = load_profile(hardware)
     rules = builtin_rules()
+    unsafe = FuseOptions(safe_mode=False)
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = os.path.join(tmp, "model.onnx"), os.path.join(tmp, "fused.onnx")
         t = time.perf_counter()
@@ -94,7 +96,7 @@ def measure(num_nodes: int, hardware: str = "ascend910b") -> dict:
         times["import"] = time.perf_counter() - t
         feeds = hybrid_feeds(model)
         t = time.perf_counter()
-        result = fuse_model(model, rules, profile, feeds=feeds, safe_mode=False)
+        result = fuse_model(model, rules, profile, options=unsafe, feeds=feeds)
         fuse_s = time.perf_counter() - t
         sub = result.analysis.timings
         for k in ANALYSIS_STAGES:

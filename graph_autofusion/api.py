@@ -255,15 +255,17 @@ class GraphAutoFusion:
         self,
         *,
         safe_mode: bool | None = None,
-        check_speed: bool = True,
+        check_speed: bool | None = None,
         progress=None,
         **options: Any,
     ):
         """Fuse for onnxruntime: the planned fusions with a runtime-native form, each verified
         in safe mode (on by default); returns the fused IR :class:`Model`.
 
-        ``options`` go to :func:`graph_autofusion.pipeline.fuse_model` (``speed_margin``,
-        ``cosine_floor``, ``e2e_cosine_floor``, ``mc_samples``)."""
+        ``safe_mode``, ``check_speed`` (``None``: the options record's) and ``options``
+        override fields of :attr:`options` for this fuse (``speed_margin``, ``cosine_floor``,
+        ``e2e_cosine_floor``, ``mc_samples``, ``fold_shapes``, ...); the pipeline reads every
+        field from the one record. ``rules``: a :class:`RuleSet` instead of this object's."""
         rules, switched = self.active_rules(options.pop("rules", None))
         self._fuse_with(rules, safe_mode, check_speed, progress, options)
         if self.result is not None:
@@ -278,15 +280,15 @@ class GraphAutoFusion:
         from graph_autofusion.report import progress as _progress
 
         progress = progress if progress is not None else _progress.callback("fuse")
+        overrides = dict(options)
+        if safe_mode is not None:
+            overrides["safe_mode"] = safe_mode
+        if check_speed is not None:
+            overrides["check_speed"] = check_speed
+        opts = self.options.replace(**overrides)
         if self.torch_module is not None:
             from graph_autofusion.torch_module import fuse_module
 
-            opts = self.options.replace(
-                target="cpu",
-                safe_mode=self.safe_mode if safe_mode is None else safe_mode,
-                check_speed=check_speed,
-                **options,
-            )
             self.fused_module = fuse_module(
                 self.torch_module,
                 self.example_args,
@@ -294,20 +296,15 @@ class GraphAutoFusion:
                 rules=rules,
                 preset=self.preset,
                 hardware=self.hardware,
-                options=opts,
+                options=opts.replace(target="cpu"),
                 source_name=self.source_name,
             )
             results = self.fused_module.autofusion.results()
             self.result = results[0] if results else None
             return
-        if self.target == "cpu":
+        if opts.target == "cpu":
             from graph_autofusion.pipeline_cpu import fuse_model_cpu
 
-            opts = self.options.replace(
-                safe_mode=self.safe_mode if safe_mode is None else safe_mode,
-                check_speed=check_speed,
-                **options,
-            )
             self.result = fuse_model_cpu(
                 self.model,
                 rules,
@@ -318,21 +315,7 @@ class GraphAutoFusion:
             )
             return
         self.result = fuse_model(
-            self.model,
-            rules,
-            self.hardware,
-            feeds=self.feeds(),
-            safe_mode=self.safe_mode if safe_mode is None else safe_mode,
-            benefit_threshold=self.benefit_threshold,
-            strategy=self.strategy,
-            check_speed=check_speed,
-            progress=progress,
-            **{
-                "custom_ops": self.options.custom_ops,
-                "codegen": self.options.codegen,
-                "keep_fp32": self.options.keep_fp32,
-                **options,
-            },
+            self.model, rules, self.hardware, options=opts, feeds=self.feeds(), progress=progress
         )
 
     def fuse_progressive(self, stages: Sequence[str | Sequence[str]], **kwargs: Any):

@@ -213,23 +213,28 @@ def _cmd_fuse(args: argparse.Namespace) -> int:
             f"--custom-ops is an onnxruntime-target option; --target {args.target} generates "
             f"its kernels anyway (drop --custom-ops, or use --target onnxruntime)"
         )
+    from graph_autofusion.options import FuseOptions
+
+    options = FuseOptions(  # the one record the whole fuse reads
+        target=args.target,
+        benefit_threshold=args.benefit_threshold,
+        strategy=args.strategy,
+        safe_mode=not args.unsafe,
+        check_speed=not args.no_speed_check,
+        custom_ops=args.custom_ops,
+        size_switches=tuple(args.size_switch or ()),
+        keep_fp32=(args.keep_fp32,) if args.keep_fp32 else (),
+    )
     gaf = GraphAutoFusion(
         args.model,
         preset=args.preset,
         rule_files=args.rules or (),
         hardware=args.hardware,
-        safe_mode=not args.unsafe,
-        benefit_threshold=args.benefit_threshold,
-        strategy=args.strategy,
         sample_inputs=_load_feeds(args.inputs),
-        target=args.target,
-        size_switches=args.size_switch or (),
-        keep_fp32=args.keep_fp32 or (),
+        options=options,
     )
     _check_feeds(gaf.model, gaf.sample_inputs, args.inputs)
-    if args.custom_ops:
-        gaf.options = gaf.options.replace(custom_ops=True)
-    fuse_args = {"check_speed": not args.no_speed_check, "progress": _progress_bar("fuse")}
+    fuse_args = {"progress": _progress_bar("fuse")}
     if args.stage:  # F17: progressive fusion
         prog = gaf.fuse_progressive(args.stage, **fuse_args)
         if not args.json:

@@ -11,3 +11,11 @@ E2E_COSINE = 0.9999
 #: Automatic clustering limits: nodes per cluster, distinct external inputs per cluster.
 MAX_CLUSTER_NODES = 64
 MAX_CLUSTER_INPUTS = 8
+#: Safe mode's speed check in the pipelines: a fusion fails when slower than this factor of
+#: its unfused operators' time.
+SPEED_MARGIN = 1.10
+#: The speed margin of :func:`graph_autofusion.verify.safety.check_fusion` called on its own
+#: (the pipelines pass :data:`SPEED_MARGIN`).
+CHECK_FUSION_SPEED_MARGIN = 1.05
+#: Monte-Carlo perturbation samples per fusion in safe mode (onnxruntime target).
+MC_SAMPLES = 8

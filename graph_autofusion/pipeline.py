@@ -1,6 +1,6 @@
 """The fuse pipeline for onnxruntime (F11, F13): analyze, lower, verify, roll back, close.
 
-    result = fuse_model(original, rules, profile, feeds=..., safe_mode=True)
+    result = fuse_model(original, rules, profile, options=FuseOptions(), feeds=...)
     result.model            # the fused IR model (a new model; the original is untouched)
     result.summary()        # candidates, fused, skipped by reason, estimated improvement
 
@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from graph_autofusion import defaults, reasons
+from graph_autofusion import reasons
 from graph_autofusion.codegen.attention_layout import absorb_layout
 from graph_autofusion.codegen.gemm_reshape import flatten_gemms
 from graph_autofusion.codegen.onnxruntime import (
@@ -321,78 +321,53 @@ def fuse_model(
     rules: RuleSet,
     profile: Any,
     *,
+    options: Any = None,
     feeds: Mapping[str, Any] | None = None,
-    safe_mode: bool = True,
-    benefit_threshold: float = defaults.BENEFIT_THRESHOLD,
-    strategy: str = "auto",
-    cosine_floor: float | None = None,
-    e2e_cosine_floor: float = defaults.E2E_COSINE,
-    check_speed: bool = True,
-    speed_margin: float = 1.10,
-    mc_samples: int = 8,
     progress: Callable[[str, int, int], None] | None = None,
-    fold_shapes: bool = True,
     dump_dir: Any = None,
-    custom_ops: bool = False,
-    codegen: Any = None,
-    keep_fp32: tuple[str, ...] = (),
 ) -> FuseResult:
     """Fuse ``original`` for onnxruntime (see the module docstring). ``original`` is not
-    modified. ``fold_shapes``: first fold provable ``Reshape`` shape computations into
-    constants (:mod:`graph_autofusion.patterns.shape_folding`). ``dump_dir``: write each
-    stage's artifact there (``plan.json``, ``lowered.txt``, ``fused.onnx``).
+    modified. ``options``: the :class:`~graph_autofusion.options.FuseOptions` record (default
+    ``FuseOptions()``); every field is read from it (its ``target`` is onnxruntime here):
+    ``fold_shapes`` first folds provable ``Reshape`` shape computations into constants
+    (:mod:`graph_autofusion.patterns.shape_folding`); ``safe_mode``, ``check_speed``,
+    ``speed_margin``, ``cosine_floor``, ``mc_samples`` and ``e2e_cosine_floor`` drive safe
+    mode; ``benefit_threshold``, ``strategy``, ``clustering`` and ``max_cluster_*`` the plan.
+    ``dump_dir``: write each stage's artifact there (``plan.json``, ``lowered.txt``,
+    ``fused.onnx``).
 
-    ``custom_ops``: planned groups with no onnxruntime operator become generated kernels in
-    one custom-operator library (``result.custom_ops``, :mod:`graph_autofusion.
+    ``options.custom_ops``: planned groups with no onnxruntime operator become generated
+    kernels in one custom-operator library (``result.custom_ops``, :mod:`graph_autofusion.
     pipeline_ort_kernels`); a library that fails to build or load gives the model without
-    custom operators, with a note saying why. ``codegen``: their compiler options."""
+    custom operators, with a note saying why. ``options.codegen``: their compiler options."""
+    from graph_autofusion.options import FuseOptions
     from graph_autofusion.pipeline_ort_kernels import CustomOps, CustomOpsUnavailable
 
-    args = dict(
-        feeds=feeds,
-        safe_mode=safe_mode,
-        benefit_threshold=benefit_threshold,
-        strategy=strategy,
-        cosine_floor=cosine_floor,
-        e2e_cosine_floor=e2e_cosine_floor,
-        check_speed=check_speed,
-        speed_margin=speed_margin,
-        mc_samples=mc_samples,
-        progress=progress,
-        fold_shapes=fold_shapes,
-        dump_dir=dump_dir,
-        keep_fp32=tuple(keep_fp32),
-    )
+    options = (options or FuseOptions()).replace(target="onnxruntime")
+    args = dict(feeds=feeds, progress=progress, dump_dir=dump_dir)
     notes: list[str] = []
-    custom = CustomOps.start(custom_ops, codegen, notes)
+    custom = CustomOps.start(options.custom_ops, options.codegen, notes)
     if custom is not None:
         try:
-            return _fuse_model(original, rules, profile, custom=custom, notes=notes, **args)
+            return _fuse_model(
+                original, rules, profile, options, custom=custom, notes=notes, **args
+            )
         except CustomOpsUnavailable as exc:
             notes.append(f"custom operators off: {exc}; fused without them")
-    return _fuse_model(original, rules, profile, custom=None, notes=notes, **args)
+    return _fuse_model(original, rules, profile, options, custom=None, notes=notes, **args)
 
 
 def _fuse_model(
     original: Model,
     rules: RuleSet,
     profile: Any,
+    options: Any,
     *,
     feeds: Mapping[str, Any] | None,
-    safe_mode: bool,
-    benefit_threshold: float,
-    strategy: str,
-    cosine_floor: float | None,
-    e2e_cosine_floor: float,
-    check_speed: bool,
-    speed_margin: float,
-    mc_samples: int,
     progress: Callable[[str, int, int], None] | None,
-    fold_shapes: bool,
     dump_dir: Any,
     custom: Any,
     notes: list[str],
-    keep_fp32: tuple[str, ...],
 ) -> FuseResult:
     from graph_autofusion.verify.inputs import generate_inputs
     from graph_autofusion.verify.sample_inputs import own_copy
@@ -402,25 +377,17 @@ def _fuse_model(
     native = RuleSet(tuple(r for r in rules if r.rewrite is not None))
     generic_only = RuleSet(tuple(r for r in rules if r.rewrite is None))
     feeds = own_copy(feeds) if feeds is not None else generate_inputs(original)
-    from graph_autofusion.options import FuseOptions
     from graph_autofusion.patterns.shape_folding import fold_reshape_shapes
 
-    opts = FuseOptions(
-        benefit_threshold=benefit_threshold,
-        strategy=strategy,
-        safe_mode=safe_mode,
-        check_speed=check_speed,
-        fold_shapes=fold_shapes,
-        custom_ops=custom is not None,
-        keep_fp32=keep_fp32,
-    )
+    opts = options.replace(custom_ops=custom is not None)
+    safe_mode = opts.safe_mode
     planned = rules if custom is not None else native  # custom: every rule, and clusters
     from graph_autofusion.report import progress as _progress
 
     t = time.perf_counter()
     work, analysis, folding, _target = plan_for_target(original, planned, profile, opts, feeds)
     if folding is not None and folding.folded and safe_mode:
-        problem = _check_folding(original, work, feeds, e2e_cosine_floor)
+        problem = _check_folding(original, work, feeds, opts.e2e_cosine_floor)
         if problem:
             notes.append(f"shape folding rolled back: {problem}")
             work, analysis, folding, _target = plan_for_target(
@@ -499,10 +466,10 @@ def _fuse_model(
                 result.model,
                 record,
                 acts,
-                cosine_floor=cosine_floor,
-                mc_samples=mc_samples,
-                check_speed=check_speed,
-                speed_margin=speed_margin,
+                cosine_floor=opts.cosine_floor,
+                mc_samples=opts.mc_samples,
+                check_speed=opts.check_speed,
+                speed_margin=opts.speed_margin,
             )
         bad = [low for low in result.lowered if not checked[low.key].passed]
         if not bad:
@@ -531,14 +498,14 @@ def _fuse_model(
     timings["verify"] = time.perf_counter() - t
     t = time.perf_counter()
     with _progress.task("safe mode: end-to-end check"):
-        e2e = end_to_end(original, to_onnx(result.model), feeds, cosine_floor=e2e_cosine_floor)
+        e2e = end_to_end(original, to_onnx(result.model), feeds, cosine_floor=opts.e2e_cosine_floor)
     if (absorbed or flattened) and not _e2e_passed(e2e):
         notes.append(
             f"layout clean-up ({absorbed} attentions, {flattened} flattened Gemms) rolled back: "
             f"it differs"
         )
         result.model = before_layout
-        e2e = end_to_end(original, to_onnx(result.model), feeds, cosine_floor=e2e_cosine_floor)
+        e2e = end_to_end(original, to_onnx(result.model), feeds, cosine_floor=opts.e2e_cosine_floor)
     else:
         if absorbed:
             notes.append(f"{absorbed} attentions take the heads and the KV cache themselves (3-D)")
@@ -547,7 +514,7 @@ def _fuse_model(
                 f"{flattened} flattened Gemms are batched MatMuls again (shape programs gone)"
             )
     if _keep_fp32(result, opts.keep_fp32, notes):
-        e2e = end_to_end(original, to_onnx(result.model), feeds, cosine_floor=e2e_cosine_floor)
+        e2e = end_to_end(original, to_onnx(result.model), feeds, cosine_floor=opts.e2e_cosine_floor)
     result.end_to_end = e2e
     if not _e2e_passed(e2e):
         notes.append(

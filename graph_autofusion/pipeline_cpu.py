@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from graph_autofusion import reasons
+from graph_autofusion import defaults, reasons
 from graph_autofusion.codegen.kernel_ir import Kernel
 from graph_autofusion.codegen.lower import KernelReason, KernelRefused
 from graph_autofusion.codegen.onnxruntime import Lowered, NotLowered
@@ -481,7 +481,7 @@ def check_kernel(
     *,
     floor: float,
     unfused: Any = None,
-    speed_margin: float = 1.10,
+    speed_margin: float = defaults.SPEED_MARGIN,
 ) -> SafetyResult:
     """Safe mode's verdict on one kernel: its outputs on the real activations against the
     unfused operators' (cosine, max error), then (``unfused`` given) its time against theirs."""

@@ -203,7 +203,8 @@ def test_both_pipelines_dump_their_stage_artifacts(tmp_path):
     feeds = example_feeds("minilm")
     model = load_onnx(str(path))
     rules = builtin_rules()
-    r = fuse_model(model, rules, "host", feeds=feeds, check_speed=False, dump_dir=tmp_path / "ort")
+    opts = FuseOptions(check_speed=False)
+    r = fuse_model(model, rules, "host", options=opts, feeds=feeds, dump_dir=tmp_path / "ort")
     assert sorted(p.name for p in (tmp_path / "ort").iterdir()) == [
         "fused.onnx",
         "lowered.txt",

@@ -24,6 +24,7 @@ from graph_autofusion.cli import main
 from graph_autofusion.errors import ModelWriteError
 from graph_autofusion.frontend.onnx_frontend import to_onnx
 from graph_autofusion.ir.text import parse_model
+from graph_autofusion.options import FuseOptions
 from graph_autofusion.patterns.library import builtin_rules
 from graph_autofusion.patterns.pattern import PatternBuilder
 from graph_autofusion.patterns.rewrite import RewriteError
@@ -264,7 +265,9 @@ def test_slower_fusion_is_rolled_back_and_the_gelu_stays():
     original = parse_model(SLOW_MODEL)
     rules = builtin_rules().preset("all") + SLOW_RULE
     with use_timer(_slow_rewrites_timer):
-        res = fuse_model(original, rules, PROFILE, check_speed=True, speed_margin=3.0)
+        res = fuse_model(
+            original, rules, PROFILE, options=FuseOptions(check_speed=True, speed_margin=3.0)
+        )
     (bad,) = res.rolled_back
     assert (bad.rule, bad.code) == ("slow_relu_neg", "slower"), bad
     assert bad.result.cosine > 0.99999  # the math is right: only the speed is wrong
@@ -285,7 +288,10 @@ def test_end_to_end_failure_rolls_back_everything():
     is rolled back and the original is returned."""
     original = parse_model(TRANSFORMER_BLOCK)
     res = fuse_model(
-        original, builtin_rules().preset("all"), PROFILE, check_speed=False, e2e_cosine_floor=1.01
+        original,
+        builtin_rules().preset("all"),
+        PROFILE,
+        options=FuseOptions(check_speed=False, e2e_cosine_floor=1.01),
     )
     assert not res.lowered and len(res.rolled_back) == 2
     assert {b.code for b in res.rolled_back} == {"end-to-end"}

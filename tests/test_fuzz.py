@@ -210,12 +210,12 @@ def _proto(nodes, inputs, outputs, inits=()):
 
 
 def _fuse(proto, feeds, safe_mode=False):
+    from graph_autofusion.options import FuseOptions
     from graph_autofusion.pipeline import fuse_model
     from graph_autofusion.testing.fuzz_check import _profile, _rules
 
-    return fuse_model(
-        load_onnx(proto), _rules(), _profile(), feeds=feeds, safe_mode=safe_mode, check_speed=False
-    )
+    opts = FuseOptions(safe_mode=safe_mode, check_speed=False)
+    return fuse_model(load_onnx(proto), _rules(), _profile(), options=opts, feeds=feeds)
 
 
 def test_layernorm_bias_folded_into_a_bfloat16_beta_stays_bfloat16() -> None:

@@ -17,12 +17,14 @@ from graph_autofusion.frontend.onnx_frontend import save_onnx, to_onnx
 from graph_autofusion.ir.core import Graph, Model, Value, is_convex
 from graph_autofusion.ir.dtypes import DType
 from graph_autofusion.ir.verify import verify
+from graph_autofusion.options import FuseOptions
 from graph_autofusion.patterns.library import builtin_rules
 from graph_autofusion.pipeline import fuse_model
 from graph_autofusion.planner.plan import _cycle_groups
 from graph_autofusion.testing.scale_graphs import NODES_PER_STAGE, hybrid_feeds, hybrid_stack
 
 STAGES = 5000 // NODES_PER_STAGE
+UNSAFE = FuseOptions(safe_mode=False)
 CHAIN = 9_000
 
 
@@ -42,7 +44,7 @@ def fused(tmp_path_factory):
     model = load_model(path)
     feeds = hybrid_feeds(model)
     result = fuse_model(
-        model, builtin_rules(), load_profile("ascend910b"), feeds=feeds, safe_mode=False
+        model, builtin_rules(), load_profile("ascend910b"), options=UNSAFE, feeds=feeds
     )
     out = path.with_name("fused.onnx")
     save_onnx(result.model, out)
@@ -112,7 +114,7 @@ def test_a_deep_chain_goes_through_without_recursion(tmp_path):
     model = load_model(path)
     feeds = {"x": np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)}
     result = fuse_model(
-        model, builtin_rules(), load_profile("ascend910b"), feeds=feeds, safe_mode=False
+        model, builtin_rules(), load_profile("ascend910b"), options=UNSAFE, feeds=feeds
     )
     assert len(result.analysis.candidates) == CHAIN // 3
     assert len(result.lowered) == CHAIN // 3  # every SiLU

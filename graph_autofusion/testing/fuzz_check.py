@@ -403,20 +403,18 @@ class _Ctx:
                     self.run.fail("cpu_program", stage, problem)
 
     def fuse_ort(self, strategy: str, *, safe_mode: bool, custom: bool = False) -> None:
+        from graph_autofusion.options import FuseOptions
         from graph_autofusion.pipeline import fuse_model
 
         stage = "ort_kernels" if custom else "ort_safe" if safe_mode else "ort"
-        res = fuse_model(
-            self.model,
-            self.rules(),
-            _profile(),
-            feeds=self.g.feeds,
+        opts = FuseOptions(
             safe_mode=safe_mode,
             strategy=strategy,
             check_speed=False,
             mc_samples=2,
             custom_ops=custom,
         )
+        res = fuse_model(self.model, self.rules(), _profile(), options=opts, feeds=self.g.feeds)
         self.run.r.fused[stage] = len(res.lowered)
         self.check_fused(stage, res.model)
         if safe_mode and res.end_to_end is not None and not _passed(res.end_to_end):
