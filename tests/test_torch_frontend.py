@@ -309,3 +309,76 @@ def test_constant_cache_never_aliases_freed_temporaries():
     values = [cx.v(torch.full((3,), float(i))) for i in range(64)]
     assert len({id(v) for v in values}) == 64
     assert [float(v.const[0]) for v in values] == [float(i) for i in range(64)]
+
+
+def test_opaque_node_of_a_non_default_overload_runs_by_torch():
+    """The node's op_type names the overload once (``aten::sort.stable``), as torch.ops spells it."""
+
+    class StableSort(nn.Module):
+        def forward(self, x):
+            return torch.sort(x * 2, dim=1, stable=True)[0] + 1
+
+    model = _check(StableSort(), (torch.randn(3, 5),), canonical=False)
+    (opaque,) = [n for n in model.graph.nodes if n.domain == "aten"]
+    assert opaque.op_type == "aten::sort.stable"
+
+
+def test_opaque_node_reads_a_symbolic_size_argument_as_a_number():
+    """An IR value where the schema wants an ``int`` (a symbolic size) is passed as a number."""
+    from graph_autofusion.frontend.torch_convert import ConvertContext
+    from graph_autofusion.ir import Graph
+    from graph_autofusion.ir.core import Value
+    from graph_autofusion.ir.dtypes import DType
+
+    graph = Graph("roll")
+    cx = ConvertContext(graph)
+    x = graph.add_input(Value("x", DType.FLOAT, (3, 7)))
+    n = graph.add_input(Value("n", DType.INT64, ()))
+    out = cx.opaque(torch.ops.aten.roll.default, (x, [n], [1]), {})
+    out.dtype, out.shape = DType.FLOAT, (3, 7)
+    graph.set_outputs([out])
+    model = Model(graph, {"": 20})
+    t = torch.randn(3, 7)
+    for shift in (2, -3):
+        got = TorchRunner(model).run({"x": t, "n": shift})[out.name]
+        assert torch.equal(got, torch.roll(t, shift, 1))
+    assert graph.nodes[0].op_type == "aten::roll.default"
+
+
+def test_from_fx_symbolic_int_input_carried_by_no_tensor():
+    """A Python int Dynamo made symbolic that no tensor's size carries is a 0-d int64 input."""
+    from graph_autofusion.frontend.torch_frontend import import_fx
+    from graph_autofusion.ir.dtypes import DType
+
+    torch._dynamo.reset()
+
+    class Scaled(nn.Module):
+        def forward(self, n, x):  # the graph takes the int first, then a size of x, then x
+            r = torch.arange(n).float().sum()
+            return torch.softmax(x / n, -1) * x.shape[0] + r
+
+    imports = []
+
+    def capture(gm, example_inputs):
+        imports.append(gm)
+        return gm.forward
+
+    m = Scaled()
+    compiled = torch.compile(m, backend=capture)
+    for n, rows in ((3, 2), (5, 4)):  # the second call recompiles with n and rows symbolic
+        compiled(n, torch.randn(rows, 4))
+    gm = imports[-1]
+    phs = [p for p in gm.graph.nodes if p.op == "placeholder"]
+    x = torch.randn(4, 4)
+    args = [5 if p.name.endswith("n_") else 4 if "SymInt" in str(p.type) else x for p in phs]
+    imp = import_fx(gm, args)
+    inputs = imp.model.graph.inputs
+    (ints,) = [v for v in inputs if v.shape == ()]
+    assert ints.dtype == DType.INT64 and len(inputs) == 2
+    assert [args[i] for i in imp.user_inputs] == ([5, x] if inputs[0] is ints else [x, 5])
+    for n, rows in ((5, 4), (9, 3)):
+        t = torch.randn(rows, 4)
+        feeds = {v.name: n if v is ints else t for v in inputs}
+        out = _first(TorchRunner(imp.model).run(feeds))
+        assert torch.allclose(out, m(n, t), atol=TOL)
+    torch._dynamo.reset()

@@ -12,7 +12,8 @@ ATen                                               canonical
 =================================================  =============================================
 add/sub/mul/div (Tensor, Scalar), rsub             Add/Sub/Mul/Div (alpha -> Mul; operands Cast
                                                    to the promoted dtype; scalars -> 0-d consts)
-div.Tensor_mode (floor/trunc)                      Div (+ Floor for floor on floats)
+div.Tensor_mode (floor/trunc)                      Div (+ Floor for floor on floats; integer
+                                                   floor: Div(Sub(a, Mod(a, b)), b))
 remainder, fmod                                    Mod (fmod attr)
 neg abs exp log sqrt sin cos tanh sigmoid relu     Neg Abs Exp Log Sqrt Sin Cos Tanh Sigmoid Relu
 erf floor ceil round reciprocal sign               Erf Floor Ceil Round Reciprocal Sign
@@ -130,9 +131,13 @@ def _div(cx: ConvertContext, a: Any, b: Any) -> Value:
 @aten_op("div.Tensor_mode", "div.Scalar_mode")
 def _div_mode(cx: ConvertContext, a: Any, b: Any, rounding_mode: str | None = None) -> Value:
     dt = cx.out_dtype
-    if rounding_mode is None or not dt.is_float:
-        if rounding_mode == "floor" and not dt.is_float:
-            return cx.opaque(cx.node.target, (a, b), {"rounding_mode": rounding_mode})
+    if rounding_mode == "floor" and not dt.is_float:
+        # a - (a mod b) is a multiple of b (Mod's fmod=0 takes the divisor's sign, as
+        # Python's %), so dividing it truncates nothing: floor(a / b) exactly
+        av, bv = cx.v(a, dt), cx.v(b, dt)
+        exact = cx.op("Sub", [av, cx.op("Mod", [av, bv], {"fmod": 0})])
+        return cx.op("Div", [exact, bv])
+    if rounding_mode is None or not dt.is_float:  # integer Div truncates
         return binary(cx, "Div", a, b)
     q = binary(cx, "Div", a, b)
     if rounding_mode == "floor":

@@ -13,10 +13,14 @@ conv1d/2d/3d, convolution                          Conv / ConvTranspose (explici
 max_pool2d(_with_indices)                          MaxPool (indices -> opaque)
 avg_pool2d                                         AveragePool(count_include_pad)
 adaptive_avg_pool2d                                GlobalAveragePool (1x1) / AveragePool
+upsample_(bi/tri)linear(1/2/3)d.vec               Resize(mode=linear, align_corners or
+                                                   pytorch_half_pixel; sizes or scales)
 embedding                                          Gather(W, ids, axis=0)
 scaled_dot_product_attention                       MatMul(q, Transpose(k)), Mul(scale),
                                                    Add(mask) (bool mask -> Where(m, 0, -inf),
-                                                   is_causal -> constant mask), Softmax(-1),
+                                                   is_causal -> constant mask, or Where(
+                                                   Range(L)[:,None] >= Range(S)) when a
+                                                   length is symbolic), Softmax(-1),
                                                    MatMul(v); enable_gqa -> Unsqueeze/Expand/
                                                    Reshape of k and v. A non-constant mask adds
                                                    Where(IsNaN(out), 0, out) after the last
@@ -266,6 +270,27 @@ def _adaptive_avg_pool(cx: ConvertContext, x, output_size):
     return cx.opaque(cx.node.target, (x, output_size), {})
 
 
+@aten_op("upsample_linear1d.vec", "upsample_bilinear2d.vec", "upsample_trilinear3d.vec")
+def _upsample_linear(cx: ConvertContext, x, output_size, align_corners, scale_factors=None):
+    xv = cx.v(x)
+    attrs = {
+        "mode": "linear",
+        "coordinate_transformation_mode": "align_corners"
+        if align_corners
+        else "pytorch_half_pixel",
+    }
+    if output_size is None:  # the scale factors, as torch uses them (1 / scale per axis)
+        scales = cx.const([1.0, 1.0, *scale_factors], DType.FLOAT, "scales")
+        return cx.op("Resize", [xv, None, scales], attrs)
+    lead: list[Any] = list(xv.shape[:2])
+    for axis, d in enumerate(lead):
+        if not isinstance(d, int):  # a symbolic batch or channel count: read at run time
+            lead[axis] = cx.op(
+                "Gather", [cx.op("Shape", [xv]), cx.scalar(axis, DType.INT64)], {"axis": 0}
+            )
+    return cx.op("Resize", [xv, None, None, cx.ints([*lead, *output_size])], attrs)
+
+
 @aten_op("embedding.default")
 def _embedding(cx: ConvertContext, w, ids, padding_idx=-1, scale_grad=False, sparse=False):
     return cx.op("Gather", [cx.v(w), cx.v(ids, DType.INT64)], {"axis": 0})
@@ -309,10 +334,7 @@ def _sdpa(
     scores = cx.op("MatMul", [qv, _transpose_last2(cx, kv)])
     scores = cx.op("Mul", [scores, cx.scalar(s, dt)])
     if is_causal:
-        L, S = qv.shape[-2], kv.shape[-2]
-        keep = np.tril(np.ones((L, S), dtype=bool))
-        mask = np.where(keep, 0.0, -np.inf)
-        scores = cx.op("Add", [scores, cx.const(mask, dt, "causal_mask")])
+        scores = cx.op("Add", [scores, _causal_mask(cx, qv, kv, dt)])
     if attn_mask is not None:
         if cx.dtype(attn_mask) == DType.BOOL:
             mv = cx.op("Where", [cx.v(attn_mask), cx.scalar(0.0, dt), cx.scalar(float("-inf"), dt)])
@@ -326,6 +348,34 @@ def _sdpa(
         # NaN: zero those rows after the attention chain (keeps MatMul..MatMul contiguous).
         out = cx.op("Where", [cx.op("IsNaN", [out]), cx.scalar(0.0, dt), out])
     return out
+
+
+def _causal_mask(cx: ConvertContext, q: Value, k: Value, dt: DType) -> Value:
+    """torch's ``is_causal`` mask, ``[L, S]``: 0 where key ``j <= i`` (query ``i``), else -inf
+    (top-left aligned, ``ones(L, S).tril()``, whatever ``S`` is). A constant for static
+    lengths; for symbolic ones, built at run time: ``Where(Range(L)[:, None] >=
+    Range(S)[None, :], 0, -inf)``."""
+    L, S = q.shape[-2], k.shape[-2]
+    if isinstance(L, int) and isinstance(S, int):
+        keep = np.tril(np.ones((L, S), dtype=bool))
+        return cx.const(np.where(keep, 0.0, -np.inf), dt, "causal_mask")
+
+    def positions(x: Value, n: int | str, axis: int) -> Value:
+        if isinstance(n, int):
+            return cx.const(np.arange(n).reshape((n, 1) if axis == 1 else (1, n)))
+        size = cx.op("Gather", [cx.op("Shape", [x]), cx.scalar(-2, DType.INT64)], {"axis": 0})
+        zero, one = cx.scalar(0, DType.INT64), cx.scalar(1, DType.INT64)
+        r = cx.op("Range", [zero, size, one])
+        r.shape, r.dtype = (n,), DType.INT64
+        out = cx.op("Unsqueeze", [r, cx.ints([axis])])
+        out.shape, out.dtype = ((n, 1) if axis == 1 else (1, n)), DType.INT64
+        return out
+
+    keep = cx.op("GreaterOrEqual", [positions(q, L, 1), positions(k, S, 0)])
+    keep.shape, keep.dtype = (L, S), DType.BOOL
+    mask = cx.op("Where", [keep, cx.scalar(0.0, dt), cx.scalar(float("-inf"), dt)])
+    mask.shape, mask.dtype = (L, S), dt
+    return mask
 
 
 def _may_mask_whole_row(mask: Value) -> bool:

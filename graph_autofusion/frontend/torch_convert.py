@@ -166,7 +166,7 @@ class ConvertContext:
         dt = dtype_of_torch(t.dtype)
         arr = t.float().numpy() if t.dtype == torch.bfloat16 else t.contiguous().numpy()
         base = self._const_names.get(key, "const")
-        arr = np.ascontiguousarray(arr)
+        arr = np.require(arr, requirements="C")  # ascontiguousarray makes a 0-d array 1-d
         try:
             if base == "const":
                 raise IRError("generic name")
@@ -228,6 +228,13 @@ class ConvertContext:
         )
         self._annotate(node)
         infer_node_types(node)
+        if op_type == "Shape" and node.outputs[0].dtype is None and not attrs:
+            # a symbolic shape stops meta inference, yet a Shape is int64 of the input's
+            # rank; typed, what reads it (the Gather of a size) infers too, so a size never
+            # enters arithmetic untyped (a Div(float, size) would miss its Cast)
+            rank = len(inputs[0].shape) if inputs[0].shape is not None else None
+            node.outputs[0].dtype = DType.INT64
+            node.outputs[0].shape = (rank,) if rank is not None else None
         return node.outputs[0] if num_outputs == 1 else list(node.outputs)
 
     def _annotate(self, node: Node) -> None:
@@ -271,15 +278,21 @@ class ConvertContext:
         inputs: list[Value] = []
 
         def index(a: Any) -> dict[str, int] | None:
+            if isinstance(a, _Number):  # read back as a Python number at run time
+                inputs.append(self.v(a.value))
+                return {"s": len(inputs) - 1}
             if isinstance(a, Value | torch.Tensor):
                 inputs.append(self.v(a))
                 return {"t": len(inputs) - 1}
             return None
 
+        args, kwargs = _mark_numbers(target, args, kwargs)
         spec = encode_args(args, kwargs, index)
         val = self.val
         vals = list(val) if isinstance(val, list | tuple) else [val]
-        op_type = f"{target.name()}.{target._overloadname}"
+        # the packet's qualified name (``aten::div``) and the overload (``Tensor_mode``):
+        # ``target.name()`` already ends with the overload, except the default one
+        op_type = f"{target._schema.name}.{target._overloadname}"
         node = self.graph.make_node(
             op_type, inputs, {"args": spec}, domain=ATEN_DOMAIN, num_outputs=len(vals)
         )
@@ -294,6 +307,37 @@ class ConvertContext:
                 v.dtype = dtype_of_torch(fake.dtype)
             if v.shape is None:
                 v.shape = shape_of_val(fake)
+
+
+class _Number:
+    """An IR value standing where the schema wants a number (a symbolic size or scalar)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Value) -> None:
+        self.value = value
+
+
+def _mark_numbers(
+    target: Any, args: Sequence[Any], kwargs: dict[str, Any]
+) -> tuple[list[Any], dict[str, Any]]:
+    """``args``/``kwargs`` with each IR value in a non-tensor parameter (``SymInt``,
+    ``SymInt[]``, ``Scalar``) wrapped as a :class:`_Number`."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return list(args), dict(kwargs)
+    numeric = {a.name: "Tensor" not in str(a.type) for a in schema.arguments}
+    names = [a.name for a in schema.arguments]
+
+    def mark(a: Any) -> Any:
+        if isinstance(a, Value):
+            return _Number(a)
+        if isinstance(a, list | tuple):
+            return type(a)(mark(x) for x in a)
+        return a
+
+    out = [mark(a) if i < len(names) and numeric[names[i]] else a for i, a in enumerate(args)]
+    return out, {k: mark(a) if numeric.get(k, False) else a for k, a in kwargs.items()}
 
 
 def fold_call(target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:

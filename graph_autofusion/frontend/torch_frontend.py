@@ -139,8 +139,10 @@ class _FxWrapper(torch.nn.Module):
     """Holds a Dynamo graph's lifted parameters/buffers so ``torch.export`` sees them as state.
 
     A symbolic-size input of the Dynamo graph (a ``SymInt`` placeholder) is not an input of the
-    wrapper: it is read from the size of the user tensor that carries the same symbol
-    (``sizes[i] = (user tensor index, axis)``), so the export sees it as ``sym_size``.
+    wrapper when a user tensor carries the same symbol: it is read from that tensor's size
+    (``sizes[i] = (user tensor index, axis)``), so the export sees it as ``sym_size``. One no
+    tensor carries is a user input (an ``int``) of its own; another placeholder of the same
+    symbol reads it (``sizes[i] = (user input index, None)``).
     """
 
     def __init__(
@@ -148,7 +150,7 @@ class _FxWrapper(torch.nn.Module):
         gm: torch.fx.GraphModule,
         consts: dict[int, tuple[str, torch.Tensor]],
         n_inputs: int,
-        sizes: dict[int, tuple[int, int]] | None = None,
+        sizes: dict[int, tuple[int, int | None]] | None = None,
     ) -> None:
         super().__init__()
         self.gm = gm
@@ -168,10 +170,22 @@ class _FxWrapper(torch.nn.Module):
                 full.append(getattr(self, s))
             elif i in self._sizes:
                 k, axis = self._sizes[i]
-                full.append(user[k].shape[axis])
+                full.append(user[k] if axis is None else user[k].shape[axis])
             else:
                 full.append(next(it))
         return self.gm(*full)
+
+
+def _concrete_int(x: Any, name: str) -> int:
+    """The value of a symbolic-size argument: the call's ``int`` (or a ``SymInt``'s hint)."""
+    if isinstance(x, torch.SymInt):
+        hint = getattr(x.node, "hint", None)
+        if hint is None:
+            raise FrontendError(f"symbolic input {name} ({x}) has no value to export with")
+        return int(hint)
+    if not isinstance(x, int):
+        raise FrontendError(f"symbolic input {name} is a {type(x).__name__}, not an int")
+    return x
 
 
 def _state_name(placeholder: str) -> str:
@@ -198,7 +212,9 @@ def from_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Model:
 @dataclass(frozen=True)
 class FxImport:
     """A Dynamo graph as a :class:`Model`: ``model.graph.inputs[j]`` is the graph's argument
-    ``user_inputs[j]``; the other arguments are constants or sizes read from tensors."""
+    ``user_inputs[j]``; the other arguments are constants or sizes read from tensors. A
+    symbolic ``int`` argument no tensor carries is a 0-d int64 graph input: the caller feeds
+    the Python ``int`` (the generated program and the torch runner make it a tensor)."""
 
     model: Model
     user_inputs: tuple[int, ...]
@@ -215,20 +231,19 @@ def import_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> FxImpo
     graph inputs) become initializers; the remaining tensors become graph inputs. A graph
     that writes into any of its inputs (a parameter or buffer included) is refused: the
     export's signature lists the writes. Sizes Dynamo made symbolic stay symbolic (``str`` dims, the
-    symbol's name): a ``SymInt`` input is read from the tensor that carries its symbol.
+    symbol's name): a ``SymInt`` input is read from the tensor that carries its symbol, or, when
+    no tensor carries it, is a 0-d int64 graph input of its own (exported as a dynamic ``int``).
 
     Call it outside Dynamo's compilation (on the compiled graph's first call, with the real
     inputs): an export inside it adds guards to the frame being compiled.
 
     Raises:
-        FrontendError: the export failed, or a symbolic size is carried by no input tensor.
+        FrontendError: the export failed (a symbolic size it would specialize among others).
     """
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     consts: dict[int, tuple[str, torch.Tensor]] = {}
-    user: list[Any] = []
-    user_index: list[int] = []
-    user_meta: list[Any] = []
     sym_inputs: dict[int, str] = {}
+    user_index: list[int] = []
     for i, (ph, x) in enumerate(zip(placeholders, example_inputs)):
         is_state = (
             isinstance(x, torch.nn.Parameter)
@@ -243,30 +258,46 @@ def import_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> FxImpo
         elif is_state and isinstance(x, torch.Tensor):
             consts[i] = (_state_name(ph.name), x)
         else:
-            user.append(x)
             user_index.append(i)
-            user_meta.append(ph.meta.get("example_value"))
-    # where each symbol lives: (user tensor index, axis)
-    carriers: dict[str, tuple[int, int]] = {}
-    dynamic: list[Any] = []
-    for k, ev in enumerate(user_meta):
-        axes = {}
+    # where each symbol lives: (placeholder index, axis), a tensor's axis first; a symbolic
+    # int no tensor carries (a Python int Dynamo made dynamic on a recompile: a cache offset,
+    # a length passed apart) is an input of its own (axis None), a 0-d int64 in the IR
+    carriers: dict[str, tuple[int, int | None]] = {}
+    for i in user_index:
+        ev = placeholders[i].meta.get("example_value")
         if isinstance(ev, torch.Tensor):
             for axis, d in enumerate(ev.shape):
                 sym = _symbol(d)
                 if sym is not None:
-                    carriers.setdefault(sym, (k, axis))
-                    # DYNAMIC, not AUTO: an export that would specialize the size fails (the
-                    # graph then runs in eager) instead of silently fixing it to this call's
-                    axes[axis] = torch.export.Dim.DYNAMIC
-        dynamic.append(axes or None)
-    sizes = {}
+                    carriers.setdefault(sym, (i, axis))
     for i, sym in sym_inputs.items():
         if sym not in carriers:
-            raise FrontendError(
-                f"symbolic size {sym} ({placeholders[i].name}) is carried by no input tensor"
-            )
-        sizes[i] = carriers[sym]
+            carriers[sym] = (i, None)
+            user_index.append(i)
+    user_index.sort()
+    position = {i: k for k, i in enumerate(user_index)}  # placeholder -> wrapper input
+    user: list[Any] = []
+    dynamic: list[Any] = []
+    for i in user_index:
+        x, ev = example_inputs[i], placeholders[i].meta.get("example_value")
+        if i in sym_inputs:
+            user.append(_concrete_int(x, placeholders[i].name))
+            # DYNAMIC, not AUTO: an export that would specialize the size fails (the graph
+            # then runs in eager) instead of silently fixing it to this call's
+            dynamic.append(torch.export.Dim.DYNAMIC)
+            continue
+        user.append(x)
+        axes = {}
+        if isinstance(ev, torch.Tensor):
+            for axis, d in enumerate(ev.shape):
+                if _symbol(d) is not None:
+                    axes[axis] = torch.export.Dim.DYNAMIC
+        dynamic.append(axes or None)
+    sizes = {
+        i: (position[carriers[sym][0]], carriers[sym][1])
+        for i, sym in sym_inputs.items()
+        if i not in position
+    }
     wrapper = _FxWrapper(gm, consts, len(placeholders), sizes)
     real = [x.detach() if isinstance(x, torch.Tensor) else x for x in user]
     try:
@@ -291,7 +322,7 @@ def import_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> FxImpo
         model = convert_exported_program(ep, name="fx_graph", fqn_map=wrapper.fqns)
     if len(model.graph.inputs) != len(user):
         raise FrontendError(
-            f"the FX graph has {len(user)} tensor inputs but its export {len(model.graph.inputs)}"
+            f"the FX graph has {len(user)} inputs but its export {len(model.graph.inputs)}"
         )
     return FxImport(model, tuple(user_index), tuple(sorted(consts)))
 
@@ -360,6 +391,11 @@ def convert_exported_program(
             cx.env[arg_name] = t
             cx.name_constant(t, safe_name(fqn_map.get(spec.target, spec.target)))
         elif spec.kind == InputKind.USER_INPUT:
+            if isinstance(spec.arg, torch.export.graph_signature.SymIntArgument):
+                # a symbolic int of its own: a 0-d int64 graph input (fed the Python int)
+                v = Value(safe_name(arg_name), DType.INT64, ())
+                cx.env[arg_name] = graph.add_input(v)
+                continue
             if not isinstance(spec.arg, torch.export.graph_signature.TensorArgument):
                 cx.env[arg_name] = getattr(spec.arg, "value", None)
                 continue

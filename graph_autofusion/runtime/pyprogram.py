@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from graph_autofusion.ir.core import Node
+from graph_autofusion.runtime.torch_ops import to_torch_dtype
 from graph_autofusion.runtime.torch_runtime import impl_for
 
 #: ONNX operators that are exactly one torch call on their inputs (no attribute to honour).
@@ -88,7 +89,9 @@ def generate_program(
 
     The function takes ``n_args`` positional arguments; graph input ``j`` is argument
     ``user_inputs[j]`` (by default graph input ``j`` is argument ``j``); the others are
-    ignored (a Dynamo graph's parameters, which the program holds as constants)."""
+    ignored (a Dynamo graph's parameters, which the program holds as constants). A 0-d graph
+    input may be passed as a Python number (a symbolic ``int`` of Dynamo's): it becomes a
+    tensor of the input's dtype."""
     graph = runner.graph
     inputs = list(graph.inputs)
     user_inputs = list(user_inputs) if user_inputs is not None else list(range(len(inputs)))
@@ -101,6 +104,11 @@ def generate_program(
     used.update(args)
     for v, i in zip(inputs, user_inputs):
         names[v.name] = args[i]
+        if v.shape == () and v.dtype is not None:
+            # a 0-d input may arrive as a Python number (a symbolic int Dynamo passes)
+            dt = _ident("dt_" + v.name, used)
+            env[dt] = to_torch_dtype(v.dtype)
+            lines.append(f"    {args[i]} = _tensor({args[i]}, {dt})")
     for cname, t in runner.constants.items():
         if cname in names:
             continue  # a graph input with a default value: the caller's tensor wins
@@ -111,7 +119,7 @@ def generate_program(
     graph_inputs = {v.name for v in inputs}
     kept = outputs | {v.name for node, _impl, _call in runner._plan for v in node.all_inputs()}
     steps = getattr(runner, "steps", {}) or {}
-    env["_one"], env["_seq"] = _one, _seq
+    env["_one"], env["_seq"], env["_tensor"] = _one, _seq, _tensor
     for k, (node, impl, call) in enumerate(runner._plan):
         operands = ", ".join(names[v.name] if v is not None else "None" for v in node.inputs)
         outs = []
@@ -156,6 +164,10 @@ def generate_program(
     fn = scope["program"]
     no_grad = torch.no_grad()(fn)
     return GeneratedProgram(no_grad, source, len(runner._plan))
+
+
+def _tensor(x: Any, dtype: torch.dtype) -> Any:
+    return x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=dtype)
 
 
 def _one(r: Any) -> Any:

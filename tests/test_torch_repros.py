@@ -1,0 +1,196 @@
+"""Repros of what held-out architectures hit on the PyTorch path, each a few-line module
+compiled through the real backend: every graph compiled (none in eager), no warning, eager's
+outputs."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from graph_autofusion.torch_compile import AutofusionWarning, make_backend  # noqa: E402
+
+F = torch.nn.functional
+pytestmark = pytest.mark.xdist_group("torch_compile")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _compile_and_run(module, calls, *, atol=1e-5):
+    """Compile ``module`` and call it with each argument tuple of ``calls``: every output
+    equal to eager's, no ``AutofusionWarning``; returns the backend's graphs."""
+    module.eval()
+    backend = make_backend(check_speed=False)
+    compiled = torch.compile(module, backend=backend)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        for args in calls:
+            want = module(*args)
+            got = compiled(*args)
+            want = want if isinstance(want, tuple) else (want,)
+            got = got if isinstance(got, tuple) else (got,)
+            assert len(got) == len(want)
+            for g, w in zip(got, want):
+                assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape)
+                if w.dtype.is_floating_point:
+                    torch.testing.assert_close(g, w, atol=atol, rtol=1e-4)
+                else:
+                    assert torch.equal(g, w), (g, w)
+    ours = [str(w.message) for w in caught if issubclass(w.category, AutofusionWarning)]
+    graphs = backend.config.graphs
+    assert not ours, ours
+    assert graphs and all(g.fallback is None for g in graphs), [g.fallback for g in graphs]
+    return graphs
+
+
+def _ids(length: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 100, (2, length), generator=torch.Generator().manual_seed(seed))
+
+
+# ----- F1: a Python int Dynamo made symbolic that no tensor carries -----------------------------
+class _OffsetText(torch.nn.Module):
+    """Embedding + linear + softmax; positions start at ``total - len(ids)`` (a cache offset
+    passed as a Python int): from the second length on, Dynamo passes ``total`` as its own
+    symbolic-size input, carried by no tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(100, 16)
+        self.pos = torch.nn.Embedding(64, 16)
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, ids, total):
+        positions = torch.arange(total - ids.shape[1], total)
+        h = self.emb(ids) + self.pos(positions)
+        return torch.softmax(self.lin(h) / total, -1)
+
+
+class _ScaledText(torch.nn.Module):
+    """The symbolic size is the ids' own length (a tensor carries it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(100, 16)
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, ids):
+        h = self.lin(self.emb(ids))
+        return torch.softmax(h @ h.transpose(-1, -2) / ids.shape[-1], -1) @ h
+
+
+def test_symbolic_int_input_carried_by_no_tensor_is_a_graph_input():
+    torch.manual_seed(0)
+    calls = [(_ids(n, n), n + 3) for n in (8, 12, 16, 5)]
+    graphs = _compile_and_run(_OffsetText(), calls)
+    assert len(graphs) == 2  # static, then one graph for every later length
+    assert graphs[-1].calls == 3
+
+
+def test_symbolic_size_carried_by_a_tensor_still_compiles():
+    torch.manual_seed(0)
+    graphs = _compile_and_run(_ScaledText(), [(_ids(n, n),) for n in (8, 12, 16)])
+    assert len(graphs) == 2 and graphs[-1].calls == 2
+
+
+# ----- F2: causal SDPA with a symbolic query length ---------------------------------------------
+class _CausalAttention(torch.nn.Module):
+    def __init__(self, heads: int = 2, dim: int = 16):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.out = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(b, n, d))
+
+
+class _CausalCrossAttention(torch.nn.Module):
+    """Queries shorter than the keys: torch's ``is_causal`` mask is top-left aligned."""
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def test_causal_sdpa_with_a_symbolic_length():
+    torch.manual_seed(0)
+    calls = [(torch.randn(1, n, 16),) for n in (6, 9, 13)]
+    graphs = _compile_and_run(_CausalAttention(), calls)
+    assert len(graphs) == 2 and graphs[-1].calls == 2
+
+
+def test_causal_sdpa_with_more_keys_than_queries():
+    torch.manual_seed(0)
+    calls = [
+        (torch.randn(1, 2, lq, 8), torch.randn(1, 2, lk, 8), torch.randn(1, 2, lk, 8))
+        for lq, lk in ((3, 5), (4, 7), (6, 11))
+    ]
+    _compile_and_run(_CausalCrossAttention(), calls)
+
+
+# ----- F3: a 0-d constant output ----------------------------------------------------------------
+class _SlidingWindow(torch.nn.Module):
+    """Returns its window as a 0-d int64 tensor, as Gemma2's attention does."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.relu(self.lin(x)) * 2.0, torch.tensor(16)
+
+
+def test_zero_dim_constant_output_stays_zero_dim():
+    torch.manual_seed(0)
+    _compile_and_run(_SlidingWindow(), [(torch.randn(2, 8),), (torch.randn(2, 8),)])
+
+
+class _ZeroDimOutputs(torch.nn.Module):
+    def forward(self, x):
+        return x.sum() * 2.0, x.amax(), (x > 0).sum()
+
+
+def test_zero_dim_computed_outputs_stay_zero_dim():
+    _compile_and_run(_ZeroDimOutputs(), [(torch.randn(3, 5),)])
+
+
+# ----- F5: operators with a non-default overload ------------------------------------------------
+class _FloorDiv(torch.nn.Module):
+    """Mixtral's expert bookkeeping: an integer floor division (negatives round down)."""
+
+    def forward(self, x, idx):
+        q = torch.div(idx, 3, rounding_mode="floor")
+        t = torch.div(idx, -4, rounding_mode="trunc")
+        return x * q.float() + t.float(), q, t
+
+
+def test_integer_floor_division():
+    idx = torch.arange(-10, 10).reshape(4, 5)
+    _compile_and_run(_FloorDiv(), [(torch.randn(4, 5), idx)])
+
+
+class _Upsample(torch.nn.Module):
+    """Segformer's decode head: a convolution, then a bilinear resize."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        y = F.interpolate(self.conv(x), size=(12, 10), mode="bilinear", align_corners=False)
+        z = F.interpolate(x, scale_factor=2.0, mode="bilinear", align_corners=True)
+        return torch.relu(y), z
+
+
+def test_bilinear_interpolation():
+    torch.manual_seed(0)
+    _compile_and_run(_Upsample(), [(torch.randn(1, 4, 6, 5),)])
