@@ -24,6 +24,7 @@ relative error).
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 import warnings
@@ -36,6 +37,11 @@ import torch
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.options import FuseOptions
 
+#: The engines a graph may run on, in order of preference when no timing decides; ``auto``
+#: builds the first two and keeps the fastest (``eager`` when both are slower than eager).
+ENGINES = ("onnxruntime", "torch", "eager")
+#: Timed rounds of each engine (and eager) when choosing one on the first call's inputs.
+ENGINE_TIMING_ROUNDS = 5
 #: Weight sets one graph compiles for (other modules of the same class) before eager.
 MAX_WEIGHT_SETS = 4
 #: Largest relative L2 error of an output against eager's, per dtype.
@@ -57,10 +63,15 @@ class BackendConfig:
 
     preset: str = "all"
     hardware: Any = "host"
+    #: ``auto`` (onnxruntime or the torch program, whichever is faster on the first call),
+    #: ``onnxruntime``, ``torch``.
+    engine: str = "auto"
     options: FuseOptions = field(default_factory=lambda: FuseOptions(target="cpu"))
     rules: Any = None  # a RuleSet; the preset's rules when None
     #: A saved plan: graph fingerprint -> candidate keys to apply (no planning for those).
     saved_plan: dict[str, list[str]] | None = None
+    #: A saved plan's engines: graph fingerprint -> the engine the graph ran on.
+    saved_engines: dict[str, str] | None = None
     #: Every graph compiled through this backend, in order (reports and tests read them).
     graphs: list[CompiledGraph] = field(default_factory=list)
 
@@ -97,6 +108,12 @@ class CompiledGraph:
         #: (constant argument indices and the tensors/versions compiled for, program)
         self._programs: list[tuple[tuple[int, ...], list[Any], list[int], Any]] = []
         self._grad_warned = False
+        self.imported: Any = None  # the graph as imported (IR)
+        self.engine = ""  # onnxruntime, torch or eager: what runs the graph
+        self.engine_times: dict[str, float] = {}  # seconds per call of each engine timed
+        self.engine_notes: dict[str, str] = {}  # why an engine could not be built
+        self.ort_result: Any = None  # the ONNX route's FuseResult (onnxruntime engine)
+        self.ort_failures = 0  # calls onnxruntime failed (run in eager instead)
 
     def __call__(self, *args: Any) -> Any:
         self.calls += 1
@@ -149,26 +166,92 @@ class CompiledGraph:
         )
 
     def _compile(self, args: Sequence[Any]) -> tuple[Any, tuple[int, ...], Any]:
+        """Import the graph, build each engine the config allows on this call's inputs
+        (each checked against eager), time them against eager and keep the fastest."""
         from graph_autofusion.frontend.torch_frontend import import_fx
-        from graph_autofusion.pipeline_cpu import fuse_model_cpu
-        from graph_autofusion.runtime.pyprogram import generate_program
 
         _check_outputs(self.gm)
         # the import has no side effects and refuses graphs that write into their inputs,
         # so the reference run below is this call's only eager run
         imported = import_fx(self.gm, args)
+        self.imported = imported.model
         with torch.no_grad():
             expected = self.gm(*args)
+        outs = tuple(expected) if isinstance(expected, tuple | list) else (expected,)
+        built: dict[str, Any] = {}
+        wanted = ENGINES[:-1] if self.config.engine == "auto" else (self.config.engine,)
+        self.plan_source = ""
+        if self.config.saved_engines is not None:  # a loaded plan: the engine it ran on
+            from graph_autofusion.torch_module import graph_fingerprint
+
+            saved = self.config.saved_engines.get(graph_fingerprint(imported.model))
+            if saved in ENGINES[:-1]:
+                wanted = (saved,)
+                self.plan_source = "saved"
+        for engine in wanted:
+            try:
+                built[engine] = self._build_engine(engine, imported, args, outs)
+            except Exception as exc:  # noqa: BLE001 - the other engine (or eager) runs it
+                self.engine_notes[engine] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        if not built:
+            raise GraphAutoFusionError(
+                "; ".join(f"{k}: {v}" for k, v in self.engine_notes.items()) or "no engine"
+            )
+        engine, program = self._choose(built, args)
+        self.engine = engine
+        self.plan_source = self.plan_source or "planned"
+        if "onnxruntime" in self.engine_notes and engine != "onnxruntime":
+            warnings.warn(
+                f"autofusion: graph {self.index} runs on the {engine} engine, not onnxruntime "
+                f"({self.engine_notes['onnxruntime']})",
+                AutofusionWarning,
+                stacklevel=4,
+            )
+        with torch.no_grad():
+            got = program(*args)
+        if engine != "eager":
+            _same_as_eager(got, outs, self.config.options.e2e_cosine_floor)
+        # this call returns the program's outputs, as every later call will: their layouts
+        # feed Dynamo's guards on the next frame (a decode step's cache), and eager's may differ
+        wrap = list if isinstance(expected, list) else tuple
+        if not isinstance(expected, tuple | list):
+            return program, imported.constant_inputs, got[0]
+        return (lambda *a: wrap(program(*a))), imported.constant_inputs, wrap(got)
+
+    def _build_engine(self, engine: str, imported: Any, args: Sequence[Any], outs: tuple) -> Any:
+        """One engine's program for this graph, checked against eager's outputs ``outs``."""
+        if engine == "onnxruntime":
+            from graph_autofusion.torch_ort import build_ort_program
+
+            program, self.ort_result = build_ort_program(
+                imported,
+                args,
+                self.config.ruleset(),
+                self.config.hardware,
+                self.config.options,
+            )
+        else:
+            program = self._torch_program(imported, args, outs)
+        with torch.no_grad():
+            got = program(*args)
+        _same_as_eager(got, outs, self.config.options.e2e_cosine_floor)
+        return _OrtCall(program, self) if engine == "onnxruntime" else program
+
+    def _torch_program(self, imported: Any, args: Sequence[Any], outs: tuple) -> Any:
+        """Today's torch program: generated C kernels for the fused groups, torch for the
+        rest (``pipeline_cpu.fuse_model_cpu``)."""
+        from graph_autofusion.pipeline_cpu import fuse_model_cpu
+        from graph_autofusion.runtime.pyprogram import generate_program
+
         model = imported.model
         names = [v.name for v in model.graph.inputs]
         feeds = {n: args[i] for n, i in zip(names, imported.user_inputs)}
-        outs = expected if isinstance(expected, tuple | list) else (expected,)
         chosen = None
         if self.config.saved_plan is not None:
             from graph_autofusion.torch_module import graph_fingerprint
 
             chosen = self.config.saved_plan.get(graph_fingerprint(model))
-        self.plan_source = "saved" if chosen is not None else "planned"
+        self.plan_source = "saved" if chosen is not None or self.plan_source else "planned"
         reference = {v.name: t for v, t in zip(model.graph.outputs, outs)}
         with torch.no_grad():
             result = fuse_model_cpu(
@@ -187,32 +270,82 @@ class CompiledGraph:
             )
         program = generate_program(result.program, imported.user_inputs, len(args))
         self.source = program.source
-        with torch.no_grad():  # the generated function itself, against eager
-            got = program(*args)
-        _same_as_eager(got, outs, self.config.options.e2e_cosine_floor)
-        # this call returns the program's outputs, as every later call will: their layouts
-        # feed Dynamo's guards on the next frame (a decode step's cache), and eager's may differ
-        return (
-            program,
-            imported.constant_inputs,
-            got if isinstance(expected, tuple | list) else got[0],
-        )
+        return program
+
+    def _choose(self, built: dict[str, Any], args: Sequence[Any]) -> tuple[str, Any]:
+        """The fastest of the built engines and eager on this call's inputs (timed through
+        :func:`~graph_autofusion.runtime.timing.current_timer`, the order rotating each
+        round); eager when every engine is slower than eager by the speed margin. Without
+        speed checks: onnxruntime when it was built, else the torch program."""
+        if not self.config.options.check_speed:
+            engine = "onnxruntime" if "onnxruntime" in built else next(iter(built))
+            return engine, built[engine]
+        from graph_autofusion.runtime.timing import current_timer
+
+        timer = current_timer()
+        sides = dict(built, eager=self.gm.forward)
+        times: dict[str, list[float]] = {k: [] for k in sides}
+        order = list(sides)
+        with torch.no_grad():
+            for name in order:  # warm-up: first runs pack weights, fill caches
+                sides[name](*args)
+            for r in range(ENGINE_TIMING_ROUNDS):
+                for name in order[r % len(order) :] + order[: r % len(order)]:
+                    fn = sides[name]
+                    key = f"engine@graph{self.index}"
+                    times[name].append(timer(key, name, lambda fn=fn: fn(*args)))
+        self.engine_times = {k: statistics.median(v) for k, v in times.items()}
+        best = min(built, key=lambda k: self.engine_times[k])
+        if self.engine_times[best] > self.engine_times["eager"] * self.config.options.speed_margin:
+            return "eager", self.gm.forward
+        return best, built[best]
 
     # ------------------------------------------------------------------ facts
     def summary(self) -> dict[str, Any]:
-        res = self.result
+        """The graph's facts: its engine (and each engine's time on the first call), its
+        fusions on that engine, its calls."""
+        res = self.ort_result if self.engine == "onnxruntime" else self.result
         return {
             "graph": self.index,
             "fallback": self.fallback,
+            "engine": self.engine or ("eager" if self.fallback else ""),
+            "engine_ms": {k: round(v * 1e3, 3) for k, v in self.engine_times.items()},
+            "engine_notes": dict(self.engine_notes),
             "compile_seconds": round(self.compile_seconds, 3),
-            "nodes": len(res.original.graph.nodes) if res is not None else None,
+            "nodes": len(self.imported.graph.nodes) if self.imported is not None else None,
             "fused_groups": len(res.lowered) if res is not None else 0,
             "rolled_back": [(r.key, r.code) for r in res.rolled_back] if res is not None else [],
             "calls": self.calls,
             "eager_calls": self.eager_calls,
+            "onnxruntime_failures": self.ort_failures,
             "weight_sets": len(self._programs),
             "plan": self.plan_source,
         }
+
+
+class _OrtCall:
+    """The onnxruntime program of a graph; a call onnxruntime fails (a shape it cannot run)
+    runs in eager, with one warning, and the next call tries onnxruntime again."""
+
+    def __init__(self, program: Any, graph: CompiledGraph) -> None:
+        self.program = program
+        self.graph = graph
+
+    def __call__(self, *args: Any) -> Any:
+        try:
+            return self.program(*args)
+        except Exception as exc:  # noqa: BLE001 - onnxruntime's own exception types
+            g = self.graph
+            g.ort_failures += 1
+            if g.ort_failures == 1:
+                warnings.warn(
+                    f"autofusion: graph {g.index}: onnxruntime failed on this call, which "
+                    f"runs in eager ({' '.join(str(exc).split())[:200]})",
+                    AutofusionWarning,
+                    stacklevel=3,
+                )
+            out = g.gm.forward(*args)
+            return tuple(out) if isinstance(out, tuple | list) else (out,)
 
 
 def _same_as_eager(got: Sequence[Any], want: Sequence[Any], floor: float) -> None:
@@ -261,15 +394,24 @@ def make_backend(
     check_speed: bool = True,
     options: FuseOptions | None = None,
     rules: Any = None,
+    engine: str = "auto",
 ) -> Callable[..., Any]:
     """A ``torch.compile`` backend with these settings; ``backend.config.graphs`` lists what
     it compiled. ``check_speed``: safe mode also times each fusion against its operators on
     the real shapes (rolled back when slower) and plans the close calls the cost model marks
-    ``maybe``."""
+    ``maybe``. ``engine``: ``auto`` builds the onnxruntime program and the torch program for
+    each graph and keeps the faster on the first call's inputs (eager when both are slower),
+    ``onnxruntime`` or ``torch`` builds only that one."""
     opts = options or FuseOptions(target="cpu", safe_mode=safe_mode, check_speed=check_speed)
     if opts.target != "cpu":
         opts = opts.replace(target="cpu")
-    config = BackendConfig(preset=preset, hardware=hardware, options=opts, rules=rules)
+    if engine not in ("auto", *ENGINES[:-1]):
+        from graph_autofusion.options import OptionsError
+
+        raise OptionsError(f"unknown engine {engine!r}; known: ['auto', 'onnxruntime', 'torch']")
+    config = BackendConfig(
+        preset=preset, hardware=hardware, options=opts, rules=rules, engine=engine
+    )
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         graph = CompiledGraph(gm, config, len(config.graphs))

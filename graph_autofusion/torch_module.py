@@ -137,19 +137,32 @@ class FusionInfo:
         return list(self.backend.config.graphs)
 
     def results(self) -> list[Any]:
+        """The torch program's fuse result of each graph that has one (its kernels)."""
         return [g.result for g in self.graphs if g.result is not None]
+
+    def engine_results(self) -> list[Any]:
+        """Each compiled graph's fuse result on the engine that runs it: the ONNX route's
+        ``FuseResult`` (onnxruntime) or the torch program's ``CpuFuseResult``."""
+        out = []
+        for g in self.graphs:
+            res = g.ort_result if g.engine == "onnxruntime" else g.result
+            if res is not None:
+                out.append(res)
+        return out
 
     def plan(self) -> dict[str, Any]:
         """The fusions kept, per graph fingerprint (what ``save_pretrained`` writes)."""
         graphs = []
         for g in self.graphs:
-            if g.result is None:
+            res = g.ort_result if g.engine == "onnxruntime" else g.result
+            if res is None or g.imported is None:
                 continue
             graphs.append(
                 {
-                    "fingerprint": graph_fingerprint(g.result.original),
-                    "fused": [low.key for low in g.result.lowered],
-                    "rules": [low.rule for low in g.result.lowered],
+                    "fingerprint": graph_fingerprint(g.imported),
+                    "engine": g.engine,
+                    "fused": [low.key for low in res.lowered],
+                    "rules": [low.rule for low in res.lowered],
                 }
             )
         cfg = self.backend.config
@@ -198,6 +211,9 @@ def fuse_module(
     if plan is not None:
         _check_plan(plan)
         backend.config.saved_plan = {g["fingerprint"]: list(g["fused"]) for g in plan["graphs"]}
+        backend.config.saved_engines = {
+            g["fingerprint"]: g.get("engine", "torch") for g in plan["graphs"]
+        }
     fused = _shallow_copy(module)
     forward = types.MethodType(type(module).forward, fused)
     fused.forward = torch.compile(forward, backend=backend)
@@ -302,9 +318,10 @@ def verify_precision(
     layers = {}
     info: FusionInfo | None = fused.__dict__.get("autofusion")
     for g in info.graphs if info is not None else []:
-        if g.result is None:
+        result = g.ort_result if g.engine == "onnxruntime" else g.result
+        if result is None:
             continue
-        for key, res in g.result.safety.items():
+        for key, res in (result.safety or {}).items():
             layers[f"graph{g.index}:{key}"] = {
                 "cosine": res.cosine,
                 "max_abs": res.max_abs,

@@ -1,0 +1,127 @@
+"""The PyTorch route on onnxruntime: one Dynamo graph, fused by the ONNX route, run by one
+onnxruntime session over the module's own parameters.
+
+    program = build_ort_program(imported, args, reference, rules, profile, options)
+    outs = program(*args)          # Dynamo's arguments in, a tuple of torch tensors out
+
+The graph, imported into the IR (:func:`~graph_autofusion.frontend.torch_frontend.import_fx`:
+parameters as initializers over the parameters' memory, Dynamo's symbolic sizes as symbolic
+dims), goes through exactly the ONNX route's planning, native operators, lowering and safe mode
+(:func:`graph_autofusion.pipeline.fuse_model`, the plan ``analyze()`` shows), with the call's
+real inputs as the sample inputs. The fused model becomes one onnxruntime session (CPU
+provider, the user's thread setting) whose large float initializers are onnxruntime values over
+the parameters (``ort_session(in_place=...)``): the weights are not copied, beyond what the
+importer transposes and onnxruntime's GEMM packs. Symbolic sizes stay symbolic in the ONNX
+graph, so one session serves every sequence, batch and cache length.
+
+Inputs cross without copies (numpy views of the tensors); outputs come back as torch tensors
+over onnxruntime's result arrays. A graph onnxruntime cannot run (an opaque ``aten`` operator,
+bfloat16) raises :class:`OrtEngineRefused`; the caller keeps the torch program.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from graph_autofusion.errors import GraphAutoFusionError
+
+
+class OrtEngineRefused(GraphAutoFusionError):
+    """onnxruntime cannot run this graph (the reason says why); another engine runs it."""
+
+
+class OrtGraphProgram:
+    """A fused IR model in one onnxruntime session, called with Dynamo's arguments.
+
+    ``user_inputs[j]`` is the argument feeding the model's graph input ``j``; the other
+    arguments are the parameters the session reads in place (or sizes it reads from tensors).
+    A run that fails on a new shape raises; the caller falls back for that call.
+    """
+
+    def __init__(self, model: Any, user_inputs: Sequence[int], threads: int | None) -> None:
+        from graph_autofusion.runtime.ort_session import in_place_weights, ort_session
+
+        self.model = model
+        self.user_inputs = tuple(user_inputs)
+        self.input_names = [v.name for v in model.graph.inputs]
+        self.output_names = [v.name for v in model.graph.outputs]
+        arrays = in_place_weights({n: v.const for n, v in model.graph.initializers.items()})
+        self.in_place_bytes = sum(a.nbytes for a in arrays.values())
+        self.session = ort_session(
+            model, level="all", threads=threads or torch.get_num_threads(), in_place=arrays
+        )
+
+    def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
+        feeds = {n: _as_numpy(args[i]) for n, i in zip(self.input_names, self.user_inputs)}
+        outs = self.session.run(self.output_names, feeds)
+        return tuple(torch.from_numpy(np.asarray(o)) for o in outs)
+
+
+def _as_numpy(x: Any) -> np.ndarray:
+    """A numpy view of a CPU tensor (a copy only when it is not contiguous)."""
+    if isinstance(x, torch.Tensor):
+        t = x.detach()
+        if not t.is_contiguous():
+            t = t.contiguous()
+        return t.numpy()
+    return np.asarray(x)
+
+
+def refusal(model: Any) -> str | None:
+    """Why onnxruntime cannot run ``model`` as imported, or ``None``."""
+    opaque = sorted({n.op_type for n in model.graph.nodes if n.domain == "aten"})
+    if opaque:
+        return f"operators with no ONNX form: {', '.join(opaque[:5])}"
+    from graph_autofusion.ir.dtypes import DType
+
+    values = list(model.graph.inputs) + list(model.graph.outputs)
+    if any(v.dtype == DType.BFLOAT16 for v in values):
+        return "bfloat16 values (onnxruntime's CPU kernels lack most of them)"
+    return None
+
+
+def build_ort_program(
+    imported: Any,
+    args: Sequence[Any],
+    rules: Any,
+    profile: Any,
+    options: Any,
+) -> tuple[OrtGraphProgram, Any]:
+    """Fuse the imported graph with the ONNX route (safe mode on this call's inputs) and open
+    its session. Returns the program and the ONNX route's ``FuseResult``.
+
+    Raises:
+        OrtEngineRefused: onnxruntime cannot run the graph, or the fused model fails to load.
+    """
+    from graph_autofusion.pipeline import fuse_model
+
+    model = imported.model
+    why = refusal(model)
+    if why is not None:
+        raise OrtEngineRefused(why)
+    feeds = {v.name: _as_numpy(args[i]) for v, i in zip(model.graph.inputs, imported.user_inputs)}
+    opts = options.replace(target="onnxruntime", custom_ops=False)
+    try:
+        with torch.no_grad():
+            result = fuse_model(model, rules, profile, options=opts, feeds=feeds)
+    except GraphAutoFusionError as exc:
+        raise OrtEngineRefused(f"the ONNX route failed: {exc}") from exc
+    try:
+        program = OrtGraphProgram(result.model, imported.user_inputs, options.threads)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime's own exception types
+        raise OrtEngineRefused(
+            f"onnxruntime refuses the fused graph: {' '.join(str(exc).split())[:300]}"
+        ) from exc
+    return program, result
+
+
+def ort_summary(result: Any) -> Mapping[str, Any]:
+    """What the ONNX route did to one graph, for the backend's report."""
+    return {
+        "fused": [low.key for low in result.lowered],
+        "rolled_back": [(r.key, r.code) for r in result.rolled_back],
+    }
