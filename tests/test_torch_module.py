@@ -8,11 +8,20 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from graph_autofusion import GraphAutoFusion  # noqa: E402
+from graph_autofusion.runtime.timing import use_timer  # noqa: E402
 from graph_autofusion.testing.small_hf import tiny_llama  # noqa: E402
 from graph_autofusion.torch_module import PLAN_FILE, load_fused  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("torch_compile")
 GEN = dict(max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
+
+
+def _kernel_is_faster(key, side, fn):
+    """Safe mode's timer: the kernels and their operators run, the times are set (the kernel
+    twice as fast; the engines and eager alike, so the first engine built runs): what is
+    fused does not depend on this machine's load."""
+    fn()
+    return 5e-6 if side == "fused" else 10e-6
 
 
 @pytest.fixture(autouse=True)
@@ -29,15 +38,16 @@ def test_fuse_returns_a_drop_in_module_that_generates_the_same_tokens(tmp_path):
         want_tokens = model.generate(ids, **GEN)
         want_logits = model(ids).logits
     gaf = GraphAutoFusion(model)  # example inputs built from the config
-    fused = gaf.fuse()
-    assert type(fused) is type(model) and fused is not model
-    assert "forward" not in model.__dict__  # the user's module is untouched
-    info = fused.autofusion
-    assert info.graphs and info.graphs[0].fallback is None
-    assert info.results()[0].lowered  # something was fused, and verified
-    with torch.no_grad():
-        assert torch.equal(fused.generate(ids, **GEN), want_tokens)
-        assert torch.allclose(fused(ids).logits, want_logits, atol=1e-4)
+    with use_timer(_kernel_is_faster):  # generate() compiles its other shapes in here too
+        fused = gaf.fuse()
+        assert type(fused) is type(model) and fused is not model
+        assert "forward" not in model.__dict__  # the user's module is untouched
+        info = fused.autofusion
+        assert info.graphs and info.graphs[0].fallback is None
+        assert info.results()[0].lowered  # something was fused, and verified
+        with torch.no_grad():
+            assert torch.equal(fused.generate(ids, **GEN), want_tokens)
+            assert torch.allclose(fused(ids).logits, want_logits, atol=1e-4)
 
     precision = gaf.verify_precision()
     assert precision["cosine"] >= 0.9999 and precision["layers"]
