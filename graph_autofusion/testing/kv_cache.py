@@ -15,7 +15,11 @@ lock, atomic replace and JSON sidecar, shared code).
 
 ``qwen2`` exists only here (not in ``MODEL_NAMES``); the others are the zoo models of the same
 name with the same seeded weights. Every export x model gives PyTorch's numbers at past 0 and
-at other past lengths than the traced one (``tests/test_kv_cache.py``).
+at other past lengths than the traced one (``tests/test_kv_cache.py``). ``small=True`` (every
+function taking a decoder name takes it) gives the same architecture at a test's size
+(:func:`small_config`: 2 layers, hidden 64, 4 heads, vocabulary 256; seeded weights), exported
+in a second (TorchScript) or ten (dynamo) and cached the same way
+(``tests/test_kv_cache_inputs.py``).
 
 Pitfall (of the reference, not the export): TorchScript's exporter puts the module it traces in
 eval mode and afterwards restores the mode *recursively* from the top module. A wrapper that
@@ -67,35 +71,67 @@ def _check_name(name: str) -> None:
         )
 
 
-def decoder_dims(name: str) -> tuple[int, int, int]:
-    """``(layers, kv_heads, head_dim)`` of a decoder's cache (from its config; cheap)."""
+def small_config(name: str) -> Any:
+    """The test-sized config of decoder ``name``: its architecture with 2 layers, hidden size
+    64, 4 heads (``llama``: 4 KV heads; ``llama_gqa``, ``qwen2``: 2), vocabulary 256."""
     _check_name(name)
-    cfg = hf_config(name)
+    import transformers as tf
+
+    if name == "gpt2":
+        return tf.GPT2Config(
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            vocab_size=256,
+            n_positions=256,
+            bos_token_id=255,
+            eos_token_id=255,
+        )
+    cls = tf.Qwen2Config if name == "qwen2" else tf.LlamaConfig
+    return cls(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4 if name == "llama" else 2,
+        vocab_size=256,
+        max_position_embeddings=256,
+    )
+
+
+def _config(name: str, small: bool) -> Any:
+    _check_name(name)
+    return small_config(name) if small else hf_config(name)
+
+
+def decoder_dims(name: str, *, small: bool = False) -> tuple[int, int, int]:
+    """``(layers, kv_heads, head_dim)`` of a decoder's cache (from its config; cheap)."""
+    cfg = _config(name, small)
     heads = cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     return cfg.num_hidden_layers, kv_heads, head_dim
 
 
-def past_names(name: str) -> tuple[str, ...]:
+def past_names(name: str, *, small: bool = False) -> tuple[str, ...]:
     """``past_key_values.{i}.key``, ``past_key_values.{i}.value`` for every layer, in order."""
-    layers = decoder_dims(name)[0]
+    layers = decoder_dims(name, small=small)[0]
     return tuple(f"past_key_values.{i}.{t}" for i in range(layers) for t in ("key", "value"))
 
 
-def decoder_input_names(name: str) -> tuple[str, ...]:
+def decoder_input_names(name: str, *, small: bool = False) -> tuple[str, ...]:
     """ONNX input names of the decoder exports of ``name``."""
-    return ("input_ids", "attention_mask", "position_ids", *past_names(name))
+    return ("input_ids", "attention_mask", "position_ids", *past_names(name, small=small))
 
 
-def decoder_output_names(name: str) -> tuple[str, ...]:
+def decoder_output_names(name: str, *, small: bool = False) -> tuple[str, ...]:
     """ONNX output names: ``logits`` then ``present.{i}.key``/``.value`` per layer."""
-    layers = decoder_dims(name)[0]
+    layers = decoder_dims(name, small=small)[0]
     presents = (f"present.{i}.{t}" for i in range(layers) for t in ("key", "value"))
     return ("logits", *presents)
 
 
-def decoder_dynamic_axes(name: str) -> dict[str, dict[int, str]]:
+def decoder_dynamic_axes(name: str, *, small: bool = False) -> dict[str, dict[int, str]]:
     """``{ONNX name: {axis: symbol}}`` of the decoder exports (as TorchScript takes them)."""
     axes: dict[str, dict[int, str]] = {
         "input_ids": {0: "batch", 1: "seq"},
@@ -103,26 +139,31 @@ def decoder_dynamic_axes(name: str) -> dict[str, dict[int, str]]:
         "position_ids": {0: "batch", 1: "seq"},
         "logits": {0: "batch", 1: "seq"},
     }
-    axes.update({n: {0: "batch", 2: "past"} for n in past_names(name)})
-    axes.update({n: {0: "batch", 2: "total"} for n in decoder_output_names(name)[1:]})
+    axes.update({n: {0: "batch", 2: "past"} for n in past_names(name, small=small)})
+    axes.update({n: {0: "batch", 2: "total"} for n in decoder_output_names(name, small=small)[1:]})
     return axes
 
 
-def decoder_module(name: str) -> nn.Module:
+def decoder_module(name: str, *, small: bool = False) -> nn.Module:
     """The seeded Hugging Face causal LM (eval mode), with the zoo model's weights.
 
     ``llama``, ``llama_gqa`` and ``gpt2`` are the models inside ``build_model(name)``;
-    ``qwen2`` is built the same way (``torch.manual_seed(0)``, then the class on the config).
+    ``qwen2`` and every ``small`` one are built the same way (``torch.manual_seed(0)``, then
+    the class on the config).
     """
     _check_name(name)
-    if name != "qwen2":
+    if name != "qwen2" and not small:
         return build_model(name)[0].model.eval()
     import transformers as tf
 
-    cfg = hf_config(name)
+    cfg = _config(name, small)
     cfg._attn_implementation = "sdpa"
+    cls = {
+        "qwen2": tf.Qwen2ForCausalLM,
+        "gpt2": tf.GPT2LMHeadModel,
+    }.get(name, tf.LlamaForCausalLM)
     torch.manual_seed(0)
-    return tf.Qwen2ForCausalLM(cfg).eval()
+    return cls(cfg).eval()
 
 
 class KVDecoder(nn.Module):
@@ -163,10 +204,10 @@ class KVDecoder(nn.Module):
         return tuple(result)
 
 
-def _trace_inputs(name: str) -> tuple[torch.Tensor, ...]:
-    layers, kv_heads, head_dim = decoder_dims(name)
+def _trace_inputs(name: str, small: bool = False) -> tuple[torch.Tensor, ...]:
+    layers, kv_heads, head_dim = decoder_dims(name, small=small)
     gen = torch.Generator().manual_seed(1)
-    vocab = hf_config(name).vocab_size
+    vocab = _config(name, small).vocab_size
     ids = torch.randint(0, vocab, (1, TRACE_SEQ), generator=gen)
     mask = torch.ones(1, TRACE_PAST + TRACE_SEQ, dtype=torch.int64)
     pos = torch.arange(TRACE_PAST, TRACE_PAST + TRACE_SEQ)[None]
@@ -176,14 +217,20 @@ def _trace_inputs(name: str) -> tuple[torch.Tensor, ...]:
     return (ids, mask, pos, *past)
 
 
-def decoder_export_path(name: str, exporter: str = "dynamo") -> Path:
+def decoder_export_path(name: str, exporter: str = "dynamo", *, small: bool = False) -> Path:
     """Where :func:`export_decoder` caches this export (the file may not exist yet)."""
     _check_name(name)
     if exporter not in EXPORTERS:
         raise GraphAutoFusionError(f"unknown exporter {exporter!r}; choose one of {EXPORTERS}")
+    if small:
+        cfg = json.loads(small_config(name).to_json_string(use_diff=False))
+        cfg.pop("transformers_version", None)
+        fingerprint = json.dumps({"small": name, "config": cfg}, sort_keys=True, default=str)
+    else:
+        fingerprint = config_fingerprint(name)
     key = json.dumps(
         {
-            "fp": config_fingerprint(name),
+            "fp": fingerprint,
             "versions": _versions(),
             "opset": TORCHSCRIPT_OPSET,
             "kv": KV_VERSION,
@@ -192,11 +239,14 @@ def decoder_export_path(name: str, exporter: str = "dynamo") -> Path:
         sort_keys=True,
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    return cache_dir() / f"{name}-kv-{exporter}-{digest}.onnx"
+    return cache_dir() / f"{name}{'-small' if small else ''}-kv-{exporter}-{digest}.onnx"
 
 
-def _export(name: str, exporter: str, module: nn.Module, args: tuple, dest: Path) -> int:
-    inputs, outputs = list(decoder_input_names(name)), list(decoder_output_names(name))
+def _export(
+    name: str, exporter: str, module: nn.Module, args: tuple, dest: Path, small: bool = False
+) -> int:
+    inputs = list(decoder_input_names(name, small=small))
+    outputs = list(decoder_output_names(name, small=small))
     if exporter == "torchscript":
         torch.onnx.export(
             module,
@@ -206,7 +256,7 @@ def _export(name: str, exporter: str, module: nn.Module, args: tuple, dest: Path
             opset_version=TORCHSCRIPT_OPSET,
             input_names=inputs,
             output_names=outputs,
-            dynamic_axes=decoder_dynamic_axes(name),
+            dynamic_axes=decoder_dynamic_axes(name, small=small),
         )
         return TORCHSCRIPT_OPSET
     from torch.export import Dim
@@ -216,7 +266,7 @@ def _export(name: str, exporter: str, module: nn.Module, args: tuple, dest: Path
     past = Dim("past", min=0, max=_MAX_LEN)
     # The mask needs its own symbol: torch.export takes no expression (past + seq) for an input.
     total = Dim("total", min=1, max=2 * _MAX_LEN)
-    per_past = tuple({0: batch, 2: past} for _ in past_names(name))
+    per_past = tuple({0: batch, 2: past} for _ in past_names(name, small=small))
     shapes = ({0: batch, 1: seq}, {0: batch, 1: total}, {0: batch, 1: seq}, per_past)
     program = torch.onnx.export(
         module,
@@ -231,12 +281,13 @@ def _export(name: str, exporter: str, module: nn.Module, args: tuple, dest: Path
     return int(dict((o.domain, o.version) for o in program.model_proto.opset_import)[""])
 
 
-def export_decoder(name: str, exporter: str = "dynamo") -> Path:
+def export_decoder(name: str, exporter: str = "dynamo", *, small: bool = False) -> Path:
     """Export the KV-cache decoder of ``name`` to ONNX (or return the cached export).
 
     Args:
         name: One of :data:`DECODER_NAMES`.
         exporter: ``"dynamo"`` or ``"torchscript"``.
+        small: The test-sized architecture (:func:`small_config`) instead of the zoo's.
 
     Returns:
         Path of a self-contained ONNX file (weights inside); its inputs and outputs are
@@ -245,34 +296,37 @@ def export_decoder(name: str, exporter: str = "dynamo") -> Path:
     Raises:
         GraphAutoFusionError: Unknown decoder/exporter, or the exporter failed.
     """
-    path = decoder_export_path(name, exporter)
+    path = decoder_export_path(name, exporter, small=small)
 
     def produce(tmp: Path) -> dict[str, Any]:
-        module = KVDecoder(decoder_module(name)).eval()
-        args = _trace_inputs(name)
+        module = KVDecoder(decoder_module(name, small=small)).eval()
+        args = _trace_inputs(name, small)
         start = time.perf_counter()
         with _quiet(), torch.no_grad():
-            opset = _export(name, exporter, module, args, tmp)
+            opset = _export(name, exporter, module, args, tmp, small)
         return {
             "name": name,
+            "small": small,
             "kind": "kv_decoder",
             "exporter": exporter,
             "opset": opset,
             "trace_past": TRACE_PAST,
             "trace_seq": TRACE_SEQ,
-            "dynamic_axes": decoder_dynamic_axes(name),
+            "dynamic_axes": decoder_dynamic_axes(name, small=small),
             "export_seconds": round(time.perf_counter() - start, 3),
         }
 
+    size = "small " if small else ""
     return write_cached(
-        path, f"the {name!r} KV-cache decoder with the {exporter} exporter", produce
+        path, f"the {size}{name!r} KV-cache decoder with the {exporter} exporter", produce
     )
 
 
-def empty_past(name: str, batch: int = 1) -> dict[str, np.ndarray]:
+def empty_past(name: str, batch: int = 1, *, small: bool = False) -> dict[str, np.ndarray]:
     """Past key/values of length 0 (float32), keyed by ONNX input name: a prefill's feeds."""
-    _, kv_heads, head_dim = decoder_dims(name)
-    return {n: np.zeros((batch, kv_heads, 0, head_dim), np.float32) for n in past_names(name)}
+    _, kv_heads, head_dim = decoder_dims(name, small=small)
+    names = past_names(name, small=small)
+    return {n: np.zeros((batch, kv_heads, 0, head_dim), np.float32) for n in names}
 
 
 def _prompt(prompt_ids: Any) -> np.ndarray:
@@ -285,7 +339,7 @@ def _prompt(prompt_ids: Any) -> np.ndarray:
 
 
 def greedy_decode_ort(
-    session: Any, name: str, prompt_ids: np.ndarray, steps: int
+    session: Any, name: str, prompt_ids: np.ndarray, steps: int, *, small: bool = False
 ) -> tuple[list[int], list[float], float]:
     """Greedy generation with a decoder export: a prefill, then ``steps`` decode steps.
 
@@ -299,6 +353,7 @@ def greedy_decode_ort(
         name: Decoder name (for the cache shapes and names).
         prompt_ids: ``(seq,)`` or ``(1, seq)`` token ids.
         steps: Number of single-token decode steps after the prefill.
+        small: The session runs a ``small=True`` export.
 
     Returns:
         ``(tokens, per_step_seconds, prefill_seconds)``: the ``steps + 1`` generated tokens
@@ -307,11 +362,12 @@ def greedy_decode_ort(
     """
     prompt = _prompt(prompt_ids)
     declared = {i.name for i in session.get_inputs()}
-    out_names = list(decoder_output_names(name))
+    out_names = list(decoder_output_names(name, small=small))
     if hasattr(session, "get_outputs"):
         out_names = [o.name for o in session.get_outputs()]
-    present_to_past = dict(zip(decoder_output_names(name)[1:], past_names(name), strict=True))
-    past = empty_past(name)
+    presents = decoder_output_names(name, small=small)[1:]
+    present_to_past = dict(zip(presents, past_names(name, small=small), strict=True))
+    past = empty_past(name, small=small)
     ids, start = prompt, 0
     tokens: list[int] = []
     seconds: list[float] = []

@@ -11,6 +11,11 @@
 Symbolic or unknown dims become ``batch`` (the first axis, or a dim named like ``batch``) or
 ``seq_len`` (every other one). String inputs get ``"a"``; a sequence of tensors, two tensors.
 
+A KV-cache decoder (graph inputs named like ``past_key_values.0.key``) gets inputs that agree
+(:mod:`graph_autofusion.verify.kv_inputs`): a past length ``P`` and ``S`` new tokens with
+``P + S == seq_len`` (``S = seq_len // 4``, at least 1), the past inputs ``P`` long on their
+sequence axis, a mask of ones over ``P + S``, positions ``P .. P+S-1``.
+
 Inputs an operator reads as a shape, sizes, bounds or indices (an ``Expand`` target shape, a
 ``SplitToSequence`` split, ``Gather`` indices, ...) then get values the model accepts
 (:func:`graph_autofusion.verify.sample_inputs.derive_shape_inputs`). An input too large to
@@ -39,12 +44,16 @@ def generate_inputs(
     vocab_size: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Seeded sample feeds for every graph input of ``model`` (initializers excluded)."""
+    from graph_autofusion.verify import kv_inputs
     from graph_autofusion.verify import sample_inputs as si
 
     rng = np.random.default_rng(seed)
     graph = model.graph
     fallback_vocab = vocab_size or _largest_table(model) or 100
     feeds = si.SampleInputs()
+    kv = kv_inputs.plan(model)
+    kv = kv if isinstance(kv, kv_inputs.KVPlan) else None
+    kv_dims = kv.values(batch, *kv_inputs.new_lengths(seq_len)) if kv else {}
     for v in graph.inputs:
         if v.name in graph.initializers:
             continue
@@ -53,6 +62,8 @@ def generate_inputs(
             feeds[v.name] = _non_tensor(model, v, raw, rng, batch, seq_len)
             continue
         shape = _concrete_shape(v, batch, seq_len)
+        if kv is not None:
+            shape = kv.shape(v, kv_dims, shape)
         dtype = v.dtype.to_numpy() if v.dtype is not None else np.dtype(np.float32)
         si.check_input_size(model, v, shape, dtype)
         name = v.name.lower()

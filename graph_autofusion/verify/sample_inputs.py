@@ -8,7 +8,9 @@ operators: :func:`derive_shape_inputs` finds each graph input that such an opera
 (directly or through ``Cast``/``Identity``) and gives it a value consistent with the concrete
 shapes of the model on the other inputs (ONNX shape inference with data propagation, rerun
 as values get fixed, so a derived ``Reshape`` shape feeds the ``Expand`` after it). A generated
-value already valid (token ids within the embedding table) is kept as drawn.
+value already valid (token ids within the embedding table) is kept as drawn. A KV-cache
+decoder's inputs are first made to agree (:func:`graph_autofusion.verify.kv_inputs.conform`:
+the mask over past + new tokens, the positions after the past); those values are kept.
 
 When the original model still fails on the sample inputs, :func:`run_failure` turns the
 runtime's exception into one :class:`~graph_autofusion.errors.SampleInputError` naming the
@@ -37,13 +39,15 @@ _STANDARD = ("", "ai.onnx")
 
 class SampleInputs(dict):
     """Generated sample feeds (a plain dict to every user) that remember how they were made:
-    ``derived`` maps an input name to the operand it was derived for."""
+    ``derived`` maps an input name to the operand it was derived for; ``notes`` say what could
+    not be derived (added to the error when the model fails on them)."""
 
     generated = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.derived: dict[str, str] = {}
+        self.notes: list[str] = []
 
 
 def own_copy(feeds: Mapping[str, Any]) -> dict[str, Any]:
@@ -51,6 +55,7 @@ def own_copy(feeds: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(feeds, SampleInputs):
         copy = SampleInputs(feeds)
         copy.derived = dict(feeds.derived)
+        copy.notes = list(getattr(feeds, "notes", ()))
         return copy
     return dict(feeds)
 
@@ -533,9 +538,21 @@ def derive_shape_inputs(
 ) -> dict[str, str]:
     """Give every shape-, size- or index-carrying graph input (see :data:`ROLES`) a value the
     model accepts, in place in ``feeds``; a drawn value already valid is kept. Returns what
-    was derived: input name -> ``"<op> 'node' <operand>"``."""
-    roles = find_roles(model)
+    was derived: input name -> ``"<op> 'node' <operand>"`` (or what a KV-cache decoder's input
+    is). A KV-cache decoder whose relations cannot be derived adds a note to ``feeds.notes``
+    (:class:`SampleInputs`)."""
+    from graph_autofusion.verify import kv_inputs
+
     derived: dict[str, str] = {}
+    kv = kv_inputs.plan(model)
+    if isinstance(kv, kv_inputs.KVPlan):
+        derived.update(kv_inputs.conform(model, feeds, kv))
+    elif isinstance(kv, kv_inputs.KVRefusal):
+        notes = getattr(feeds, "notes", None)
+        if isinstance(notes, list) and kv.note not in notes:
+            notes.append(kv.note)
+    keep = set(derived)
+    roles = find_roles(model)
     if not roles:
         return derived
     rng = np.random.default_rng([seed, 7919])
@@ -547,6 +564,9 @@ def derive_shape_inputs(
         for r in pending:
             name = r.value.name
             if name in fixed or name not in feeds:
+                continue
+            if name in keep:  # a KV-cache decoder's mask, positions or lengths: as made
+                fixed[name] = np.asarray(feeds[name])
                 continue
             derive, valid, what = ROLES[(r.node.op_type, r.index)]
             cur = np.asarray(feeds[name])
@@ -621,6 +641,8 @@ def run_failure(
     who = f"; check input{'s' if len(parts) > 1 else ''} {', '.join(parts)}" if parts else ""
     if not carriers:  # nothing shape- or index-like reaches it: maybe the model itself
         who += "; the model itself may be invalid, or it needs other inputs"
+    for note in getattr(feeds, "notes", ()):
+        who += f"; {note}"
     return SampleInputError(
         f"{source_of(model)}: the sample inputs {how} make the original model fail in "
         f"{runtime}{at}: {detail}{who}; pass inputs the model accepts with --inputs FILE.npz "
