@@ -109,6 +109,7 @@ class CompiledGraph:
         self._programs: list[tuple[tuple[int, ...], list[Any], list[int], Any]] = []
         self._grad_warned = False
         self.imported: Any = None  # the graph as imported (IR)
+        self.core_gm = gm  # the graph less the sizes it returns (what the engines run)
         self.engine = ""  # onnxruntime, torch or eager: what runs the graph
         self.engine_times: dict[str, float] = {}  # seconds per call of each engine timed
         self.engine_notes: dict[str, str] = {}  # why an engine could not be built
@@ -170,13 +171,15 @@ class CompiledGraph:
         (each checked against eager), time them against eager and keep the fastest."""
         from graph_autofusion.frontend.torch_frontend import import_fx
 
-        _check_outputs(self.gm)
+        split = _SizeOutputs.of(self.gm)
+        core = split.core if split is not None else self.gm
+        self.core_gm = core
         # the import has no side effects and refuses graphs that write into their inputs,
         # so the reference run below is this call's only eager run
-        imported = import_fx(self.gm, args)
+        imported = import_fx(core, args)
         self.imported = imported.model
         with torch.no_grad():
-            expected = self.gm(*args)
+            expected = core(*args)
         outs = tuple(expected) if isinstance(expected, tuple | list) else (expected,)
         built: dict[str, Any] = {}
         wanted = ENGINES[:-1] if self.config.engine == "auto" else (self.config.engine,)
@@ -214,6 +217,12 @@ class CompiledGraph:
         # this call returns the program's outputs, as every later call will: their layouts
         # feed Dynamo's guards on the next frame (a decode step's cache), and eager's may differ
         wrap = list if isinstance(expected, list) else tuple
+        if split is not None:  # sizes and constants the graph also returns: computed apart
+            return (
+                lambda *a: split.merge(program(*a), a),
+                imported.constant_inputs,
+                split.merge(got, args),
+            )
         if not isinstance(expected, tuple | list):
             return program, imported.constant_inputs, got[0]
         return (lambda *a: wrap(program(*a))), imported.constant_inputs, wrap(got)
@@ -283,7 +292,7 @@ class CompiledGraph:
         from graph_autofusion.runtime.timing import current_timer
 
         timer = current_timer()
-        sides = dict(built, eager=self.gm.forward)
+        sides = dict(built, eager=self.core_gm.forward)
         times: dict[str, list[float]] = {k: [] for k in sides}
         order = list(sides)
         with torch.no_grad():
@@ -297,7 +306,7 @@ class CompiledGraph:
         self.engine_times = {k: statistics.median(v) for k, v in times.items()}
         best = min(built, key=lambda k: self.engine_times[k])
         if self.engine_times[best] > self.engine_times["eager"] * self.config.options.speed_margin:
-            return "eager", self.gm.forward
+            return "eager", self.core_gm.forward
         return best, built[best]
 
     # ------------------------------------------------------------------ facts
@@ -344,7 +353,7 @@ class _OrtCall:
                     AutofusionWarning,
                     stacklevel=3,
                 )
-            out = g.gm.forward(*args)
+            out = g.core_gm.forward(*args)
             return tuple(out) if isinstance(out, tuple | list) else (out,)
 
 
@@ -377,13 +386,47 @@ def _same_as_eager(got: Sequence[Any], want: Sequence[Any], floor: float) -> Non
             )
 
 
-def _check_outputs(gm: torch.fx.GraphModule) -> None:
-    """Refuse a graph returning something other than tensors (sizes, ``None``)."""
-    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    for a in torch.fx.node.map_aggregate(out.args[0], lambda x: x) or ():
-        val = a.meta.get("example_value") if isinstance(a, torch.fx.Node) else a
-        if not isinstance(val, torch.Tensor):
-            raise GraphAutoFusionError(f"the graph returns a {type(val).__name__}, not a tensor")
+class _SizeOutputs:
+    """A graph that returns sizes (``SymInt``), plain numbers or ``None`` besides tensors
+    (Gemma2's decode graphs): the engines run ``core``, the graph with only its tensor outputs,
+    and ``sizes``, the graph with only the others (size arithmetic on the inputs, no tensor
+    work), runs in Python on each call; :meth:`merge` puts the outputs back in order."""
+
+    def __init__(self, core: torch.fx.GraphModule, sizes: torch.fx.GraphModule, kinds: list[bool]):
+        self.core, self.sizes, self.kinds = core, sizes, kinds
+
+    @staticmethod
+    def of(gm: torch.fx.GraphModule) -> _SizeOutputs | None:
+        """The split of ``gm``, or ``None`` when it returns only tensors."""
+        import copy
+
+        out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+        outs = out.args[0]
+        if not isinstance(outs, tuple | list):
+            outs = (outs,)
+        kinds = []
+        for a in outs:
+            val = a.meta.get("example_value") if isinstance(a, torch.fx.Node) else a
+            kinds.append(isinstance(val, torch.Tensor))
+        if all(kinds):
+            return None
+        if not any(kinds):
+            raise GraphAutoFusionError("the graph returns no tensor, only sizes")
+
+        def keep(which: bool) -> torch.fx.GraphModule:
+            g = copy.deepcopy(gm.graph)
+            o = next(n for n in reversed(g.nodes) if n.op == "output")
+            picked = tuple(a for a, k in zip(o.args[0], kinds) if k == which)
+            o.args = (picked,)
+            g.eliminate_dead_code()
+            return torch.fx.GraphModule(gm, g)
+
+        return _SizeOutputs(keep(True), keep(False), kinds)
+
+    def merge(self, tensors: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
+        others = iter(self.sizes(*args))
+        it = iter(tensors)
+        return tuple(next(it) if k else next(others) for k in self.kinds)
 
 
 def make_backend(

@@ -187,6 +187,22 @@ def _shallow_copy(module: torch.nn.Module) -> torch.nn.Module:
     return fused
 
 
+def _own_code(fn: Any) -> Any:
+    """``fn`` with a code object of its own. Dynamo keeps its compiled frames per code object
+    (at most ``recompile_limit`` of them): every module of one class shares its ``forward``'s
+    code, and Hugging Face's decorators share one wrapper's code among every class's forward,
+    so two fused decoders (or a fused one beside the user's own ``torch.compile``) used to
+    exhaust that limit and run the rest in eager."""
+    import functools
+
+    own = types.FunctionType(
+        fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+    )
+    own.__kwdefaults__ = fn.__kwdefaults__
+    functools.update_wrapper(own, fn)
+    return own
+
+
 def fuse_module(
     module: torch.nn.Module,
     args: tuple[Any, ...] = (),
@@ -215,7 +231,7 @@ def fuse_module(
             g["fingerprint"]: g.get("engine", "torch") for g in plan["graphs"]
         }
     fused = _shallow_copy(module)
-    forward = types.MethodType(type(module).forward, fused)
+    forward = types.MethodType(_own_code(type(module).forward), fused)
     fused.forward = torch.compile(forward, backend=backend)
     info = FusionInfo(backend, source_name or type(module).__name__)
     fused.__dict__["autofusion"] = info

@@ -194,3 +194,63 @@ class _Upsample(torch.nn.Module):
 def test_bilinear_interpolation():
     torch.manual_seed(0)
     _compile_and_run(_Upsample(), [(torch.randn(1, 4, 6, 5),)])
+
+
+# ----- F4: a graph that returns a size besides its tensors --------------------------------------
+class _ReturnsItsLength(torch.nn.Module):
+    """Returns a tensor and a size computed from the input's (symbolic) length, as Gemma2's
+    decode graphs return the cache length."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor):
+        return torch.relu(self.lin(x)) * 2.0, x.shape[1] * 2 + 1
+
+
+def test_a_graph_returning_a_size_runs_fused():
+    m = _ReturnsItsLength().eval()
+    backend = make_backend(check_speed=False)
+    compiled = torch.compile(m, backend=backend)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        for n in (4, 6, 9):  # the second length makes the size symbolic: a SymInt output
+            x = torch.randn(1, n, 32, generator=torch.Generator().manual_seed(n))
+            got, size = compiled(x)
+            want, want_size = m(x)
+            torch.testing.assert_close(got, want)
+            assert size == want_size == 2 * n + 1
+    assert not [w for w in caught if issubclass(w.category, AutofusionWarning)]
+    graphs = backend.config.graphs
+    assert all(g.fallback is None for g in graphs), [g.summary() for g in graphs]
+    assert graphs[-1].calls == 2 and graphs[-1].engine in ("onnxruntime", "torch")
+    assert graphs[-1].core_gm is not graphs[-1].gm  # the size was returned apart
+
+
+# ----- F6: Dynamo's per-code-object recompile limit, shared by every module of a class ----------
+def test_two_fused_decoders_of_one_class_beside_torch_compile_stay_compiled():
+    transformers = pytest.importorskip("transformers")
+    del transformers
+    from torch._dynamo.utils import counters
+
+    from graph_autofusion import GraphAutoFusion
+    from graph_autofusion.testing.small_hf import tiny_llama
+
+    gen = dict(max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    a, b = tiny_llama(2, seed=0), tiny_llama(2, seed=1)
+    counters.clear()
+    with torch.no_grad():  # the user's own compile of the same class first
+        torch.compile(a, backend="autofusion")(torch.randint(0, 1000, (1, 16)))
+    fused = [(GraphAutoFusion(m).fuse(), m) for m in (a, b)]
+    with torch.no_grad():
+        for f, m in fused:
+            for n in (5, 9):
+                ids = torch.randint(0, 1000, (1, n), generator=torch.Generator().manual_seed(n))
+                assert torch.equal(f.generate(ids, **gen), m.generate(ids, **gen))
+    # no frame gave up (the recompile limit sends a frame to eager without a graph)
+    assert counters["frames"]["total"] == counters["frames"]["ok"], dict(counters["frames"])
+    for f, _m in fused:  # the example call and 2 x 12 generate steps, all through our graphs
+        graphs = f.autofusion.graphs
+        assert sum(g.calls for g in graphs) == 25, [g.summary() for g in graphs]
+        assert all(g.fallback is None for g in graphs)
