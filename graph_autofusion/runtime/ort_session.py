@@ -27,8 +27,12 @@ def ort_session(
     spinning: bool = False,
     custom_ops_library: str | None = None,
     in_place: Mapping[str, np.ndarray] | None = None,
+    *,
+    log_severity: int = 3,
+    profile_prefix: str | None = None,
 ) -> Any:
-    """An onnxruntime CPU session of an IR :class:`Model`, a ``ModelProto`` or a path.
+    """An onnxruntime CPU session of an IR :class:`Model`, a ``ModelProto``, its serialized
+    bytes or a path.
 
     ``level``: ``disable``, ``basic``, ``extended`` or ``all``. ``spinning``: let idle worker
     threads spin (onnxruntime's default, what deployments run); off by default because
@@ -43,6 +47,11 @@ def ort_session(
     ``in_place``: initializers (by name) that the session reads from these arrays' memory
     instead of the model's bytes (:func:`in_place_weights`): nothing is copied beyond what
     onnxruntime's own kernels pack, and a write into an array is seen by the next run.
+
+    ``threads``: 0 is onnxruntime's own choice (one per physical core). ``log_severity``:
+    onnxruntime's ``log_severity_level`` (3: errors only; 4: fatal only). ``profile_prefix``:
+    onnxruntime's profiling on, its JSON trace written under this prefix
+    (``sess.end_profiling()`` returns the file).
     """
     import onnxruntime as ort
 
@@ -52,10 +61,15 @@ def ort_session(
     so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[level])
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
-    so.log_severity_level = 3
+    so.log_severity_level = log_severity
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    if isinstance(model, str | Path):
-        src: Any = str(model)
+    if profile_prefix is not None:
+        so.enable_profiling = True
+        so.profile_file_prefix = str(profile_prefix)
+    if isinstance(model, str | os.PathLike):
+        src: Any = os.fspath(model)
+    elif isinstance(model, bytes):
+        src = model
     elif isinstance(model, Model):
         from graph_autofusion.frontend.onnx_frontend import to_onnx
 
@@ -135,13 +149,19 @@ def _custom_ops_library(model: Any) -> str | None:
     from graph_autofusion.ir.core import Model
 
     path = None
+    if isinstance(model, bytes) and co.DOMAIN.encode() not in model:
+        return None  # serialized: the domain's name would appear in it
+    if isinstance(model, bytes):
+        import onnx
+
+        model = onnx.load_from_string(model)
     if isinstance(model, Model):
         ops = co.library_ops(model)
         proto = None
-    elif isinstance(model, str | Path):
+    elif isinstance(model, str | os.PathLike):
         import onnx
 
-        path = str(model)
+        path = os.fspath(model)
         proto = onnx.load(path, load_external_data=False)
         ops = co.custom_ops_of(proto)
     else:
