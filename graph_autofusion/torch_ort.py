@@ -9,9 +9,10 @@ parameters as initializers over the parameters' memory, Dynamo's symbolic sizes 
 dims), goes through exactly the ONNX route's planning, native operators, lowering and safe mode
 (:func:`graph_autofusion.pipeline.fuse_model`, the plan ``analyze()`` shows), with the call's
 real inputs as the sample inputs. The fused model becomes one onnxruntime session (CPU
-provider, the user's thread setting) whose large float initializers are onnxruntime values over
-the parameters (``ort_session(in_place=...)``): the weights are not copied, beyond what the
-importer transposes and onnxruntime's GEMM packs. Symbolic sizes stay symbolic in the ONNX
+provider, the user's thread setting) whose large fp32/fp64 initializers are onnxruntime values
+over the parameters (``ort_session(in_place=...)``): the weights are not copied, beyond what the
+importer transposes and onnxruntime's GEMM packs (fp16 weights are copied: onnxruntime's
+optimizer reads them from the model's bytes). Symbolic sizes stay symbolic in the ONNX
 graph, so one session serves every sequence, batch and cache length.
 
 Inputs cross without copies (numpy views of the tensors); outputs come back as torch tensors
@@ -28,6 +29,10 @@ import numpy as np
 import torch
 
 from graph_autofusion.errors import GraphAutoFusionError
+
+
+#: initializer dtypes the session never reads in place (see :class:`OrtGraphProgram`)
+_NOT_IN_PLACE = (np.dtype(np.float16),)
 
 
 class OrtEngineRefused(GraphAutoFusionError):
@@ -50,6 +55,10 @@ class OrtGraphProgram:
         self.input_names = [v.name for v in model.graph.inputs]
         self.output_names = [v.name for v in model.graph.outputs]
         arrays = in_place_weights({n: v.const for n, v in model.graph.initializers.items()})
+        # float16 initializers are copied into the session: at the ``all`` level onnxruntime's
+        # optimizer reads an fp16 MatMul's weight from the model's bytes (the in-place
+        # placeholder's zeros), not from the value added in place, and runs on those
+        arrays = {n: a for n, a in arrays.items() if a.dtype not in _NOT_IN_PLACE}
         self.in_place_bytes = sum(a.nbytes for a in arrays.values())
         self.session = ort_session(
             model, level="all", threads=threads or torch.get_num_threads(), in_place=arrays

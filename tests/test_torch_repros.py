@@ -254,3 +254,25 @@ def test_two_fused_decoders_of_one_class_beside_torch_compile_stay_compiled():
         graphs = f.autofusion.graphs
         assert sum(g.calls for g in graphs) == 25, [g.summary() for g in graphs]
         assert all(g.fallback is None for g in graphs)
+
+
+# ----- F7: fp16 weights read in place by onnxruntime --------------------------------------------
+class _HalfHead(torch.nn.Module):
+    """An fp16 norm and a 128 KB fp16 linear head (large enough to be read in place)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(64)
+        self.head = torch.nn.Linear(64, 1000, bias=False)
+
+    def forward(self, x):
+        return self.head(self.norm(x) * 2.0)
+
+
+def test_fp16_weights_in_the_onnxruntime_session_are_the_model_s():
+    """onnxruntime's ``all`` optimizations read an fp16 MatMul's initializer from the model's
+    bytes, not from the value added in place (the placeholder's zeros: cosine 0 with eager)."""
+    torch.manual_seed(0)
+    m = _HalfHead().half()
+    graphs = _compile_and_run(m, [(torch.randn(1, 12, 64).half(),)], atol=2e-2)
+    assert [g.engine for g in graphs] == ["onnxruntime"], [g.summary() for g in graphs]
