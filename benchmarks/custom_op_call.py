@@ -3,7 +3,6 @@
 import time
 
 import numpy as np
-import onnxruntime as ort
 from onnx import TensorProto as T
 from onnx import helper
 
@@ -12,6 +11,7 @@ from graph_autofusion.codegen.ort_customop import DOMAIN, build_library, op_name
 from graph_autofusion.cost.shapes import bind_shapes
 from graph_autofusion.ir.text import parse_model
 from graph_autofusion.pipeline_cpu import finalize_kernel
+from graph_autofusion.runtime.ort_session import ort_session
 
 m = parse_model(
     'model opset {"": 17}\ngraph g(%a: f32[N], %b: f32[N]) -> (%y) {\n  %s: f32[N] = Sigmoid(%a)\n  %y: f32[N] = Mul(%s, %b)\n}\n'
@@ -50,12 +50,10 @@ def model(n, custom):
 
 
 def t(n, custom, size):
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.inter_op_num_threads = 1
-    if custom:
-        so.register_custom_ops_library(lib)
-    s = ort.InferenceSession(model(n, custom), so, providers=["CPUExecutionProvider"])
+    # onnxruntime's default optimizations and spinning workers, as before
+    s = ort_session(
+        model(n, custom), "all", 1, spinning=True, custom_ops_library=lib if custom else None
+    )
     f = {
         "a": np.random.randn(size).astype(np.float32),
         "b": np.random.randn(size).astype(np.float32),

@@ -118,22 +118,11 @@ def fused_counts(counts: dict[str, int], original: dict[str, int]) -> dict[str, 
 
 
 def session(path: str, level: str, threads: int = 2):
-    import onnxruntime as ort
+    from graph_autofusion.runtime.ort_session import ort_session
 
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = {
-        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }[level]
-    so.log_severity_level = 3
     # Several sessions live side by side here; spinning worker threads of idle sessions would
     # steal the 2 cores from the one being timed (bimodal, order-dependent timings).
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    return ort_session(path, level, threads, spinning=False)
 
 
 def stats_ms(ts: list[float]) -> dict[str, float]:
@@ -544,14 +533,11 @@ def kernel_checks(runs: int = 400) -> list[dict[str, Any]]:
 
 
 def session_bytes(model: bytes, threads: int):
-    import onnxruntime as ort
+    from graph_autofusion.runtime.ort_session import ort_session
 
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    # BASIC: ENABLE_ALL would itself fuse Add+LayerNormalization into SkipLayerNormalization
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    # BASIC: ENABLE_ALL would itself fuse Add+LayerNormalization into SkipLayerNormalization;
+    # onnxruntime's spinning workers, as before
+    return ort_session(model, "basic", threads, spinning=True)
 
 
 # ---------------------------------------------------------------------------- report

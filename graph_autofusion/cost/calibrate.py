@@ -200,16 +200,12 @@ def measure_dispatch_overhead(quick: bool = True) -> tuple[float, str]:
         return t * 1e6, (
             "measured: NumPy per-call cost of a 16-element add (onnxruntime not installed)"
         )
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    opts.intra_op_num_threads = _cores()
-    opts.inter_op_num_threads = 1
+    from graph_autofusion.runtime.ort_session import ort_session
+
     feed = {"x": np.zeros(16, dtype=np.float32)}
     times = {}
-    for n in (1, chain):
-        sess = ort.InferenceSession(
-            _ort_chain(n), sess_options=opts, providers=["CPUExecutionProvider"]
-        )
+    for n in (1, chain):  # onnxruntime's spinning workers, as deployed
+        sess = ort_session(_ort_chain(n), "disable", _cores(), spinning=True)
         times[n] = _best_time(lambda sess=sess: sess.run(None, feed), repeats)
     slope = max((times[chain] - times[1]) / (chain - 1), 1e-9)
     return slope * 1e6, (
@@ -220,15 +216,10 @@ def measure_dispatch_overhead(quick: bool = True) -> tuple[float, str]:
 
 
 def _ort_session(model: bytes, threads: int | None = None):
-    import onnxruntime as ort
+    from graph_autofusion.runtime.ort_session import ort_session
 
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    opts.intra_op_num_threads = threads or _cores()
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.log_severity_level = 3
-    return ort.InferenceSession(model, sess_options=opts, providers=["CPUExecutionProvider"])
+    # onnxruntime's spinning workers, as deployed
+    return ort_session(model, "disable", threads or _cores(), spinning=True)
 
 
 def _single_node_model(op: str, x_shape, w: np.ndarray, attrs: dict, out_shape) -> bytes:

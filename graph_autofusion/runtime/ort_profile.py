@@ -123,25 +123,18 @@ def profile_nodes(
         threads: ``intra_op_num_threads`` (``inter_op_num_threads`` is 1, sequential mode).
         optimization: ``disable_all`` (default), ``basic``, ``extended`` or ``all``.
     """
-    import onnxruntime as ort
+    from graph_autofusion.runtime.ort_session import ort_session
 
-    levels = {
-        "disable_all": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }
+    level = {"disable_all": "disable", "basic": "basic", "extended": "extended", "all": "all"}
     with tempfile.TemporaryDirectory(prefix="ga_ortprof_") as tmp:
-        so = ort.SessionOptions()
-        so.graph_optimization_level = levels[optimization]
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.enable_profiling = True
-        so.profile_file_prefix = os.path.join(tmp, "ort_profile")
-        so.log_severity_level = 3
         src = model if isinstance(model, bytes) else str(model)
-        sess = ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+        sess = ort_session(  # onnxruntime's spinning workers, as before
+            src,
+            level[optimization],
+            threads,
+            spinning=True,
+            profile_prefix=os.path.join(tmp, "ort_profile"),
+        )
         names = {i.name for i in sess.get_inputs()}
         run_feeds = {k: np.asarray(v) for k, v in feeds.items() if k in names}
         for _ in range(warmup):

@@ -326,22 +326,10 @@ def ort_outputs(
     ``feeds`` may hold more arrays than the model takes: only its inputs are passed.
     ``threads``: intra-op threads (inter-op 1); onnxruntime's defaults when ``None``.
     """
-    import onnx
-    import onnxruntime as ort
+    from graph_autofusion.runtime.ort_session import ort_session
 
-    if isinstance(model, str | os.PathLike):
-        src: Any = os.fspath(model)
-    elif isinstance(model, onnx.ModelProto):
-        src = model.SerializeToString()
-    else:
-        from graph_autofusion.frontend.onnx_frontend import to_onnx
-
-        src = to_onnx(model).SerializeToString()
-    opts = ort.SessionOptions()
-    if threads is not None:
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-    sess = ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
+    # threads 0 and spinning workers: onnxruntime's defaults
+    sess = ort_session(model, "all", threads if threads is not None else 0, spinning=True)
     names = {i.name for i in sess.get_inputs()}
     outs = sess.run(None, {k: v for k, v in feeds.items() if k in names})
     return {o.name: a for o, a in zip(sess.get_outputs(), outs, strict=True)}

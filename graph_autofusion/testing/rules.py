@@ -150,10 +150,9 @@ def zoo_native_rewrite(
 ) -> dict[str, int]:
     """Rewrite a zoo ONNX export with ``rule_names`` (native forms), check that onnxruntime
     gives the original's outputs, and return the rewritten graph's operator histogram."""
-    import onnxruntime as ort
-
-    from graph_autofusion.frontend.onnx_frontend import load_onnx, to_onnx
+    from graph_autofusion.frontend.onnx_frontend import load_onnx
     from graph_autofusion.patterns.library import builtin_rules
+    from graph_autofusion.runtime.ort_session import ort_session
     from graph_autofusion.testing import example_feeds, export_onnx
 
     original = load_onnx(export_onnx(name, source))
@@ -164,15 +163,10 @@ def zoo_native_rewrite(
     errors = [a.error for a in applied if a.error]
     assert not errors, errors
     verify(model)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
     feeds = example_feeds(name)  # resnet50_bn takes resnet50's inputs
     outs = []
     for m in (original, model):
-        session = ort.InferenceSession(
-            to_onnx(m).SerializeToString(), options, providers=["CPUExecutionProvider"]
-        )
+        session = ort_session(m, "disable", 0, spinning=True)  # onnxruntime's threads
         wanted = {i.name for i in session.get_inputs()}
         outs.append(session.run(None, {k: v for k, v in feeds.items() if k in wanted}))
     for after, before in zip(outs[1], outs[0]):
@@ -186,20 +180,13 @@ def native_runs_in_onnxruntime(
     """Rewrite ``text`` with ``rule``'s native form, check that ``expect_op`` appears, and that
     onnxruntime (contrib-operator conventions) computes what the reference interpreter computes
     on the original graph."""
-    import onnxruntime as ort
-
-    from graph_autofusion.frontend.onnx_frontend import to_onnx
+    from graph_autofusion.runtime.ort_session import ort_session
 
     model = parse_model(text)
     feeds = random_feeds(model.graph, 0)
     expected = run_model(parse_model(text), feeds)
     apply_matches(model, match_rules(model.graph, RuleSet((rule,))).kept, native=True)
     assert any(n.op_type == expect_op for n in model.graph.nodes), fused_ops(model)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
-    session = ort.InferenceSession(
-        to_onnx(model).SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    session = ort_session(model, "disable", 0, spinning=True)  # onnxruntime's threads
     for got, value in zip(session.run(None, feeds), model.graph.outputs):
         np.testing.assert_allclose(got, expected[value.name], rtol=rtol, atol=atol)
