@@ -380,3 +380,43 @@ def test_the_evolutionary_plan_does_not_depend_on_the_clock(monkeypatch):
     assert [c.key for c in got.chosen] == [c.key for c in want.chosen]
     population = 24
     assert len(decodes) > 2 * population  # generations ran (a wall-clock stop would run none)
+
+
+def test_a_runtime_operator_below_the_threshold_is_a_close_call_safe_mode_measures():
+    """A native fusion estimated to save a little (attention's own ratio is small: its matrix
+    products dominate) is ``maybe`` on the onnxruntime target: planned when safe mode times
+    it (``accept_maybe``), not when nothing would measure it; a generic target keeps the plain
+    refusal, and a fusion estimated slower stays refused."""
+    import dataclasses
+
+    m = parse_model(
+        """
+        graph g(%x: f32[128,768], %r: f32[128,768]) -> (%y) {
+          init %g: f32[768] = zeros
+          init %b: f32[768] = zeros
+          %s: f32[128,768] = Add(%x, %r) @add
+          %y: f32[128,768] = LayerNormalization<axis=-1>(%s, %g, %b) @ln
+        }
+        """
+    )
+    rules = RuleSet((builtin_rules().get("skip_layernorm"),))
+    rates = {"Add": 0.1, "LayerNormalization": 0.2, "SkipLayerNormalization": 0.33}
+    hw = dataclasses.replace(profile("cpuish", local_kb=4096), extra={"op_ns_per_element": rates})
+
+    def cand(**kw):
+        (c,) = by_source(analyze_model(m, rules, hw, clustering=False, **kw), "rule:skip_layernorm")
+        return c
+
+    plain = cand()
+    assert 0 < plain.cost.saving < 0.2 and plain.code == "skip-low-benefit", plain.message
+    close = cand(native_target=True)
+    assert not close.chosen and close.code == "maybe" and "close call" in close.message
+    assert cand(native_target=True, accept_maybe=True).chosen
+    slow = dataclasses.replace(
+        hw, extra={"op_ns_per_element": {**rates, "SkipLayerNormalization": 2.0}}
+    )
+    (slower,) = by_source(
+        analyze_model(m, rules, slow, clustering=False, native_target=True, accept_maybe=True),
+        "rule:skip_layernorm",
+    )
+    assert not slower.chosen and slower.code == "skip-low-benefit"
