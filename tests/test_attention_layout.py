@@ -4,13 +4,12 @@ Concats and head merge itself (3-D inputs, past/present), only when nothing else
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 from graph_autofusion.codegen.attention_layout import absorb_layout
-from graph_autofusion.frontend.onnx_export import to_onnx
 from graph_autofusion.ir.text import parse_model
 from graph_autofusion.runtime.interpreter import run_model
+from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.testing.rules import random_feeds
 
 TEXT = """model opset {{"": 23}}
@@ -34,9 +33,7 @@ graph g(%q3: f32[1,3,16], %k3: f32[1,3,8], %v3: f32[1,3,8], %pk: f32[1,2,4,4], %
 
 
 def _ort(model, feeds):
-    sess = ort.InferenceSession(
-        to_onnx(model).SerializeToString(), providers=["CPUExecutionProvider"]
-    )
+    sess = ort_session(model, "all")
     return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx.helper as oh
-import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
@@ -14,6 +13,7 @@ from graph_autofusion.errors import UnsupportedOperatorError
 from graph_autofusion.ir.core import Graph, Model, Value
 from graph_autofusion.ir.dtypes import DType
 from graph_autofusion.runtime.interpreter import run_model
+from graph_autofusion.runtime.ort_session import ort_session
 from tests.catalog_cases import CASES, MS, Case
 
 # Operators tested elsewhere (control flow needs subgraphs: tests/test_interpreter.py).
@@ -45,11 +45,7 @@ def _onnx_model(case: Case) -> onnx.ModelProto:
 
 
 def _run_ort(case: Case) -> list[np.ndarray]:
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(
-        _onnx_model(case).SerializeToString(), opts, providers=["CPUExecutionProvider"]
-    )
+    sess = ort_session(_onnx_model(case), "disable")
     feeds = {f"in{i}": a for i, a in enumerate(case.inputs) if a is not None}
     return sess.run(None, feeds)
 

@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 from graph_autofusion.codegen.gemm_reshape import flatten_gemms
-from graph_autofusion.frontend.onnx_export import to_onnx
 from graph_autofusion.ir.text import parse_model
+from graph_autofusion.runtime.ort_session import ort_session
 
 TEXT = """model opset {{"": 18}}
 graph g(%x: f32[B,S,8], %other: f32[B,S,4]) -> (%y) {{
@@ -34,10 +33,7 @@ graph g(%x: f32[B,S,8], %other: f32[B,S,4]) -> (%y) {{
 
 
 def _run(model, feeds):
-    sess = ort.InferenceSession(
-        to_onnx(model).SerializeToString(), providers=["CPUExecutionProvider"]
-    )
-    return sess.run(None, feeds)[0]
+    return ort_session(model, "all").run(None, feeds)[0]
 
 
 @pytest.mark.parametrize("tb", [0, 1])

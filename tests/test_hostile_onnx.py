@@ -27,6 +27,7 @@ from graph_autofusion.errors import (
     SampleInputError,
 )
 from graph_autofusion.frontend.onnx_frontend import to_onnx
+from graph_autofusion.runtime.ort_session import ort_session
 
 PROFILE = "x86_avx2"
 PEAK_LIMIT = 64 << 20  # bytes numpy may allocate while refusing a file
@@ -348,18 +349,14 @@ def test_ten_thousand_deep_chain_fuses(tmp_path, capsys):
     does."""
     import sys
 
-    import onnxruntime as ort
-
     assert sys.getrecursionlimit() <= 10_000
     path = tmp_path / "deep.onnx"
     onnx.save(deep_chain(), path)
     gaf = GraphAutoFusion(str(path), hardware=PROFILE)
     fused = gaf.fuse(check_speed=False)
     x = {"x": np.linspace(-2, 2, 16, dtype=np.float32).reshape(1, 16)}
-    want = ort.InferenceSession(path.read_bytes(), providers=["CPUExecutionProvider"]).run(None, x)
-    got = ort.InferenceSession(
-        to_onnx(fused).SerializeToString(), providers=["CPUExecutionProvider"]
-    ).run(None, x)
+    want = ort_session(path.read_bytes(), "all").run(None, x)
+    got = ort_session(fused, "all").run(None, x)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
     assert main(["-q", "inspect", str(path)]) == 0
     assert "10000" in capsys.readouterr().out

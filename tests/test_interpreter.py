@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx.helper as oh
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, numpy_helper
 
@@ -18,13 +17,13 @@ from graph_autofusion.runtime.interpreter import (
     ReferenceInterpreter,
     run_model,
 )
+from graph_autofusion.runtime.ort_session import ort_session
 
 rng = np.random.default_rng(1)
 
 
 def _ort(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)
+    return ort_session(model, "all").run(None, feeds)
 
 
 def _block_weights() -> dict[str, np.ndarray]:

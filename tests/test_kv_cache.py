@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from graph_autofusion.errors import GraphAutoFusionError
+from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.testing.models import (
     DECODER_NAMES,
     EXPORTERS,
@@ -52,9 +53,7 @@ def _free_module() -> Iterator[None]:
 
 
 def _session(path: Path) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    return ort_session(path, "all", 1)
 
 
 def _cache_arrays(cache) -> list[np.ndarray]:

@@ -13,6 +13,7 @@ import onnxruntime as ort
 import pytest
 
 from graph_autofusion.api import GraphAutoFusion
+from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.runtime.timing import use_timer
 from graph_autofusion.testing.models import (
     decoder_dims,
@@ -49,10 +50,7 @@ def _fused_is_faster(key, side, fn):
 
 
 def _session(model) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    data = model if isinstance(model, bytes) else model.SerializeToString()
-    return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+    return ort_session(model, "all", 1)
 
 
 @pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])

@@ -27,7 +27,7 @@ from graph_autofusion.api import GraphAutoFusion
 from graph_autofusion.cli import main
 from graph_autofusion.errors import SampleInputError
 from graph_autofusion.frontend import load_onnx
-from graph_autofusion.frontend.onnx_frontend import to_onnx
+from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.testing.kv_cache import (
     export_decoder,
     greedy_decode_ort,
@@ -46,13 +46,7 @@ GREEDY_STEPS = 19  # 20 generated tokens
 
 
 def _session(model) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    if isinstance(model, onnx.ModelProto):
-        data = model.SerializeToString()
-    else:
-        data = model if isinstance(model, str | bytes) else to_onnx(model).SerializeToString()
-    return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+    return ort_session(model, "all", 1)
 
 
 @functools.cache

@@ -18,6 +18,7 @@ from graph_autofusion.frontend.onnx_frontend import load_onnx, save_onnx
 from graph_autofusion.frontend.torch_frontend import from_torch
 from graph_autofusion.ir.verify import verify
 from graph_autofusion.runtime.interpreter import run_model
+from graph_autofusion.runtime.ort_session import ort_session as make_session
 from graph_autofusion.runtime.torch_runtime import TorchRunner
 from graph_autofusion.testing.models import (
     EXPORTERS,
@@ -33,10 +34,7 @@ ONNX_CASES = [c for c in ONNX_CASES if c[0] != "resnet50_bn" or c[1] == EXPORTER
 
 
 def ort_session(path) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    return make_session(path, "disable", 1)
 
 
 def feeds_for(session: ort.InferenceSession, name: str) -> dict[str, np.ndarray]:

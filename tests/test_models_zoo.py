@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from graph_autofusion.errors import GraphAutoFusionError
+from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.testing import (
     ALL_NAMES,
     EXPORTERS,
@@ -47,9 +48,7 @@ SENTENCES = [
 
 
 def _session(path: Path) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    return ort_session(path, "all", 1)
 
 
 @functools.cache

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
@@ -20,14 +19,13 @@ from graph_autofusion.frontend import load_onnx, to_onnx
 from graph_autofusion.frontend.onnx_frontend import check_model
 from graph_autofusion.ir import DType, Graph, Model, Value
 from graph_autofusion.ir.verify import verify
+from graph_autofusion.runtime.ort_session import ort_session
 
 RNG = np.random.default_rng(0)
 
 
 def run(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    sess = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    sess = ort_session(proto, "all", 1)
     return sess.run(None, feeds)
 
 

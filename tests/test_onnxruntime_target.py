@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 
 from graph_autofusion.codegen.onnxruntime import LowerReason, lower_onnxruntime
 from graph_autofusion.frontend.onnx_frontend import to_onnx
@@ -13,6 +12,7 @@ from graph_autofusion.patterns.candidates import match_rules
 from graph_autofusion.patterns.clustering import cluster
 from graph_autofusion.patterns.library import builtin_rules
 from graph_autofusion.patterns.rules import RuleSet
+from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.testing.rules import random_feeds
 
 TEXT = """
@@ -35,8 +35,7 @@ graph g(%x: f32[2,4,8], %res: f32[2,4,8]) -> (%y) {
 
 
 def run(proto, feeds):
-    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)[0]
+    return ort_session(proto, "all").run(None, feeds)[0]
 
 
 def test_native_forms_are_applied_and_the_rest_reported():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 from graph_autofusion.frontend.onnx_frontend import to_onnx
@@ -15,6 +14,7 @@ from graph_autofusion.patterns.pattern import PatternBuilder
 from graph_autofusion.patterns.rewrite import FUSED_DOMAIN, RewriteError
 from graph_autofusion.patterns.rules import FusionRule, RuleSet
 from graph_autofusion.runtime.interpreter import run_model
+from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.testing.rules import random_feeds
 
 p = PatternBuilder()
@@ -57,15 +57,8 @@ def test_generic_form_runs_in_onnxruntime():
     proto = to_onnx(model)
     onnx.checker.check_model(proto)
     feeds = random_feeds(original.graph)
-    for level in (
-        ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    ):
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = level
-        sess = ort.InferenceSession(
-            proto.SerializeToString(), opts, providers=["CPUExecutionProvider"]
-        )
+    for level in ("disable", "all"):
+        sess = ort_session(proto, level)
         (out,) = sess.run(None, feeds)
         np.testing.assert_allclose(out, run_model(original, feeds)["out"], rtol=1e-6)
 

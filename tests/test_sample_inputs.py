@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
@@ -21,6 +20,7 @@ from graph_autofusion.cli import main
 from graph_autofusion.errors import SampleInputError
 from graph_autofusion.frontend import load_onnx
 from graph_autofusion.frontend.onnx_frontend import to_onnx
+from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.verify.inputs import generate_inputs
 
 I64 = T.INT64
@@ -143,10 +143,7 @@ MODELS = {
 
 
 def _ort(proto: onnx.ModelProto, feeds) -> list[np.ndarray]:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    opts.log_severity_level = 4
-    sess = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    sess = ort_session(proto, "all", 1, log_severity=4)
     names = {i.name for i in sess.get_inputs()}
     return sess.run(None, {k: v for k, v in feeds.items() if k in names})
 

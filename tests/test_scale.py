@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 from graph_autofusion.cost.hardware import load_profile
@@ -21,6 +20,7 @@ from graph_autofusion.options import FuseOptions
 from graph_autofusion.patterns.library import builtin_rules
 from graph_autofusion.pipeline import fuse_model
 from graph_autofusion.planner.plan import _cycle_groups
+from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.testing.scale_graphs import NODES_PER_STAGE, hybrid_feeds, hybrid_stack
 
 STAGES = 5000 // NODES_PER_STAGE
@@ -29,12 +29,7 @@ CHAIN = 9_000
 
 
 def _run(model, feeds):
-    proto = to_onnx(model) if not isinstance(model, onnx.ModelProto) else model
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    opts.intra_op_num_threads = 1
-    sess = ort.InferenceSession(proto.SerializeToString(), opts, ["CPUExecutionProvider"])
-    return sess.run(None, feeds)
+    return ort_session(model, "disable", 1).run(None, feeds)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 from graph_autofusion.frontend.onnx_frontend import load_onnx, to_onnx
@@ -20,6 +19,7 @@ from graph_autofusion.ir.verify import verify
 from graph_autofusion.patterns.candidates import apply_matches, match_rules
 from graph_autofusion.patterns.library import builtin_rules
 from graph_autofusion.patterns.rules import PRESETS, RuleSet
+from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.testing import EXPORTERS, example_feeds, export_onnx
 from graph_autofusion.testing.rules import SOURCES, zoo_model
 
@@ -84,10 +84,7 @@ def test_every_preset_resolves_without_conflict(model, source):
 
 
 def _ort(model_bytes, feeds):
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 2
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
+    sess = ort_session(model_bytes, "disable", 2)
     wanted = {i.name for i in sess.get_inputs()}
     return sess.run(None, {k: v for k, v in feeds.items() if k in wanted})
 

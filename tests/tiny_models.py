@@ -6,10 +6,10 @@ import os
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 
 from graph_autofusion.frontend.onnx_frontend import to_onnx
 from graph_autofusion.ir.text import parse_model
+from graph_autofusion.runtime.ort_session import ort_session
 
 #: shipped profile: no host calibration in these tests
 PROFILE = "x86_avx2"
@@ -46,5 +46,5 @@ def run(path: str | os.PathLike[str], x: np.ndarray | None = None) -> np.ndarray
     """The model's output in onnxruntime on ``x`` (default: a fixed [2, 8] input)."""
     if x is None:
         x = np.linspace(-2, 2, 16, dtype=np.float32).reshape(2, 8)
-    sess = ort.InferenceSession(os.fspath(path), providers=["CPUExecutionProvider"])
+    sess = ort_session(path, "all")
     return sess.run(None, {"x": x})[0]

@@ -7,6 +7,7 @@ import pytest
 
 from graph_autofusion.patterns.library.attention import RULE
 from graph_autofusion.patterns.matcher import Reason
+from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.testing.rules import check_no_match, check_rule
 
 FUSED = "graph_autofusion.fused::Attention"
@@ -205,18 +206,15 @@ def test_zoo_models(model, source, count):
 
 # ------------------------------------------------------------------ native form (opset 23)
 def _ort_matches_reference(original, model, seed=0):
-    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     import numpy as np
 
-    from graph_autofusion.frontend.onnx_export import to_onnx
     from graph_autofusion.runtime.interpreter import run_model
     from graph_autofusion.testing.rules import random_feeds
 
     feeds = random_feeds(original.graph, seed)
     want = run_model(original, feeds)
-    sess = ort.InferenceSession(
-        to_onnx(model).SerializeToString(), providers=["CPUExecutionProvider"]
-    )
+    sess = ort_session(model, "all")
     names = [o.name for o in sess.get_outputs()]
     for name, got in zip(names, sess.run(None, feeds)):
         np.testing.assert_allclose(got, want[name], rtol=1e-4, atol=1e-5, err_msg=name)

@@ -12,6 +12,7 @@ from graph_autofusion.patterns.library.rmsnorm import RULE
 from graph_autofusion.patterns.matcher import Reason
 from graph_autofusion.patterns.rules import RuleSet
 from graph_autofusion.runtime.interpreter import run_model
+from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.testing.rules import check_no_match, check_rule, random_feeds
 
 GRAPH = """
@@ -166,8 +167,7 @@ def test_native_declines_a_narrowing_cast():
 
 
 def test_native_rewrite_runs_in_onnxruntime():
-    ort = pytest.importorskip("onnxruntime")
-    from graph_autofusion.frontend.onnx_export import to_onnx
+    pytest.importorskip("onnxruntime")
 
     for reduce, op in (("input", STANDARD), ("attr", NATIVE)):  # raised to opset 23, or not
         text = graph("mul", reduce, "reciprocal", "both")
@@ -175,9 +175,7 @@ def test_native_rewrite_runs_in_onnxruntime():
         model = check_rule(RULE, text, matches=1, ops_after=[op], native=True, rtol=1e-4)
         feeds = random_feeds(original.graph, 5)
         want = run_model(original, feeds)["y"]
-        sess = ort.InferenceSession(
-            to_onnx(model).SerializeToString(), providers=["CPUExecutionProvider"]
-        )
+        sess = ort_session(model, "all")
         np.testing.assert_allclose(sess.run(None, feeds)[0], want, rtol=1e-4, atol=1e-5)
 
 

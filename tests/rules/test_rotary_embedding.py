@@ -7,6 +7,7 @@ import pytest
 
 from graph_autofusion.patterns.library.rotary_embedding import RULE
 from graph_autofusion.patterns.matcher import Reason
+from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.testing.rules import check_no_match, check_rule
 
 FUSED = "graph_autofusion.fused::RotaryEmbedding"
@@ -181,10 +182,8 @@ def test_native_form_is_the_opset_23_operator_with_shared_half_tables():
     """q and k rotated with tables built as concat(freqs, freqs) (Llama): two RotaryEmbedding
     nodes on the half tables; each match slices its own, identical ones are merged after."""
     import numpy as np
-    import onnxruntime as ort
 
     from graph_autofusion.codegen.onnxruntime import Lowered, share_created
-    from graph_autofusion.frontend.onnx_export import to_onnx
     from graph_autofusion.ir.text import parse_model
     from graph_autofusion.runtime.interpreter import run_model
     from graph_autofusion.testing.rules import random_feeds
@@ -201,9 +200,7 @@ def test_native_form_is_the_opset_23_operator_with_shared_half_tables():
     original = parse_model(text)
     feeds = random_feeds(original.graph, 0)
     want = run_model(original, feeds)
-    sess = ort.InferenceSession(
-        to_onnx(model).SerializeToString(), providers=["CPUExecutionProvider"]
-    )
+    sess = ort_session(model, "all")
     for name, got in zip(("y", "yk"), sess.run(None, feeds)):
         np.testing.assert_allclose(got, want[name], rtol=1e-4, atol=1e-5)
 

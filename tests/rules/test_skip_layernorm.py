@@ -11,6 +11,7 @@ from graph_autofusion.patterns.library.skip_layernorm import RULE
 from graph_autofusion.patterns.matcher import Reason
 from graph_autofusion.patterns.rules import RuleSet
 from graph_autofusion.runtime.interpreter import run_model
+from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.testing.rules import check_no_match, check_rule, random_feeds
 
 GRAPH = """
@@ -117,17 +118,14 @@ def test_native_declines_when_mean_output_is_read():
 
 
 def test_native_rewrite_runs_in_onnxruntime():
-    ort = pytest.importorskip("onnxruntime")
-    from graph_autofusion.frontend.onnx_export import to_onnx
+    pytest.importorskip("onnxruntime")
 
     text = graph("bias", beta="", outs="%y, %z")
     original = parse_model(text)
     model = check_rule(RULE, text, matches=1, ops_after=[MS_SKIP, "Add"], native=True)
     feeds = random_feeds(original.graph, 3)
     want = run_model(original, feeds)
-    sess = ort.InferenceSession(
-        to_onnx(model).SerializeToString(), providers=["CPUExecutionProvider"]
-    )
+    sess = ort_session(model, "all")
     got = sess.run(None, feeds)
     for name, value in zip([o.name for o in sess.get_outputs()], got):
         np.testing.assert_allclose(value, want[name], rtol=1e-4, atol=1e-5)
