@@ -276,3 +276,29 @@ def test_fp16_weights_in_the_onnxruntime_session_are_the_model_s():
     m = _HalfHead().half()
     graphs = _compile_and_run(m, [(torch.randn(1, 12, 64).half(),)], atol=2e-2)
     assert [g.engine for g in graphs] == ["onnxruntime"], [g.summary() for g in graphs]
+
+
+# ----- F8: index.Tensor with several index tensors of symbolic size -----------------------------
+class _PaddingMaskLookup(torch.nn.Module):
+    """transformers' mask construction: the padding mask read at ``[batch, kv positions]``
+    with index tensors of symbolic length (GPT-2's graph after the first length)."""
+
+    def forward(self, x, mask):
+        n = x.shape[1]
+        b = torch.arange(mask.shape[0]).view(-1, 1, 1, 1)
+        kv = torch.arange(n).view(1, 1, 1, -1)
+        keep = mask.bool()[b, kv]  # (B, 1, 1, n)
+        scores = (x @ x.transpose(-1, -2)).unsqueeze(1)
+        return torch.softmax(scores.masked_fill(~keep, -1e4), -1), x[b[:, 0], kv[:, 0]]
+
+
+def test_index_with_several_symbolic_index_tensors_runs_on_onnxruntime():
+    torch.manual_seed(0)
+    calls = []
+    for n in (5, 8, 11):
+        mask = torch.ones(2, n, dtype=torch.long)
+        mask[1, -2:] = 0
+        calls.append((torch.randn(2, n, 8), mask))
+    graphs = _compile_and_run(_PaddingMaskLookup(), calls)
+    assert len(graphs) == 2 and graphs[-1].calls == 2
+    assert [g.engine for g in graphs] == ["onnxruntime"] * 2, [g.summary() for g in graphs]

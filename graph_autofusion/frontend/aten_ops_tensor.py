@@ -11,7 +11,9 @@ slice.Tensor                                       Slice(starts, ends, axes, ste
                                                    it selects the whole axis
 select.int                                         Gather(x, scalar index, axis)
 index.Tensor (integer indices)                     Gather (one index) or Transpose + GatherND
-                                                   (+ Transpose back) for several indices
+                                                   (+ Transpose back) for several indices, each
+                                                   Expanded to their broadcast shape (symbolic:
+                                                   the Shape of their sum)
 index_select / gather                              Gather / GatherElements
 scatter / scatter_add                              ScatterElements(reduction)
 cat / stack                                        Concat / Unsqueeze + Concat
@@ -145,17 +147,25 @@ def _index(cx: ConvertContext, x: Any, indices: Any) -> Value:
     if len(pos) == 1:
         return cx.op("Gather", [xv, cx.v(indices[pos[0]], DType.INT64)], {"axis": pos[0]})
     shapes = [cx.shape(indices[i]) for i in pos]
-    if not all(_static(s) for s in shapes):
+    if any(s is None for s in shapes):
         return cx.opaque(cx.node.target, (x, indices), {})
-    bshape = list(np.broadcast_shapes(*[tuple(s) for s in shapes]))
+    ivs = [cx.v(indices[i], DType.INT64) for i in pos]
+    if all(_static(s) for s in shapes):
+        bshape: list[Any] = list(np.broadcast_shapes(*[tuple(s) for s in shapes]))
+        target = cx.ints(bshape)
+    else:  # symbolic sizes (a mask read at [batch, kv positions]): broadcast at run time
+        bshape = [None] * max(len(s) for s in shapes)
+        total = ivs[0]
+        for iv in ivs[1:]:
+            total = cx.op("Add", [total, iv])
+        target = cx.op("Shape", [total])
     perm = pos + [d for d in range(rank) if d not in pos]
     if perm != list(range(rank)):
         xv = cx.op("Transpose", [xv], {"perm": perm})
     parts = []
-    for i in pos:
-        iv = cx.v(indices[i], DType.INT64)
+    for iv in ivs:
         if list(iv.shape) != bshape:
-            iv = cx.op("Expand", [iv, cx.ints(bshape)])
+            iv = cx.op("Expand", [iv, target])
         parts.append(cx.op("Unsqueeze", [iv, cx.ints([len(bshape)])]))
     out = cx.op("GatherND", [xv, cx.op("Concat", parts, {"axis": -1})], {"batch_dims": 0})
     adjacent = pos == list(range(pos[0], pos[0] + len(pos)))
