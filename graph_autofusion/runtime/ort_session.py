@@ -104,9 +104,11 @@ def in_place_weights(arrays: Mapping[str, Any]) -> dict[str, np.ndarray]:
 
 def _session_in_place(src: Any, so: Any, arrays: Mapping[str, np.ndarray]) -> Any:
     """A session whose initializers ``arrays`` are onnxruntime values over the arrays' memory
-    (``SessionOptions.add_initializer``). The model declares them as external data in a sparse
-    placeholder file that onnxruntime never reads (the values given here replace them); the
-    placeholder lives in a temporary folder only while the session is created."""
+    (``SessionOptions.add_initializer``). The model declares them as external data in a
+    placeholder file holding the same bytes, which lives in a temporary folder only while the
+    session is created: the session runs on the values given here, but onnxruntime's graph
+    optimizer reads some initializers from the model's own data (an fp16 MatMul's weight), so
+    the placeholder must hold the real bytes, not zeros."""
     import tempfile
 
     import onnx
@@ -114,24 +116,30 @@ def _session_in_place(src: Any, so: Any, arrays: Mapping[str, np.ndarray]) -> An
 
     proto = onnx.load_from_string(src) if isinstance(src, bytes) else onnx.load(src)
     values = {}
+    offsets: dict[str, int] = {}
+    end = 0
     for init in proto.graph.initializer:
         a = arrays.get(init.name)
         if a is None:
             continue
+        offsets[init.name] = end
+        end += -(-a.nbytes // 4096) * 4096
         init.ClearField("raw_data")
         for field in ("float_data", "double_data", "int32_data", "int64_data"):
             init.ClearField(field)
         init.data_location = onnx.TensorProto.EXTERNAL
         del init.external_data[:]
-        for key, val in (("location", "weights.bin"), ("offset", "0"), ("length", str(a.nbytes))):
+        place = (("location", "weights.bin"), ("offset", str(offsets[init.name])))
+        for key, val in (*place, ("length", str(a.nbytes))):
             entry = init.external_data.add()
             entry.key, entry.value = key, val
         values[init.name] = ort.OrtValue.ortvalue_from_numpy(a)
         so.add_initializer(init.name, values[init.name])
     with tempfile.TemporaryDirectory(prefix="autofusion-ort-") as d:
-        size = max((a.nbytes for a in arrays.values()), default=0)
         with open(os.path.join(d, "weights.bin"), "wb") as f:
-            f.truncate(size)  # sparse: no disk, never read
+            for name, offset in offsets.items():
+                f.seek(offset)
+                f.write(memoryview(arrays[name]).cast("B"))
         path = os.path.join(d, "model.onnx")
         onnx.save(proto, path)
         sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
