@@ -72,16 +72,23 @@ def median_us(
 
 
 def round_robin(
-    fns: Mapping[str, Callable[[], object]], runs: int, warmup: int = 3
+    fns: Mapping[str, Callable[[], object]], runs: int, warmup: int = 3, *, rotate: bool = False
 ) -> dict[str, list[float]]:
     """Each function ``warmup`` times, then ``runs`` rounds of one call of each in turn;
-    returns the seconds of every timed call by name."""
+    returns the seconds of every timed call by name.
+
+    ``rotate``: round ``r`` starts at the ``r``-th function (``a b c``, ``b c a``, ``c a b``...),
+    so no function always runs right after the same neighbour (a cache or a frequency state
+    one leaves behind is shared out); off, every round runs them in the mapping's order."""
     times: dict[str, list[float]] = {k: [] for k in fns}
+    names = list(fns)
     for f in fns.values():
         for _ in range(warmup):
             f()
-    for _ in range(runs):
-        for k, f in fns.items():
+    for r in range(runs):
+        shift = r % len(names) if rotate and names else 0
+        for k in names[shift:] + names[:shift]:
+            f = fns[k]
             t = time.perf_counter()
             f()
             times[k].append(time.perf_counter() - t)
