@@ -212,10 +212,8 @@ def onnx_engine(
 
     if engine == "ort_all":
         return ort_session(path, "all", THREADS), {}
-    if engine == "openvino":
-        import openvino
-
-        return OpenVINOSession(path), {"version": openvino.__version__}
+    if engine == "openvino":  # raises Unavailable when openvino is not installed
+        return OpenVINOSession(path), {}
     stem = os.path.join(tmp, f"{engine}-{Path(path).stem}")
     if engine == "ort_opt":
         again = str(path) in _OPTIMIZED
