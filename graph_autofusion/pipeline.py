@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -325,6 +325,7 @@ def fuse_model(
     feeds: Mapping[str, Any] | None = None,
     progress: Callable[[str, int, int], None] | None = None,
     dump_dir: Any = None,
+    keys: Sequence[str] | None = None,
 ) -> FuseResult:
     """Fuse ``original`` for onnxruntime (see the module docstring). ``original`` is not
     modified. ``options``: the :class:`~graph_autofusion.options.FuseOptions` record (default
@@ -334,7 +335,8 @@ def fuse_model(
     ``speed_margin``, ``cosine_floor``, ``mc_samples`` and ``e2e_cosine_floor`` drive safe
     mode; ``benefit_threshold``, ``strategy``, ``clustering`` and ``max_cluster_*`` the plan.
     ``dump_dir``: write each stage's artifact there (``plan.json``, ``lowered.txt``,
-    ``fused.onnx``).
+    ``fused.onnx``). ``keys``: a saved plan's candidate keys, lowered instead of the
+    analysis' choice (found again by matching; safe mode still checks each).
 
     ``options.custom_ops``: planned groups with no onnxruntime operator become generated
     kernels in one custom-operator library (``result.custom_ops``, :mod:`graph_autofusion.
@@ -344,7 +346,7 @@ def fuse_model(
     from graph_autofusion.pipeline_ort_kernels import CustomOps, CustomOpsUnavailable
 
     options = (options or FuseOptions()).replace(target="onnxruntime")
-    args = dict(feeds=feeds, progress=progress, dump_dir=dump_dir)
+    args = dict(feeds=feeds, progress=progress, dump_dir=dump_dir, saved_keys=keys)
     notes: list[str] = []
     custom = CustomOps.start(options.custom_ops, options.codegen, notes)
     if custom is not None:
@@ -368,6 +370,7 @@ def _fuse_model(
     dump_dir: Any,
     custom: Any,
     notes: list[str],
+    saved_keys: Sequence[str] | None = None,
 ) -> FuseResult:
     from graph_autofusion.verify.inputs import generate_inputs
     from graph_autofusion.verify.sample_inputs import own_copy
@@ -397,7 +400,10 @@ def _fuse_model(
     dump_artifact(dump_dir, "plan.json", lambda: to_json(analysis.to_dict()))
     t = time.perf_counter()
     custom_refused = custom.prepare(work, analysis, _target) if custom is not None else []
-    lowering, keys = _lower(work, native, None, analysis, custom)
+    if saved_keys is not None:
+        lowering, keys = _lower(work, native, list(saved_keys), None, custom)
+    else:
+        lowering, keys = _lower(work, native, None, analysis, custom)
     not_lowered = list(lowering.not_lowered) + custom_refused
     for rm in match_rules(original.graph, generic_only).kept if custom is None else ():
         not_lowered.append(

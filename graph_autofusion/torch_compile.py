@@ -232,12 +232,18 @@ class CompiledGraph:
         if engine == "onnxruntime":
             from graph_autofusion.torch_ort import build_ort_program
 
+            keys = None
+            if self.config.saved_plan is not None:
+                from graph_autofusion.torch_module import graph_fingerprint
+
+                keys = self.config.saved_plan.get(graph_fingerprint(imported.model))
             program, self.ort_result = build_ort_program(
                 imported,
                 args,
                 self.config.ruleset(),
                 self.config.hardware,
                 self.config.options,
+                keys=keys,
             )
         else:
             program = self._torch_program(imported, args, outs)

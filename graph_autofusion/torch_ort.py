@@ -30,7 +30,6 @@ import torch
 
 from graph_autofusion.errors import GraphAutoFusionError
 
-
 #: initializer dtypes the session never reads in place (see :class:`OrtGraphProgram`)
 _NOT_IN_PLACE = (np.dtype(np.float16),)
 
@@ -99,9 +98,11 @@ def build_ort_program(
     rules: Any,
     profile: Any,
     options: Any,
+    keys: Sequence[str] | None = None,
 ) -> tuple[OrtGraphProgram, Any]:
     """Fuse the imported graph with the ONNX route (safe mode on this call's inputs) and open
-    its session. Returns the program and the ONNX route's ``FuseResult``.
+    its session (``keys``: a saved plan's fusions instead of planning). Returns the program and
+    the ONNX route's ``FuseResult``.
 
     Raises:
         OrtEngineRefused: onnxruntime cannot run the graph, or the fused model fails to load.
@@ -116,7 +117,7 @@ def build_ort_program(
     opts = options.replace(target="onnxruntime", custom_ops=False)
     try:
         with torch.no_grad():
-            result = fuse_model(model, rules, profile, options=opts, feeds=feeds)
+            result = fuse_model(model, rules, profile, options=opts, feeds=feeds, keys=keys)
     except GraphAutoFusionError as exc:
         raise OrtEngineRefused(f"the ONNX route failed: {exc}") from exc
     try:

@@ -64,10 +64,10 @@ def test_fuse_returns_a_drop_in_module_that_generates_the_same_tokens(tmp_path):
     assert (out / PLAN_FILE).exists() and (out / "config.json").exists()
     torch._dynamo.reset()
     loaded = load_fused(transformers.LlamaForCausalLM.from_pretrained(out), out)
-    graph = loaded.autofusion.graphs[0]
-    assert graph.plan_source == "saved"
-    assert [low.key for low in graph.result.lowered] == [
-        low.key for low in info.graphs[0].result.lowered
+    graph, saved = loaded.autofusion.graphs[0], info.graphs[0]
+    assert graph.plan_source == "saved" and graph.engine == saved.engine  # the same engine
+    assert [low.key for low in info.engine_results()[0].lowered] == [
+        low.key for low in loaded.autofusion.engine_results()[0].lowered
     ]
     with torch.no_grad():
         assert torch.allclose(loaded(ids).logits, want_logits, atol=1e-4)
