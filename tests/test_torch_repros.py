@@ -302,3 +302,78 @@ def test_index_with_several_symbolic_index_tensors_runs_on_onnxruntime():
     graphs = _compile_and_run(_PaddingMaskLookup(), calls)
     assert len(graphs) == 2 and graphs[-1].calls == 2
     assert [g.engine for g in graphs] == ["onnxruntime"] * 2, [g.summary() for g in graphs]
+
+
+# ----- F9: a sliding-window cache's sizes: sym_max, and a size Dynamo specialized ---------------
+class _SlidingPositions(torch.nn.Module):
+    """Positions start at ``max(total - window, 0)`` (``torch.sym_max`` once ``total`` is
+    symbolic), and a branch on ``total == 9`` makes Dynamo specialize the symbolic ``total`` of
+    that call's graph to 9 while still passing it as a graph input (Gemma2's and Mistral's
+    sliding-window ``cumulative_length`` in ``generate()``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.pos = torch.nn.Embedding(64, 8)
+
+    def forward(self, x, total: int):
+        start = max(total - 6, 0)
+        y = self.lin(x) + self.pos(torch.arange(start, start + x.shape[1]))
+        if total == 9:
+            y = y * 2
+        return torch.relu(y) * total
+
+
+def test_sliding_window_sizes_compile():
+    torch.manual_seed(0)
+    calls = [
+        (torch.randn(1, 3, 8, generator=torch.Generator().manual_seed(t)), t)
+        for t in (4, 9, 11, 12)
+    ]
+    graphs = _compile_and_run(_SlidingPositions(), calls)
+    assert len(graphs) == 3 and graphs[-1].calls == 2  # static, total fixed to 9, symbolic
+
+
+# ----- F10: functionalized slice assignment (slice_scatter, copy) -------------------------------
+class _ShiftRight(torch.nn.Module):
+    """BART's ``shift_tokens_right``: ids written one place to the right into a new tensor,
+    a start token at 0 (``slice_scatter`` and ``copy`` once functionalized)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(100, 8)
+
+    def forward(self, ids):
+        shifted = ids.new_zeros(ids.shape)
+        shifted[:, 1:] = ids[:, :-1].clone()
+        shifted[:, 0] = 2
+        middle = torch.zeros(ids.shape[0], ids.shape[1], 8)
+        middle[:, 1:-1] = self.emb(ids)[:, 1:-1]
+        return self.emb(shifted) + middle, shifted
+
+
+def test_slice_assignment_into_a_new_tensor():
+    calls = [(_ids(n, n),) for n in (6, 9, 13)]
+    graphs = _compile_and_run(_ShiftRight(), calls)
+    assert len(graphs) == 2 and graphs[-1].calls == 2
+    assert [g.engine for g in graphs] == ["onnxruntime"] * 2, [g.summary() for g in graphs]
+
+
+# ----- F11: nearest interpolation ---------------------------------------------------------------
+class _NearestUp(torch.nn.Module):
+    """A UNet decoder's nearest upsampling, by size and by scale."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x, skip):
+        y = F.interpolate(self.conv(x), size=skip.shape[-2:], mode="nearest")
+        z = F.interpolate(x, scale_factor=2.0, mode="nearest")
+        return torch.relu(y + skip), z * 2.0
+
+
+def test_nearest_interpolation():
+    torch.manual_seed(0)
+    graphs = _compile_and_run(_NearestUp(), [(torch.randn(1, 4, 5, 6), torch.randn(1, 4, 11, 13))])
+    assert [g.engine for g in graphs] == ["onnxruntime"], [g.summary() for g in graphs]

@@ -15,6 +15,7 @@ avg_pool2d                                         AveragePool(count_include_pad
 adaptive_avg_pool2d                                GlobalAveragePool (1x1) / AveragePool
 upsample_(bi/tri)linear(1/2/3)d.vec               Resize(mode=linear, align_corners or
                                                    pytorch_half_pixel; sizes or scales)
+upsample_nearest(1/2/3)d.vec                       Resize(mode=nearest, asymmetric, floor)
 embedding                                          Gather(W, ids, axis=0)
 scaled_dot_product_attention                       MatMul(q, Transpose(k)), Mul(scale),
                                                    Add(mask) (bool mask -> Where(m, 0, -inf),
@@ -272,13 +273,28 @@ def _adaptive_avg_pool(cx: ConvertContext, x, output_size):
 
 @aten_op("upsample_linear1d.vec", "upsample_bilinear2d.vec", "upsample_trilinear3d.vec")
 def _upsample_linear(cx: ConvertContext, x, output_size, align_corners, scale_factors=None):
-    xv = cx.v(x)
     attrs = {
         "mode": "linear",
         "coordinate_transformation_mode": "align_corners"
         if align_corners
         else "pytorch_half_pixel",
     }
+    return _resize(cx, x, output_size, scale_factors, attrs)
+
+
+@aten_op("upsample_nearest1d.vec", "upsample_nearest2d.vec", "upsample_nearest3d.vec")
+def _upsample_nearest(cx: ConvertContext, x, output_size, scale_factors=None):
+    # torch's nearest: source index floor(dst * in / out), or floor(dst / scale)
+    attrs = {
+        "mode": "nearest",
+        "coordinate_transformation_mode": "asymmetric",
+        "nearest_mode": "floor",
+    }
+    return _resize(cx, x, output_size, scale_factors, attrs)
+
+
+def _resize(cx: ConvertContext, x, output_size, scale_factors, attrs) -> Any:
+    xv = cx.v(x)
     if output_size is None:  # the scale factors, as torch uses them (1 / scale per axis)
         scales = cx.const([1.0, 1.0, *scale_factors], DType.FLOAT, "scales")
         return cx.op("Resize", [xv, None, scales], attrs)

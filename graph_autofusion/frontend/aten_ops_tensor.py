@@ -9,6 +9,8 @@ expand                                             Expand(x, shape)
 unsqueeze / squeeze(.dim/.dims)                    Unsqueeze / Squeeze (axes as input)
 slice.Tensor                                       Slice(starts, ends, axes, steps); no node when
                                                    it selects the whole axis
+slice_scatter (step 1)                             Concat(Slice before, src, Slice after)
+copy                                               Expand(Cast(src), Shape(x))
 select.int                                         Gather(x, scalar index, axis)
 index.Tensor (integer indices)                     Gather (one index) or Transpose + GatherND
                                                    (+ Transpose back) for several indices, each
@@ -127,6 +129,48 @@ def _slice(
     if isinstance(size, int) and start == 0 and step == 1 and isinstance(end, int) and end >= size:
         return xv
     return cx.op("Slice", [xv, cx.ints([start]), cx.ints([end]), cx.ints([dim]), cx.ints([step])])
+
+
+@aten_op("slice_scatter.default")
+def _slice_scatter(
+    cx: ConvertContext,
+    x: Any,
+    src: Any,
+    dim: int = 0,
+    start: Any = None,
+    end: Any = None,
+    step: int = 1,
+) -> Value:
+    """``x`` with ``src`` written over ``x[start:end]`` along ``dim`` (a functionalized
+    ``y[:, 1:] = ...``, BART's ``shift_tokens_right``): the parts of ``x`` before and after,
+    concatenated around ``src``."""
+    xv = cx.v(x)
+    if step != 1 or xv.shape is None:
+        return cx.opaque(cx.node.target, (x, src, dim, start, end, step), {})
+    dim %= len(xv.shape)
+    sv = cx.v(src, xv.dtype)
+    start = 0 if start is None else start
+    end = INT64_MAX if end is None else end
+    size = xv.shape[dim]
+    axes, one = cx.ints([dim]), cx.ints([1])
+    parts = []
+    if not (isinstance(start, int) and start == 0):
+        parts.append(cx.op("Slice", [xv, cx.ints([0]), cx.ints([start]), axes, one]))
+    parts.append(sv)
+    if not (isinstance(end, int) and (end >= INT64_MAX or (isinstance(size, int) and end >= size))):
+        parts.append(cx.op("Slice", [xv, cx.ints([end]), cx.ints([INT64_MAX]), axes, one]))
+    return parts[0] if len(parts) == 1 else cx.op("Concat", parts, {"axis": dim})
+
+
+@aten_op("copy.default")
+def _copy(cx: ConvertContext, x: Any, src: Any, non_blocking: bool = False) -> Value:
+    """The functional ``x.copy_(src)``: ``src`` in ``x``'s dtype, broadcast to ``x``'s shape."""
+    xv = cx.v(x)
+    sv = cx.v(src, xv.dtype)
+    if xv.shape is not None and sv.shape is not None and tuple(sv.shape) == tuple(xv.shape):
+        return sv
+    shape = cx.ints(list(xv.shape)) if _static(xv.shape) else cx.op("Shape", [xv])
+    return cx.op("Expand", [sv, shape])
 
 
 @aten_op("select.int", "select_copy.int")

@@ -83,6 +83,8 @@ _PY_OPS = {
     operator.floordiv: "Div",
     operator.truediv: "Div",
     operator.mod: "Mod",
+    torch.sym_max: "Max",  # sliding-window caches: max(cache length, window)
+    torch.sym_min: "Min",
 }
 
 
@@ -142,7 +144,8 @@ class _FxWrapper(torch.nn.Module):
     wrapper when a user tensor carries the same symbol: it is read from that tensor's size
     (``sizes[i] = (user tensor index, axis)``), so the export sees it as ``sym_size``. One no
     tensor carries is a user input (an ``int``) of its own; another placeholder of the same
-    symbol reads it (``sizes[i] = (user input index, None)``).
+    symbol reads it (``sizes[i] = (user input index, None)``). One Dynamo specialized to a
+    number while tracing is that number (``fixed[i]``).
     """
 
     def __init__(
@@ -151,6 +154,7 @@ class _FxWrapper(torch.nn.Module):
         consts: dict[int, tuple[str, torch.Tensor]],
         n_inputs: int,
         sizes: dict[int, tuple[int, int | None]] | None = None,
+        fixed: dict[int, int] | None = None,
     ) -> None:
         super().__init__()
         self.gm = gm
@@ -161,6 +165,7 @@ class _FxWrapper(torch.nn.Module):
             self._slots[i] = key
         self.fqns = {f"c{i}": name for i, (name, _) in consts.items()}
         self._sizes = dict(sizes or {})
+        self._fixed = dict(fixed or {})
 
     def forward(self, *user: Any) -> Any:
         it = iter(user)
@@ -168,6 +173,8 @@ class _FxWrapper(torch.nn.Module):
         for i, s in enumerate(self._slots):
             if s is not None:
                 full.append(getattr(self, s))
+            elif i in self._fixed:
+                full.append(self._fixed[i])
             elif i in self._sizes:
                 k, axis = self._sizes[i]
                 full.append(user[k] if axis is None else user[k].shape[axis])
@@ -192,6 +199,15 @@ def _state_name(placeholder: str) -> str:
     name = re.sub(r"^L_self_|^L_", "", placeholder).rstrip("_")
     name = re.sub(r"_modules_|modules_|_parameters_|_buffers_", ".", name)
     return name.strip(".")
+
+
+def _specialized(x: Any) -> int | None:
+    """The value of a ``SymInt`` placeholder Dynamo specialized while tracing (its expression
+    is a number, guarded on the frame: a sliding-window cache's ``cumulative_length``), else
+    ``None``."""
+    if isinstance(x, torch.SymInt) and getattr(x.node.expr, "is_Integer", False):
+        return int(x.node.expr)
+    return None
 
 
 def _symbol(x: Any) -> str | None:
@@ -243,6 +259,7 @@ def import_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> FxImpo
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     consts: dict[int, tuple[str, torch.Tensor]] = {}
     sym_inputs: dict[int, str] = {}
+    fixed: dict[int, int] = {}
     user_index: list[int] = []
     for i, (ph, x) in enumerate(zip(placeholders, example_inputs)):
         is_state = (
@@ -252,9 +269,12 @@ def import_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> FxImpo
         ev = ph.meta.get("example_value", x)
         if isinstance(ev, torch.SymInt) or isinstance(x, torch.SymInt):
             sym = _symbol(ev if isinstance(ev, torch.SymInt) else x)
-            if sym is None:
+            if sym is not None:
+                sym_inputs[i] = sym
+            elif (value := _specialized(ev)) is not None:
+                fixed[i] = value  # Dynamo fixed it to this value (and guards it): a constant
+            else:
                 raise FrontendError(f"symbolic input {ph.name} ({ev}) is not a plain size")
-            sym_inputs[i] = sym
         elif is_state and isinstance(x, torch.Tensor):
             consts[i] = (_state_name(ph.name), x)
         else:
@@ -298,7 +318,7 @@ def import_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> FxImpo
         for i, sym in sym_inputs.items()
         if i not in position
     }
-    wrapper = _FxWrapper(gm, consts, len(placeholders), sizes)
+    wrapper = _FxWrapper(gm, consts, len(placeholders), sizes, fixed)
     real = [x.detach() if isinstance(x, torch.Tensor) else x for x in user]
     try:
         ep = torch.export.export(
@@ -412,7 +432,11 @@ def convert_exported_program(
     names = _output_names(ep, len(outputs))
     outs: list[Value] = []
     for spec, out_name in zip(outputs, names):
-        res = cx.env[spec.arg.name] if hasattr(spec.arg, "name") else spec.arg.value
+        arg = spec.arg
+        if isinstance(arg, torch.export.graph_signature.ConstantArgument):
+            res = arg.value  # a number the export computed (its name is empty)
+        else:
+            res = cx.env[arg.name] if hasattr(arg, "name") else arg.value
         v = cx.v(res)
         if v.producer is None or any(v is o for o in outs):
             v = graph.make_node("Identity", [v]).outputs[0]
