@@ -377,3 +377,28 @@ def test_nearest_interpolation():
     torch.manual_seed(0)
     graphs = _compile_and_run(_NearestUp(), [(torch.randn(1, 4, 5, 6), torch.randn(1, 4, 11, 13))])
     assert [g.engine for g in graphs] == ["onnxruntime"], [g.summary() for g in graphs]
+
+
+# ----- F12: a pointwise convolution's weight read in place by onnxruntime -----------------------
+class _Pointwise(torch.nn.Module):
+    """MobileNet's expansion: a 1x1 convolution with a 96 KB weight (read in place), then
+    BatchNorm (folded into it) and ReLU6. onnxruntime's ``all`` level transforms a 1x1 Conv's
+    weight while it creates the session, from the model's bytes: before the placeholder held
+    the real bytes, that gave zeros (MobileNetV2 and ViT's onnxruntime engines, cosine 0)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(96, 256, 1)
+        self.bn = torch.nn.BatchNorm2d(256)
+
+    def forward(self, x):
+        return F.relu6(self.bn(self.conv(x)))
+
+
+def test_pointwise_convolution_weights_in_the_onnxruntime_session_are_the_model_s():
+    torch.manual_seed(0)
+    m = _Pointwise()
+    m.bn.running_mean.uniform_(-0.5, 0.5)
+    m.bn.running_var.uniform_(0.5, 2.0)
+    graphs = _compile_and_run(m, [(torch.randn(1, 96, 8, 8),)])
+    assert [g.engine for g in graphs] == ["onnxruntime"], [g.summary() for g in graphs]
