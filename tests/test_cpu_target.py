@@ -65,7 +65,9 @@ def check_cpu_result(gaf, plan, original_path, feeds):
 def test_zoo_model_through_the_cpu_target(name, exporter):
     path = export_onnx(name, exporter)
     feeds = example_feeds(name)
-    gaf, plan = fuse_cpu(path, feeds)
+    # a shipped profile: on this machine's calibration ResNet-50's groups can all be close
+    # calls (maybe), which a fuse without speed checks does not plan
+    gaf, plan = fuse_cpu(path, feeds, hardware="x86_avx2")
     r = check_cpu_result(gaf, plan, path, feeds)
     if name != "lstm":  # the LSTM export is one opaque LSTM node and a few layout ops
         assert r.lowered, r.analysis.code_counts()
