@@ -304,21 +304,23 @@ def test_index_with_several_symbolic_index_tensors_runs_on_onnxruntime():
     assert [g.engine for g in graphs] == ["onnxruntime"] * 2, [g.summary() for g in graphs]
 
 
-# ----- F9: a sliding-window cache's sizes: sym_max, and a size Dynamo specialized ---------------
+# ----- F9: a sliding-window cache's sizes: sym_max, sym_sum, a size Dynamo specialized -----------
 class _SlidingPositions(torch.nn.Module):
-    """Positions start at ``max(total - window, 0)`` (``torch.sym_max`` once ``total`` is
-    symbolic), and a branch on ``total == 9`` makes Dynamo specialize the symbolic ``total`` of
-    that call's graph to 9 while still passing it as a graph input (Gemma2's and Mistral's
-    sliding-window ``cumulative_length`` in ``generate()``)."""
+    """Positions start at ``max(total - window, 0)`` and end at a sum of three sizes
+    (``torch.sym_max`` and ``torch.sym_sum`` once the ints are symbolic), and a branch on
+    ``total == 9`` makes Dynamo specialize the symbolic ``total`` of that call's graph to 9
+    while still passing it as a graph input (Gemma2's and Mistral's sliding-window
+    ``cumulative_length`` in ``generate()``)."""
 
     def __init__(self):
         super().__init__()
         self.lin = torch.nn.Linear(8, 8)
         self.pos = torch.nn.Embedding(64, 8)
 
-    def forward(self, x, total: int):
+    def forward(self, x, total: int, extra: int):
         start = max(total - 6, 0)
-        y = self.lin(x) + self.pos(torch.arange(start, start + x.shape[1]))
+        end = sum([start, x.shape[1], extra])
+        y = self.lin(x) + self.pos(torch.arange(start + extra, end))
         if total == 9:
             y = y * 2
         return torch.relu(y) * total
@@ -327,11 +329,12 @@ class _SlidingPositions(torch.nn.Module):
 def test_sliding_window_sizes_compile():
     torch.manual_seed(0)
     calls = [
-        (torch.randn(1, 3, 8, generator=torch.Generator().manual_seed(t)), t)
+        (torch.randn(1, 3, 8, generator=torch.Generator().manual_seed(t)), t, t // 4)
         for t in (4, 9, 11, 12)
     ]
     graphs = _compile_and_run(_SlidingPositions(), calls)
     assert len(graphs) == 3 and graphs[-1].calls == 2  # static, total fixed to 9, symbolic
+    assert "sym_sum" in graphs[-1].gm.code and "sym_max" in graphs[-1].gm.code
 
 
 # ----- F10: functionalized slice assignment (slice_scatter, copy) -------------------------------

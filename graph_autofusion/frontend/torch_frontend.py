@@ -479,6 +479,11 @@ def _convert_node(cx: ConvertContext, node: torch.fx.Node) -> Any:
         res = conv(cx, *args, **kwargs)
     elif target in _PY_OPS:
         res = cx.op(_PY_OPS[target], [cx.v(a, DType.INT64) for a in args])
+    elif target is torch.sym_sum:  # a sum of sizes (ONNX Sum has no int64: Adds)
+        terms = [cx.v(a, DType.INT64) for a in args[0]]
+        res = terms[0]
+        for t in terms[1:]:
+            res = cx.op("Add", [res, t])
     elif isinstance(target, torch._ops.OpOverload):
         res = cx.opaque(target, args, kwargs)
     else:
