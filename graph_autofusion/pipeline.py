@@ -437,7 +437,6 @@ def _fuse_model(
         dump_artifact(dump_dir, "fused.onnx", lambda: to_onnx_bytes(result.model))
         return result
 
-    from graph_autofusion.frontend.onnx_frontend import to_onnx
     from graph_autofusion.verify.safety import (
         FusionRecord,
         capture_activations,
@@ -504,14 +503,14 @@ def _fuse_model(
     timings["verify"] = time.perf_counter() - t
     t = time.perf_counter()
     with _progress.task("safe mode: end-to-end check"):
-        e2e = end_to_end(original, to_onnx(result.model), feeds, cosine_floor=opts.e2e_cosine_floor)
+        e2e = end_to_end(original, result.model, feeds, cosine_floor=opts.e2e_cosine_floor)
     if (absorbed or flattened) and not _e2e_passed(e2e):
         notes.append(
             f"layout clean-up ({absorbed} attentions, {flattened} flattened Gemms) rolled back: "
             f"it differs"
         )
         result.model = before_layout
-        e2e = end_to_end(original, to_onnx(result.model), feeds, cosine_floor=opts.e2e_cosine_floor)
+        e2e = end_to_end(original, result.model, feeds, cosine_floor=opts.e2e_cosine_floor)
     else:
         if absorbed:
             notes.append(f"{absorbed} attentions take the heads and the KV cache themselves (3-D)")
@@ -520,7 +519,7 @@ def _fuse_model(
                 f"{flattened} flattened Gemms are batched MatMuls again (shape programs gone)"
             )
     if _keep_fp32(result, opts.keep_fp32, notes):
-        e2e = end_to_end(original, to_onnx(result.model), feeds, cosine_floor=opts.e2e_cosine_floor)
+        e2e = end_to_end(original, result.model, feeds, cosine_floor=opts.e2e_cosine_floor)
     result.end_to_end = e2e
     if not _e2e_passed(e2e):
         notes.append(

@@ -203,6 +203,10 @@ class CompiledGraph:
         engine, program = self._choose(built, args)
         self.engine = engine
         self.plan_source = self.plan_source or "planned"
+        built.clear()  # the engines not chosen, and what they hold (derived weights), go
+        if engine != "torch" and self.result is not None:
+            self.result.program = None  # its kernels stay (reports, the kernel folder)
+        _give_back_memory()
         if "onnxruntime" in self.engine_notes and engine != "onnxruntime":
             warnings.warn(
                 f"autofusion: graph {self.index} runs on the {engine} engine, not onnxruntime "
@@ -390,6 +394,20 @@ def _same_as_eager(got: Sequence[Any], want: Sequence[Any], floor: float) -> Non
                 f"output {i} differs from eager's (cosine {cmp['cosine']:.6f}, relative "
                 f"error {rel:.2e})"
             )
+
+
+def _give_back_memory() -> None:
+    """Return the compile's freed transient memory (sessions, serialized models) to the
+    system: glibc keeps freed heap pages otherwise, and the process's resident size stays at
+    the compile's peak."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 class _SizeOutputs:

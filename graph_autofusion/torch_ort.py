@@ -11,8 +11,7 @@ dims), goes through exactly the ONNX route's planning, native operators, lowerin
 real inputs as the sample inputs. The fused model becomes one onnxruntime session (CPU
 provider, the user's thread setting) whose large fp32/fp64 initializers are onnxruntime values
 over the parameters (``ort_session(in_place=...)``): the weights are not copied, beyond what the
-importer transposes and onnxruntime's GEMM packs (fp16 weights are copied: onnxruntime's
-optimizer reads them from the model's bytes). Symbolic sizes stay symbolic in the ONNX
+importer transposes and onnxruntime's GEMM packs (none for a decode step's few rows). Symbolic sizes stay symbolic in the ONNX
 graph, so one session serves every sequence, batch and cache length.
 
 Inputs cross without copies (numpy views of the tensors); outputs come back as torch tensors
@@ -30,9 +29,6 @@ import torch
 
 from graph_autofusion.errors import GraphAutoFusionError
 
-#: initializer dtypes the session never reads in place (see :class:`OrtGraphProgram`)
-_NOT_IN_PLACE = (np.dtype(np.float16),)
-
 
 class OrtEngineRefused(GraphAutoFusionError):
     """onnxruntime cannot run this graph (the reason says why); another engine runs it."""
@@ -46,7 +42,9 @@ class OrtGraphProgram:
     A run that fails on a new shape raises; the caller falls back for that call.
     """
 
-    def __init__(self, model: Any, user_inputs: Sequence[int], threads: int | None) -> None:
+    def __init__(
+        self, model: Any, user_inputs: Sequence[int], threads: int | None, prepack: bool = True
+    ) -> None:
         from graph_autofusion.runtime.ort_session import in_place_weights, ort_session
 
         self.model = model
@@ -54,13 +52,14 @@ class OrtGraphProgram:
         self.input_names = [v.name for v in model.graph.inputs]
         self.output_names = [v.name for v in model.graph.outputs]
         arrays = in_place_weights({n: v.const for n, v in model.graph.initializers.items()})
-        # float16 initializers are copied into the session: at the ``all`` level onnxruntime's
-        # optimizer reads an fp16 MatMul's weight from the model's bytes (the in-place
-        # placeholder's zeros), not from the value added in place, and runs on those
-        arrays = {n: a for n, a in arrays.items() if a.dtype not in _NOT_IN_PLACE}
         self.in_place_bytes = sum(a.nbytes for a in arrays.values())
+        self.prepack = prepack
         self.session = ort_session(
-            model, level="all", threads=threads or torch.get_num_threads(), in_place=arrays
+            model,
+            level="all",
+            threads=threads or torch.get_num_threads(),
+            in_place=arrays,
+            prepack=prepack,
         )
 
     def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
@@ -121,12 +120,45 @@ def build_ort_program(
     except GraphAutoFusionError as exc:
         raise OrtEngineRefused(f"the ONNX route failed: {exc}") from exc
     try:
-        program = OrtGraphProgram(result.model, imported.user_inputs, options.threads)
+        program = OrtGraphProgram(
+            result.model, imported.user_inputs, options.threads, prepack=_worth_packing(result)
+        )
     except Exception as exc:  # noqa: BLE001 - onnxruntime's own exception types
         raise OrtEngineRefused(
             f"onnxruntime refuses the fused graph: {' '.join(str(exc).split())[:300]}"
         ) from exc
     return program, result
+
+
+#: A static graph whose contractions by a constant matrix have at most this many rows (the
+#: first decode step, at one cache length) runs them unpacked: packing would give its session
+#: a copy of every weight for the one call such a graph serves in a ``generate()``. Dynamic
+#: graphs (every later step) pack: unpacked, a decode step measured ~20% slower.
+FEW_ROWS = 8
+
+
+def _worth_packing(result: Any) -> bool:
+    static = all(isinstance(d, int) for v in result.model.graph.inputs for d in (v.shape or ()))
+    return not (static and few_rows(result))
+
+
+def few_rows(result: Any) -> bool:
+    """Whether every contraction by a constant matrix in the fused model has at most
+    :data:`FEW_ROWS` rows on the sample inputs (the analysis' shape binding)."""
+    binding = getattr(getattr(result, "analysis", None), "binding", None)
+    types = getattr(binding, "types", None) or {}
+    rows = []
+    for n in result.model.graph.nodes:
+        if n.op_type not in ("MatMul", "Gemm", "FusedMatMul") or len(n.inputs) < 2:
+            continue
+        b = n.inputs[1]
+        if b is None or b.const is None or n.inputs[0] is None:
+            continue
+        t = types.get(n.inputs[0].name)
+        if t is None or t[1] is None:
+            return False
+        rows.append(int(np.prod(t[1][:-1])) if len(t[1]) > 1 else 1)
+    return bool(rows) and max(rows) <= FEW_ROWS
 
 
 def ort_summary(result: Any) -> Mapping[str, Any]:

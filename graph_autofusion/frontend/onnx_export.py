@@ -9,7 +9,7 @@ the subgraph body are renamed to the new value.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,7 @@ from onnx import (
 
 from graph_autofusion.frontend.onnx_types import (
     array_to_tensor,
+    elem_type_of,
     gc_paused,
     make_value_info,
     tensor_for_value,
@@ -34,7 +35,9 @@ from graph_autofusion.ir.core import Graph, Model, Node, RawAttribute
 _A = AttributeProto
 
 
-def to_onnx(model: Model, *, all_value_info: bool = False) -> ModelProto:
+def to_onnx(
+    model: Model, *, all_value_info: bool = False, without_data: Collection[str] = ()
+) -> ModelProto:
     """Build an ``onnx.ModelProto`` from ``model`` (the IR is not modified).
 
     ``value_info`` is written for every intermediate value with a known type, except types the
@@ -45,15 +48,19 @@ def to_onnx(model: Model, *, all_value_info: bool = False) -> ModelProto:
     Args:
         model: The model to export.
         all_value_info: Also write the types found by shape inference on import.
+        without_data: Initializers written with their type and dims only (a session reads
+            their data from elsewhere: ``ort_session(in_place=...)``), not serialized.
 
     Returns:
         A new ModelProto; run ``onnx.checker`` on it with :func:`check_model` if wanted.
     """
     with gc_paused():
-        return _to_onnx(model, all_value_info)
+        return _to_onnx(model, all_value_info, frozenset(without_data))
 
 
-def _to_onnx(model: Model, all_value_info: bool) -> ModelProto:
+def _to_onnx(
+    model: Model, all_value_info: bool, without_data: frozenset = frozenset()
+) -> ModelProto:
     proto = ModelProto()
     proto.ir_version = model.ir_version
     raw_opsets, imported = model.meta.get("onnx_opset_import", ((), None))
@@ -78,7 +85,7 @@ def _to_onnx(model: Model, all_value_info: bool) -> ModelProto:
     proto.functions.extend(model.functions)
     for field in ("training_info", "configuration"):
         getattr(proto, field).extend(model.meta.get(f"onnx_{field}", []))
-    export_graph(model.graph, proto.graph, all_value_info=all_value_info)
+    export_graph(model.graph, proto.graph, all_value_info=all_value_info, without_data=without_data)
     return proto
 
 
@@ -87,8 +94,15 @@ def _props(target: Any, items: Iterable[tuple[str, str]]) -> None:
         target.append(StringStringEntryProto(key=k, value=v))
 
 
-def export_graph(graph: Graph, g: GraphProto, *, all_value_info: bool = False) -> GraphProto:
-    """Fill GraphProto ``g`` from ``graph`` (``all_value_info`` as in :func:`to_onnx`)."""
+def export_graph(
+    graph: Graph,
+    g: GraphProto,
+    *,
+    all_value_info: bool = False,
+    without_data: frozenset = frozenset(),
+) -> GraphProto:
+    """Fill GraphProto ``g`` from ``graph`` (``all_value_info``, ``without_data`` as in
+    :func:`to_onnx`)."""
     g.name = graph.name
     if graph.doc:
         g.doc_string = graph.doc
@@ -126,6 +140,10 @@ def export_graph(graph: Graph, g: GraphProto, *, all_value_info: bool = False) -
                 sp = _copy(sp)
                 sp.values.name = v.name
             g.sparse_initializer.append(sp)
+        elif v.name in without_data and isinstance(v.const, np.ndarray):
+            t = TensorProto(name=v.name, data_type=elem_type_of(v))
+            t.dims.extend(v.const.shape)
+            g.initializer.append(t)
         else:
             g.initializer.append(tensor_for_value(v))
 

@@ -52,6 +52,14 @@ _NO_FOLD = {
 }
 _FOLD_LIMIT = 1 << 26  # never fold into a constant larger than 64M elements
 
+#: Constants folded from one parameter (a linear weight's transpose), shared by every import
+#: of a graph reading that parameter: Dynamo compiles a ``generate()`` in three graphs, each of
+#: which would otherwise hold its own copy. Keyed by the fold and the parameter's storage,
+#: layout and version (an in-place update folds again); an entry holds the parameter (so its
+#: address is not reused while the entry lives) and a weak reference to the folded array, and
+#: goes when nothing holds that array any more.
+_DERIVED: dict[tuple, tuple[Any, torch.Tensor]] = {}
+
 
 def dtype_of_torch(dt: torch.dtype) -> DType:
     return from_torch_dtype(dt)
@@ -85,6 +93,8 @@ class ConvertContext:
         self.env: dict[str, Arg] = {}
         self.node: torch.fx.Node | None = None
         self._materialized: dict[int, Value] = {}
+        self._params: set[int] = set()  # ids of the graph's parameters and buffers
+        self._sources: dict[int, torch.Tensor] = {}  # id(initializer value) -> its parameter
         self._const_names: dict[int, str] = {}
         self._scalars: dict[tuple[Any, DType], Value] = {}
         self._keepalive: list[torch.Tensor] = []  # objects whose id() keys the caches
@@ -123,6 +133,7 @@ class ConvertContext:
     def name_constant(self, tensor: torch.Tensor, name: str) -> None:
         """Give the initializer that ``tensor`` may become a stable name (state-dict FQN)."""
         self._const_names[id(tensor)] = name
+        self._params.add(id(tensor))
 
     def dtype(self, x: Arg) -> DType:
         if isinstance(x, Value):
@@ -176,6 +187,8 @@ class ConvertContext:
         val.dtype = dt
         self._materialized[key] = val
         self._keepalive.append(t)
+        if key in self._params:
+            self._sources[id(val)] = t
         return val
 
     def scalar(self, value: float | int | bool, dtype: DType) -> Value:
@@ -259,6 +272,17 @@ class ConvertContext:
         impl = get_impl(op_type, domain)
         if impl is None:
             return None
+        src = self._sources.get(id(inputs[0])) if len(inputs) == 1 and num_outputs == 1 else None
+        key = None
+        if src is not None:
+            key = (op_type, domain, repr(sorted(attrs.items())), src.data_ptr(), tuple(src.shape))
+            key += (tuple(src.stride()), str(src.dtype), src._version)
+            hit = _DERIVED.get(key)
+            arr = hit[0]() if hit is not None else None
+            if arr is not None:
+                t = torch.from_numpy(arr)
+                self._const_names[id(t)] = f"{inputs[0].name}_{op_type.lower()}"
+                return [self._materialize(t)]
         probe = Node(
             op_type, [], attrs, domain=domain, outputs=[Value(f"_p{i}") for i in range(num_outputs)]
         )
@@ -271,6 +295,13 @@ class ConvertContext:
         for t in outs:
             self._const_names[id(t)] = f"{base}_{op_type.lower()}"
             res.append(self._materialize(t.contiguous()))
+        if key is not None and isinstance(res[0].const, np.ndarray):
+            import weakref
+
+            def forget(_ref: Any, key: tuple = key) -> None:
+                _DERIVED.pop(key, None)
+
+            _DERIVED[key] = (weakref.ref(res[0].const, forget), src)
         return res
 
     def opaque(self, target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:

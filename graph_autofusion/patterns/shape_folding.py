@@ -126,7 +126,13 @@ def symbolic_shapes(model: Model) -> dict[str, tuple[Entry, ...]]:
     try:
         from graph_autofusion.frontend.onnx_frontend import to_onnx
 
-        proto = to_onnx(model)
+        # the weights' data is never read here (_weights_as_inputs): not serialized either
+        weights = {
+            n
+            for n, v in model.graph.initializers.items()
+            if isinstance(v.const, np.ndarray) and v.const.size > 64 and v.const.dtype.kind == "f"
+        }
+        proto = to_onnx(model, without_data=weights)
         if not any(o.domain in ("", "ai.onnx") and o.version >= 7 for o in proto.opset_import):
             return {}
         _weights_as_inputs(proto)  # the inference copies the model: keep the copies small

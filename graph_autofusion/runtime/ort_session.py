@@ -30,6 +30,8 @@ def ort_session(
     *,
     log_severity: int = 3,
     profile_prefix: str | None = None,
+    lean: bool = False,
+    prepack: bool = True,
 ) -> Any:
     """An onnxruntime CPU session of an IR :class:`Model`, a ``ModelProto``, its serialized
     bytes or a path.
@@ -52,6 +54,12 @@ def ort_session(
     onnxruntime's ``log_severity_level`` (3: errors only; 4: fatal only). ``profile_prefix``:
     onnxruntime's profiling on, its JSON trace written under this prefix
     (``sess.end_profiling()`` returns the file).
+
+    ``lean``: a session for numerics only (safe mode's whole-model runs): no weight packing,
+    no memory arena, and an IR model's large initializers read in place (its arrays are not
+    serialized): a session over a model of N bytes of weights adds almost none. ``prepack``:
+    onnxruntime packs constant GEMM weights into its own layout (a copy of each); off, its
+    kernels read them as stored.
     """
     import onnxruntime as ort
 
@@ -66,6 +74,19 @@ def ort_session(
     if profile_prefix is not None:
         so.enable_profiling = True
         so.profile_file_prefix = str(profile_prefix)
+    if lean:
+        so.enable_cpu_mem_arena = False
+    if lean or not prepack:
+        so.add_session_config_entry("session.disable_prepacking", "1")
+    if lean and isinstance(model, Model) and not in_place:
+        in_place = in_place_weights({n: v.const for n, v in model.graph.initializers.items()})
+    if in_place and isinstance(model, Model):
+        from graph_autofusion.frontend.onnx_frontend import to_onnx
+
+        lib = custom_ops_library or _custom_ops_library(model)
+        if lib:
+            so.register_custom_ops_library(lib)
+        return _session_in_place(to_onnx(model, without_data=set(in_place)), so, in_place)
     if isinstance(model, str | os.PathLike):
         src: Any = os.fspath(model)
     elif isinstance(model, bytes):
@@ -114,7 +135,10 @@ def _session_in_place(src: Any, so: Any, arrays: Mapping[str, np.ndarray]) -> An
     import onnx
     import onnxruntime as ort
 
-    proto = onnx.load_from_string(src) if isinstance(src, bytes) else onnx.load(src)
+    if isinstance(src, onnx.ModelProto):
+        proto = src  # the caller's own copy (made for this session)
+    else:
+        proto = onnx.load_from_string(src) if isinstance(src, bytes) else onnx.load(src)
     values = {}
     offsets: dict[str, int] = {}
     end = 0

@@ -384,8 +384,8 @@ def end_to_end(
         Output name -> ``{"cosine", "max_abs", "max_rel", "passed"}``; an output the fused
         model lacks is reported with cosine 0 and ``passed=False``.
     """
-    a = _session(original_path_or_proto, "disable", threads)
-    b = _session(fused_proto, "disable", threads)
+    a = _session(original_path_or_proto, "disable", threads, lean=True)
+    b = _session(fused_proto, "disable", threads, lean=True)
     return compare_outputs(_run(a, feeds), _run(b, feeds), cosine_floor=cosine_floor)
 
 

@@ -60,21 +60,30 @@ def capture_activations(
         graph outputs. Intermediates are added untyped (onnxruntime infers their types), so
         values the IR has no type for are captured too.
     """
-    return capture_proto(to_onnx(model), feeds, threads=threads)
+    from graph_autofusion.runtime.ort_session import in_place_weights
+
+    arrays = in_place_weights({n: v.const for n, v in model.graph.initializers.items()})
+    proto = to_onnx(model, without_data=set(arrays))
+    return capture_proto(proto, feeds, threads=threads, in_place=arrays)
 
 
 def capture_proto(
-    proto: onnx.ModelProto, feeds: Mapping[str, np.ndarray], *, threads: int = 2
+    proto: onnx.ModelProto,
+    feeds: Mapping[str, np.ndarray],
+    *,
+    threads: int = 2,
+    in_place: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """:func:`capture_activations` of a model proto (modified: every node output of its main
-    graph becomes a graph output)."""
+    graph becomes a graph output; ``in_place``: its initializers read from these arrays, whose
+    data it then no longer holds)."""
     taken = {o.name for o in proto.graph.output} | {i.name for i in proto.graph.input}
     for node in proto.graph.node:
         for name in node.output:
             if name and name not in taken:
                 proto.graph.output.append(onnx.ValueInfoProto(name=name))
                 taken.add(name)
-    sess = _session(proto, "disable", threads)
+    sess = _session(proto, "disable", threads, lean=True, in_place=in_place)
     given = {i.name for i in sess.get_inputs()}
     out = {k: np.asarray(v) for k, v in feeds.items() if k in given}
     out.update(_run(sess, feeds, quiet=True))  # a failure is the caller's one clear error
