@@ -233,3 +233,31 @@ def test_saved_plan_reloads_on_the_same_engine(tmp_path):
         want = model.generate(ids, max_new_tokens=8, **GEN)
         got = again.generate(ids, max_new_tokens=8, **GEN)
     assert torch.equal(got, want)
+
+
+def test_graphs_of_one_module_share_the_folded_weights_until_one_is_updated():
+    """The importer folds each linear weight's transpose once per module, not once per graph
+    (a generate() compiles three); an in-place update of the weight folds it again."""
+    model = tiny_llama(2)
+    backend = make_backend(engine="onnxruntime", check_speed=False, safe_mode=False)
+    c = torch.compile(model, backend=backend)
+    ids = torch.randint(0, 1000, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        c(ids)
+        c(ids, use_cache=False)  # a second graph of the same module
+
+    def big(g):
+        return [v.const for v in g.imported.graph.initializers.values() if v.const.size > 4096]
+
+    first, second = backend.config.graphs[:2]
+    assert all(any(np.shares_memory(a, b) for b in big(second)) for a in big(first))
+    head = model.lm_head.weight
+    old = [a for a in big(first) if a.shape == tuple(head.shape[::-1])]
+    assert old  # the head's folded transpose
+    with torch.no_grad():
+        head.mul_(-1.0)
+        got = c(ids, use_cache=False).logits
+        torch.testing.assert_close(got, model(ids, use_cache=False).logits, rtol=1e-4, atol=1e-4)
+    third = backend.config.graphs[-1]
+    new = [a for a in big(third) if a.shape == tuple(head.shape[::-1])]
+    assert new and not any(np.shares_memory(a, b) for a in new for b in old)
