@@ -3,8 +3,9 @@
     opts = FuseOptions(target="cpu", benefit_threshold=0.1)
     opts = opts.replace(safe_mode=False)
 
-Defaults live here and nowhere else: the 0.2 benefit threshold, the 0.9999 end-to-end cosine
-floor, the 64-node / 8-input cluster limits.
+Defaults live in :mod:`graph_autofusion.defaults` and reach every stage through this record:
+the 0.2 benefit threshold, the 0.9999 end-to-end cosine floor, the 1.10 speed margin, the 8
+Monte-Carlo samples, the 64-node / 8-input cluster limits.
 """
 
 from __future__ import annotations
@@ -71,10 +72,10 @@ class FuseOptions:
     clustering: bool = True
     safe_mode: bool = True
     check_speed: bool = True
-    speed_margin: float = 1.10
+    speed_margin: float = defaults.SPEED_MARGIN
     cosine_floor: float | None = None
     e2e_cosine_floor: float = DEFAULT_E2E_COSINE
-    mc_samples: int = 8
+    mc_samples: int = defaults.MC_SAMPLES
     fold_shapes: bool = True
     threads: int | None = None
     backend: str = "c"
