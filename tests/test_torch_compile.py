@@ -47,7 +47,10 @@ def _generate_eager_then_compiled(model, ids, backend=None):
 def test_llama_generate_same_tokens_without_recompiling(kv_heads):
     ids = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(1))
     model = tiny_llama(kv_heads)
-    want, got, graphs = _generate_eager_then_compiled(model, ids)
+    # the torch program's own decode path (its GEMV): the onnxruntime engine is test_torch_ort's
+    want, got, graphs = _generate_eager_then_compiled(
+        model, ids, make_backend(engine="torch", check_speed=False)
+    )
     assert torch.equal(got, want)
 
     def model_generate(_graphs, ids):

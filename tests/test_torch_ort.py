@@ -19,7 +19,7 @@ from graph_autofusion.testing.small_hf import tiny_llama  # noqa: E402
 from graph_autofusion.torch_compile import AutofusionWarning, make_backend  # noqa: E402
 from graph_autofusion.torch_ort import OrtGraphProgram  # noqa: E402
 
-pytestmark = pytest.mark.xdist_group("torch_compile")
+pytestmark = pytest.mark.xdist_group("torch_ort")
 
 GEN = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
 

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 from graph_autofusion.torch_compile import AutofusionWarning, make_backend  # noqa: E402
 
 F = torch.nn.functional
-pytestmark = pytest.mark.xdist_group("torch_compile")
+pytestmark = pytest.mark.xdist_group("torch_repros")
 
 
 @pytest.fixture(autouse=True)
