@@ -81,6 +81,17 @@ graph g(%x: f32[64,8192]) -> (%y) {
 """
 
 
+# a residual Add and a LayerNormalization: skip_layernorm's match, priced by its native rate
+SKIP_LN = """
+graph g(%x: f32[128,768], %r: f32[128,768]) -> (%y) {
+  init %g: f32[768] = zeros
+  init %b: f32[768] = zeros
+  %s: f32[128,768] = Add(%x, %r) @add
+  %y: f32[128,768] = LayerNormalization<axis=-1>(%s, %g, %b) @ln
+}
+"""
+
+
 def by_source(report, source):
     return [c for c in report.candidates if c.source == source]
 
@@ -335,16 +346,7 @@ def test_analysis_prices_a_rule_by_its_native_operator():
     skipped as estimated slower; the same group is fused when its native kernel is fast."""
     import dataclasses
 
-    m = parse_model(
-        """
-        graph g(%x: f32[128,768], %r: f32[128,768]) -> (%y) {
-          init %g: f32[768] = zeros
-          init %b: f32[768] = zeros
-          %s: f32[128,768] = Add(%x, %r) @add
-          %y: f32[128,768] = LayerNormalization<axis=-1>(%s, %g, %b) @ln
-        }
-        """
-    )
+    m = parse_model(SKIP_LN)
     rules = RuleSet((builtin_rules().get("skip_layernorm"),))
     assert rules.get("skip_layernorm").native_op == "SkipLayerNormalization"
     base = profile("cpuish", local_kb=4096)
@@ -389,16 +391,7 @@ def test_a_runtime_operator_below_the_threshold_is_a_close_call_safe_mode_measur
     refusal, and a fusion estimated slower stays refused."""
     import dataclasses
 
-    m = parse_model(
-        """
-        graph g(%x: f32[128,768], %r: f32[128,768]) -> (%y) {
-          init %g: f32[768] = zeros
-          init %b: f32[768] = zeros
-          %s: f32[128,768] = Add(%x, %r) @add
-          %y: f32[128,768] = LayerNormalization<axis=-1>(%s, %g, %b) @ln
-        }
-        """
-    )
+    m = parse_model(SKIP_LN)
     rules = RuleSet((builtin_rules().get("skip_layernorm"),))
     rates = {"Add": 0.1, "LayerNormalization": 0.2, "SkipLayerNormalization": 0.33}
     hw = dataclasses.replace(profile("cpuish", local_kb=4096), extra={"op_ns_per_element": rates})
