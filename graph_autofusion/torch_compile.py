@@ -24,6 +24,7 @@ relative error).
 
 from __future__ import annotations
 
+import random
 import statistics
 import threading
 import time
@@ -293,9 +294,10 @@ class CompiledGraph:
 
     def _choose(self, built: dict[str, Any], args: Sequence[Any]) -> tuple[str, Any]:
         """The fastest of the built engines and eager on this call's inputs (timed through
-        :func:`~graph_autofusion.runtime.timing.current_timer`, the order rotating each
-        round); eager when every engine is slower than eager by the speed margin. Without
-        speed checks: onnxruntime when it was built, else the torch program."""
+        :func:`~graph_autofusion.runtime.timing.current_timer`, in a seeded shuffled order each
+        round, each timed on its second consecutive call); eager when every engine is slower
+        than eager by the speed margin. Without speed checks: onnxruntime when it was built,
+        else the torch program."""
         if not self.config.options.check_speed:
             engine = "onnxruntime" if "onnxruntime" in built else next(iter(built))
             return engine, built[engine]
@@ -309,8 +311,12 @@ class CompiledGraph:
             for name in order:  # warm-up: first runs pack weights, fill caches
                 sides[name](*args)
             for r in range(ENGINE_TIMING_ROUNDS):
-                for name in order[r % len(order) :] + order[: r % len(order)]:
+                random.Random(r).shuffle(order)
+                for name in order:
                     fn = sides[name]
+                    # each engine as it runs in steady state: the first call after another
+                    # runtime pays for that one's still-spinning threads; time the second
+                    fn(*args)
                     key = f"engine@graph{self.index}"
                     times[name].append(timer(key, name, lambda fn=fn: fn(*args)))
         self.engine_times = {k: statistics.median(v) for k, v in times.items()}

@@ -77,17 +77,23 @@ def round_robin(
     """Each function ``warmup`` times, then ``runs`` rounds of one call of each in turn;
     returns the seconds of every timed call by name.
 
-    ``rotate``: round ``r`` starts at the ``r``-th function (``a b c``, ``b c a``, ``c a b``...),
-    so no function always runs right after the same neighbour (a cache or a frequency state
-    one leaves behind is shared out); off, every round runs them in the mapping's order."""
+    ``rotate``: each round runs them in its own order, a permutation seeded by the round's
+    number, so no function always runs first, last or right after the same neighbour (a cache,
+    a frequency state or another runtime's still-spinning threads one leaves behind are shared
+    out; a plain rotation ``a b c``, ``b c a`` keeps every function's predecessor); off, every
+    round runs them in the mapping's order."""
     times: dict[str, list[float]] = {k: [] for k in fns}
     names = list(fns)
     for f in fns.values():
         for _ in range(warmup):
             f()
     for r in range(runs):
-        shift = r % len(names) if rotate and names else 0
-        for k in names[shift:] + names[:shift]:
+        order = list(names)
+        if rotate:
+            import random
+
+            random.Random(r).shuffle(order)
+        for k in order:
             f = fns[k]
             t = time.perf_counter()
             f()
