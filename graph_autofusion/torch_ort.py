@@ -21,7 +21,7 @@ bfloat16) raises :class:`OrtEngineRefused`; the caller keeps the torch program.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -45,13 +45,13 @@ class OrtGraphProgram:
     def __init__(
         self, model: Any, user_inputs: Sequence[int], threads: int | None, prepack: bool = True
     ) -> None:
-        from graph_autofusion.runtime.ort_session import in_place_weights, ort_session
+        from graph_autofusion.runtime.ort_session import model_weights, ort_session
 
         self.model = model
         self.user_inputs = tuple(user_inputs)
         self.input_names = [v.name for v in model.graph.inputs]
         self.output_names = [v.name for v in model.graph.outputs]
-        arrays = in_place_weights({n: v.const for n, v in model.graph.initializers.items()})
+        arrays = model_weights(model)
         self.in_place_bytes = sum(a.nbytes for a in arrays.values())
         self.prepack = prepack
         self.session = ort_session(
@@ -159,11 +159,3 @@ def few_rows(result: Any) -> bool:
             return False
         rows.append(int(np.prod(t[1][:-1])) if len(t[1]) > 1 else 1)
     return bool(rows) and max(rows) <= FEW_ROWS
-
-
-def ort_summary(result: Any) -> Mapping[str, Any]:
-    """What the ONNX route did to one graph, for the backend's report."""
-    return {
-        "fused": [low.key for low in result.lowered],
-        "rolled_back": [(r.key, r.code) for r in result.rolled_back],
-    }

@@ -79,14 +79,7 @@ def ort_session(
     if lean or not prepack:
         so.add_session_config_entry("session.disable_prepacking", "1")
     if lean and isinstance(model, Model) and not in_place:
-        in_place = in_place_weights({n: v.const for n, v in model.graph.initializers.items()})
-    if in_place and isinstance(model, Model):
-        from graph_autofusion.frontend.onnx_frontend import to_onnx
-
-        lib = custom_ops_library or _custom_ops_library(model)
-        if lib:
-            so.register_custom_ops_library(lib)
-        return _session_in_place(to_onnx(model, without_data=set(in_place)), so, in_place)
+        in_place = model_weights(model)
     if isinstance(model, str | os.PathLike):
         src: Any = os.fspath(model)
     elif isinstance(model, bytes):
@@ -94,7 +87,10 @@ def ort_session(
     elif isinstance(model, Model):
         from graph_autofusion.frontend.onnx_frontend import to_onnx
 
-        src = to_onnx(model).SerializeToString()
+        # the weights read in place are not serialized: the proto goes to the session as is
+        src = to_onnx(model, without_data=set(in_place or ()))
+        if not in_place:
+            src = src.SerializeToString()
     else:
         src = model.SerializeToString()
     lib = custom_ops_library or _custom_ops_library(model)
@@ -121,6 +117,11 @@ def in_place_weights(arrays: Mapping[str, Any]) -> dict[str, np.ndarray]:
         and a.flags.c_contiguous
         and a.nbytes >= IN_PLACE_MIN_BYTES
     }
+
+
+def model_weights(model: Any) -> dict[str, np.ndarray]:
+    """The initializers of IR ``model`` a session can read in place (:func:`in_place_weights`)."""
+    return in_place_weights({n: v.const for n, v in model.graph.initializers.items()})
 
 
 def _session_in_place(src: Any, so: Any, arrays: Mapping[str, np.ndarray]) -> Any:

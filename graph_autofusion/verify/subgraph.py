@@ -60,9 +60,9 @@ def capture_activations(
         graph outputs. Intermediates are added untyped (onnxruntime infers their types), so
         values the IR has no type for are captured too.
     """
-    from graph_autofusion.runtime.ort_session import in_place_weights
+    from graph_autofusion.runtime.ort_session import model_weights
 
-    arrays = in_place_weights({n: v.const for n, v in model.graph.initializers.items()})
+    arrays = model_weights(model)
     proto = to_onnx(model, without_data=set(arrays))
     return capture_proto(proto, feeds, threads=threads, in_place=arrays)
 
