@@ -14,7 +14,10 @@
 
 Targets: ``target="onnxruntime"`` (default) fuses into operators onnxruntime ships;
 ``target="cpu"`` generates, compiles and runs C kernels for every planned group (rule matches
-and automatic clusters), with every other operator on torch's kernels::
+and automatic clusters), with every other operator on the engine that runs the model faster
+on the sample inputs: onnxruntime (the kernels as its custom operators; every model
+onnxruntime runs: GRU, If, Loop) or torch's kernels (``result.engine`` says which and why;
+:mod:`graph_autofusion.pipeline_cpu_engines`)::
 
     gaf = GraphAutoFusion("model.onnx", target="cpu")
     gaf.analyze()                      # exactly the groups fuse() will compile
@@ -143,6 +146,7 @@ class GraphAutoFusion:
         self.fused_module: Any = None  # the last fuse() of a PyTorch module
         self.kernel_dir = ""  # the custom-operator folder the last save() wrote
         self.progressive: Any = None  # the last fuse_progressive()
+        self._run_session: Any = None  # (result, onnxruntime session) run() last opened
 
     @property
     def model(self) -> Model:
@@ -302,10 +306,10 @@ class GraphAutoFusion:
             results = self.fused_module.autofusion.results()
             self.result = results[0] if results else None
             return
-        if opts.target == "cpu":
-            from graph_autofusion.pipeline_cpu import fuse_model_cpu
+        if opts.target == "cpu":  # the faster of onnxruntime with our kernels and torch's
+            from graph_autofusion.pipeline_cpu_engines import fuse_onnx_cpu
 
-            self.result = fuse_model_cpu(
+            self.result = fuse_onnx_cpu(
                 self.model,
                 rules,
                 self.hardware,
@@ -553,7 +557,12 @@ class GraphAutoFusion:
         from graph_autofusion.runtime.ort_session import ort_session
 
         with _onnxruntime_errors(self.model, feeds, "run"):
-            sess = ort_session(self._proto(None), "all", self.options.threads or 2)
+            if self._run_session is None or self._run_session[0] is not result:
+                lib = getattr(getattr(result, "custom_ops", None), "path", None)
+                threads = self.options.threads or 2
+                sess = ort_session(self._proto(None), "all", threads, custom_ops_library=lib)
+                self._run_session = (result, sess)  # one session per fused result
+            sess = self._run_session[1]
             names = {i.name for i in sess.get_inputs()}
             got = sess.run(None, {k: np.asarray(v) for k, v in feeds.items() if k in names})
         return {o.name: v for o, v in zip(sess.get_outputs(), got)}
@@ -576,6 +585,13 @@ class GraphAutoFusion:
                 for i, r in enumerate(info.results())
             }
         result = self._need_result()
+        lib = getattr(result, "custom_ops", None)
+        if getattr(result, "kernels", None) is None and lib is not None:
+            # the cpu target's onnxruntime engine: the custom-operator library's folder
+            from graph_autofusion.codegen.ort_customop import write_kernel_dir as write_ops
+
+            groups = [low.payload for low in result.lowered if hasattr(low.payload, "kernel")]
+            return write_ops(lib, os.fspath(directory), groups)
         if getattr(result, "kernels", None) is None:
             raise GraphAutoFusionError(
                 f"the {self.target} target generates no kernels (its fused operators are "

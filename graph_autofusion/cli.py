@@ -264,7 +264,7 @@ def _cmd_fuse(args: argparse.Namespace) -> int:
             f"so.register_custom_ops_library({gaf.kernel_dir + '/libgaf_custom_ops.so'!r}))",
             file=sys.stderr,
         )
-    if args.target == "cpu":
+    if args.target == "cpu" and getattr(gaf.result, "kernels", None) is not None:  # torch engine
         kdir = os.path.splitext(out)[0] + ".kernels"
         data = gaf.compile_fused_operators(kdir)
         print(
@@ -296,6 +296,8 @@ def _cmd_kernels(args: argparse.Namespace) -> int:
     rows = []
     for i, low in enumerate(r.lowered):
         g = low.payload
+        if not hasattr(g, "kernel"):  # an onnxruntime fused operator (onnxruntime engine)
+            continue
         row = {
             "key": low.key,
             "kernel": g.kernel.name,
@@ -317,8 +319,8 @@ def _cmd_kernels(args: argparse.Namespace) -> int:
                 f"{row['bandwidth_gb_s']:.0f})"
             )
         print(line)
-    counts = r.kernel_counts()
-    print(f"{counts['groups']} fused groups, {counts['functions']} distinct kernels")
+    n_kernels = len({row["kernel"] for row in rows})
+    print(f"{len(rows)} fused groups, {n_kernels} distinct kernels")
     for b in r.rolled_back:
         print(f"rolled back {b.key}: {b.code}: {b.message}")
     return 0

@@ -19,3 +19,6 @@ SPEED_MARGIN = 1.10
 CHECK_FUSION_SPEED_MARGIN = 1.05
 #: Monte-Carlo perturbation samples per fusion in safe mode (onnxruntime target).
 MC_SAMPLES = 8
+#: Rounds of the cpu target's engine measurement on an ONNX model (onnxruntime with our
+#: kernels against the torch runner; ``pipeline_cpu_engines``).
+ENGINE_TIMING_ROUNDS = 5

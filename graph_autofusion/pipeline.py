@@ -160,6 +160,12 @@ class FuseResult:
     #: F17 controls: size-switch decisions (``size_switches``), ``keep_fp32`` operators
     controls: dict[str, Any] = field(default_factory=dict)
     fp32_islands: int = 0  # unfused operators made to compute in float32 (keep_fp32)
+    #: the target asked for, when it is not the pipeline's own (the cpu target's onnxruntime
+    #: engine); "" for the pipeline's
+    target: str = ""
+    #: the cpu target on an ONNX model: the engine that runs it (``pipeline_cpu_engines``:
+    #: ``name``, ``why``, measured ``ms`` per engine, ``notes``); empty otherwise
+    engine: dict[str, Any] = field(default_factory=dict)
 
     @property
     def fused(self) -> list[Lowered]:
@@ -201,6 +207,7 @@ class FuseResult:
                 if self.shape_folding is not None
                 else None
             ),
+            **({"engine": self.engine} if self.engine else {}),
         }
 
     def measured_improvement(self) -> float | None:

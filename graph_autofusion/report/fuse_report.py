@@ -73,6 +73,13 @@ class SafeFusionReport:
             f"candidates {s['candidates']}, planned {s['planned']}, fused {s['fused']}, "
             f"rolled back {s['rolled_back']}",
         ]
+        eng = s.get("engine")
+        if eng:
+            ms = ", ".join(f"{k} {v:.3f} ms" for k, v in eng["ms"].items())
+            lines.append(
+                f"engine: {eng['name']} ({eng['why']}{': ' + ms if ms else ''})"
+                + "".join(f"; {k}: {v}" for k, v in eng.get("notes", {}).items())
+            )
         if s["fused_ops"]:
             lines.append(
                 "fused operators: " + ", ".join(f"{k} x{v}" for k, v in s["fused_ops"].items())

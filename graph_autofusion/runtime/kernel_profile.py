@@ -26,7 +26,10 @@ def profile_kernel(result: Any, key: str | int, hardware: Any, *, runs: int = 20
     from graph_autofusion.runtime.torch_runtime import TorchRunner
 
     if getattr(result, "program", None) is None:
-        raise GraphAutoFusionError("profile_fusion_kernel needs a fuse() result of the cpu target")
+        raise GraphAutoFusionError(
+            "profile_fusion_kernel needs a fuse() result of the cpu target run by the torch "
+            "engine (this one runs in onnxruntime: time it with verify_performance)"
+        )
     lows = list(result.lowered)
     if isinstance(key, int):
         if not 0 <= key < len(lows):

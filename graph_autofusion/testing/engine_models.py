@@ -1,0 +1,91 @@
+"""Small ONNX models the torch runner cannot run (GRU, If) or can (LSTM), each with an
+elementwise chain onnxruntime has no fused operator for: what the cpu target's onnxruntime
+engine runs with a generated kernel as a custom operator (``tests/test_cpu_engines.py``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+SEQ, BATCH, IN, HIDDEN = 6, 2, 16, 32
+
+
+def _chain(x: str, out: str, tag: str) -> list[onnx.NodeProto]:
+    """``tanh(x * 0.5 + 0.1) * x - x``: no onnxruntime fused operator covers it."""
+    return [
+        h.make_node("Mul", [x, "scale"], [f"{tag}_m"], name=f"{tag}_mul"),
+        h.make_node("Add", [f"{tag}_m", "bias"], [f"{tag}_a"], name=f"{tag}_add"),
+        h.make_node("Tanh", [f"{tag}_a"], [f"{tag}_t"], name=f"{tag}_tanh"),
+        h.make_node("Mul", [f"{tag}_t", x], [f"{tag}_p"], name=f"{tag}_mul2"),
+        h.make_node("Sub", [f"{tag}_p", x], [out], name=f"{tag}_sub"),
+    ]
+
+
+def _consts(rng: np.random.Generator, gates: int) -> list[onnx.TensorProto]:
+    return [
+        nh.from_array((rng.standard_normal((1, gates * HIDDEN, IN)) * 0.2).astype("f4"), "W"),
+        nh.from_array((rng.standard_normal((1, gates * HIDDEN, HIDDEN)) * 0.2).astype("f4"), "R"),
+        nh.from_array((rng.standard_normal((1, 2 * gates * HIDDEN)) * 0.1).astype("f4"), "B"),
+        nh.from_array(np.full((HIDDEN,), 0.5, np.float32), "scale"),
+        nh.from_array(np.full((HIDDEN,), 0.1, np.float32), "bias"),
+        nh.from_array(np.array([1], np.int64), "axis1"),
+    ]
+
+
+def recurrent_model(op: str) -> onnx.ModelProto:
+    """``x [SEQ, BATCH, IN]`` -> ``op`` (GRU or LSTM, one direction) -> the chain."""
+    gates = {"GRU": 3, "LSTM": 4}[op]
+    outs = ["y", "y_h"] + (["y_c"] if op == "LSTM" else [])
+    nodes = [
+        h.make_node(op, ["x", "W", "R", "B"], outs, hidden_size=HIDDEN, name="rnn"),
+        h.make_node("Squeeze", ["y", "axis1"], ["ys"], name="squeeze"),
+        *_chain("ys", "out", "c"),
+    ]
+    graph = h.make_graph(
+        nodes,
+        op.lower(),
+        [h.make_tensor_value_info("x", TensorProto.FLOAT, [SEQ, BATCH, IN])],
+        [h.make_tensor_value_info("out", TensorProto.FLOAT, [SEQ, BATCH, HIDDEN])],
+        _consts(np.random.default_rng(0), gates),
+    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return model
+
+
+def if_model() -> onnx.ModelProto:
+    """``x [BATCH, HIDDEN]`` -> the chain -> ``If(sum > 0)``: Relu or Neg -> the chain."""
+    then_g = h.make_graph(
+        [h.make_node("Relu", ["h"], ["r"], name="then_relu")],
+        "then",
+        [],
+        [h.make_tensor_value_info("r", TensorProto.FLOAT, [BATCH, HIDDEN])],
+    )
+    else_g = h.make_graph(
+        [h.make_node("Neg", ["h"], ["n"], name="else_neg")],
+        "else",
+        [],
+        [h.make_tensor_value_info("n", TensorProto.FLOAT, [BATCH, HIDDEN])],
+    )
+    nodes = [
+        *_chain("x", "h", "pre"),
+        h.make_node("ReduceSum", ["h"], ["s"], keepdims=0, name="sum"),
+        h.make_node("Greater", ["s", "zero"], ["cond"], name="greater"),
+        h.make_node("If", ["cond"], ["branch"], then_branch=then_g, else_branch=else_g, name="if"),
+        *_chain("branch", "out", "post"),
+    ]
+    consts = _consts(np.random.default_rng(0), 3)[3:5]
+    consts.append(nh.from_array(np.array(0.0, np.float32), "zero"))
+    graph = h.make_graph(
+        nodes,
+        "if_model",
+        [h.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, HIDDEN])],
+        [h.make_tensor_value_info("out", TensorProto.FLOAT, [BATCH, HIDDEN])],
+        consts,
+    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return model
