@@ -303,7 +303,8 @@ class GraphAutoFusion:
                 options=opts.replace(target="cpu"),
                 source_name=self.source_name,
             )
-            results = self.fused_module.autofusion.results()
+            info = self.fused_module.autofusion
+            results = info.results() or info.engine_results()  # compressed weights: onnxruntime
             self.result = results[0] if results else None
             return
         if opts.target == "cpu":  # the faster of onnxruntime with our kernels and torch's
@@ -380,7 +381,7 @@ class GraphAutoFusion:
             info = self._module_fusion().autofusion
             return [
                 SafeFusionReport(r, f"{self.source_name} graph {i}")
-                for i, r in enumerate(info.results())
+                for i, r in enumerate(info.results() or info.engine_results())
             ]
         return SafeFusionReport(self._need_result(), self.source_name)
 

@@ -206,6 +206,13 @@ def _cmd_fuse(args: argparse.Namespace) -> int:
         raise ModelWriteError(f"{args.output}: cannot write there (folder missing or read-only)")
     if args.html:  # before the work, not after it (the report's folder is created)
         check_output_path(args.html, "HTML report", make_folder=True)
+    if args.weights != "fp32" and args.target != "onnxruntime":
+        from graph_autofusion.options import OptionsError
+
+        raise OptionsError(
+            f"--weights {args.weights} is an onnxruntime-target option (MatMulNBits); --target "
+            f"{args.target}'s kernels take fp32 weights"
+        )
     if args.custom_ops and args.target != "onnxruntime":
         from graph_autofusion.options import OptionsError
 
@@ -224,6 +231,7 @@ def _cmd_fuse(args: argparse.Namespace) -> int:
         custom_ops=args.custom_ops,
         size_switches=tuple(args.size_switch or ()),
         keep_fp32=(args.keep_fp32,) if args.keep_fp32 else (),
+        weights=args.weights,
     )
     gaf = GraphAutoFusion(
         args.model,
@@ -435,6 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_cmd_rules_list)
 
     from graph_autofusion.cost.hardware_cli import add_hardware_commands
+    from graph_autofusion.options import WEIGHT_FORMS
     from graph_autofusion.planner.plan import STRATEGIES
     from graph_autofusion.report.analysis_cli import add_analyze_command
 
@@ -483,6 +492,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="OPS",
         help="in float16/bfloat16 models these operators compute in float32 (comma-separated; "
         "'default': BatchNormalization and the reductions)",
+    )
+    p.add_argument(
+        "--weights",
+        default="fp32",
+        choices=list(WEIGHT_FORMS),
+        help="how contractions by a constant matrix store their weights: fp32 (default), int8 "
+        "or int4 (blockwise MatMulNBits, each layer verified by safe mode; failures stay fp32), "
+        "fp16 (no fused form on onnxruntime CPU: reported kept fp32)",
     )
     p.add_argument(
         "--float-check",

@@ -22,3 +22,25 @@ MC_SAMPLES = 8
 #: Rounds of the cpu target's engine measurement on an ONNX model (onnxruntime with our
 #: kernels against the torch runner; ``pipeline_cpu_engines``).
 ENGINE_TIMING_ROUNDS = 5
+#: Compressed weights (``FuseOptions.weights``, :mod:`graph_autofusion.pipeline_weights`):
+#: the block of ``MatMulNBits`` along K, per form (one fp32 scale per block).
+WEIGHTS_BLOCK_SIZE = {"int8": 32, "int4": 32}
+#: Whether a form stores a zero point per block (asymmetric) rather than a symmetric range.
+WEIGHTS_ZERO_POINT = {"int8": False, "int4": True}
+#: ``MatMulNBits``' accuracy_level: 4 quantizes the activations per block to int8 inside the
+#: kernel (the fast path on CPU; level 0 dequantizes the weight to fp32 on every call).
+WEIGHTS_ACCURACY_LEVEL = 4
+#: Matrices with fewer weights stay fp32 (nothing to save, a reason in the report).
+WEIGHTS_MIN_ELEMENTS = 4096
+#: Safe mode's per-layer floor: the compressed layer's output on real activations against its
+#: fp32 output (cosine at least, relative L2 error at most).
+WEIGHTS_LAYER_COSINE = {"int8": 0.999, "int4": 0.99}
+WEIGHTS_LAYER_REL_ERR = {"int8": 0.05, "int4": 0.15}
+#: Safe mode's end-to-end floor of a model with compressed weights (lossy by design: its own
+#: floor, not :data:`E2E_COSINE`).
+WEIGHTS_E2E_COSINE = {"int8": 0.99, "int4": 0.98}
+#: ... and relative L2 error at most (a scaled answer has cosine 1).
+WEIGHTS_E2E_REL_ERR = {"int8": 0.1, "int4": 0.5}
+#: Rounds of rolling back the worst half of the compressed layers when the end-to-end check
+#: fails (then every layer goes back to fp32).
+WEIGHTS_E2E_ROUNDS = 3

@@ -23,6 +23,8 @@ DEFAULT_E2E_COSINE = defaults.E2E_COSINE
 DEFAULT_MAX_CLUSTER_NODES = defaults.MAX_CLUSTER_NODES
 DEFAULT_MAX_CLUSTER_INPUTS = defaults.MAX_CLUSTER_INPUTS
 TARGETS = ("onnxruntime", "cpu")
+#: The weight forms of ``FuseOptions.weights`` (:mod:`graph_autofusion.pipeline_weights`).
+WEIGHT_FORMS = ("fp32", "fp16", "int8", "int4")
 
 
 class OptionsError(GraphAutoFusionError, ValueError):
@@ -62,6 +64,11 @@ class FuseOptions:
             (``("BatchNormalization", "ReduceMean")``; ``("default",)``: BatchNormalization
             and the reductions): a fusion that would compute them in half precision is
             refused, and unfused they get float32 inputs (``planner.controls``).
+        weights: How contractions by a constant matrix store their weights: ``fp32`` (as
+            given, the default), ``int8`` or ``int4`` (blockwise, onnxruntime's
+            ``MatMulNBits``; each layer verified by safe mode, failures kept fp32), ``fp16``
+            (no fused form on onnxruntime CPU: every layer reported kept fp32). Lossy only
+            when asked for (``docs/compressed-weights.md``).
     """
 
     target: str = "onnxruntime"
@@ -83,6 +90,7 @@ class FuseOptions:
     custom_ops: bool = False
     size_switches: tuple[Any, ...] = ()
     keep_fp32: tuple[str, ...] = ()
+    weights: str = "fp32"
 
     def __post_init__(self) -> None:
         from graph_autofusion.planner.controls import parse_keep_fp32, parse_size_switch
@@ -104,6 +112,8 @@ class FuseOptions:
             raise OptionsError(
                 f"unknown kernel backend {self.backend!r}; known: ['c', 'reference']"
             )
+        if self.weights not in WEIGHT_FORMS:
+            raise OptionsError(f"unknown weight form {self.weights!r}; known: {list(WEIGHT_FORMS)}")
         if not (0.0 <= self.benefit_threshold < 1.0):
             raise OptionsError(f"benefit_threshold must be in [0, 1), got {self.benefit_threshold}")
 

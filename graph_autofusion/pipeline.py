@@ -166,6 +166,8 @@ class FuseResult:
     #: the cpu target on an ONNX model: the engine that runs it (``pipeline_cpu_engines``:
     #: ``name``, ``why``, measured ``ms`` per engine, ``notes``); empty otherwise
     engine: dict[str, Any] = field(default_factory=dict)
+    #: compressed weights (``options.weights``): pipeline_weights.WeightsReport, or None (fp32)
+    weights: Any = None
 
     @property
     def fused(self) -> list[Lowered]:
@@ -202,6 +204,7 @@ class FuseResult:
             "measured_improvement": self.measured_improvement(),
             "end_to_end": self.end_to_end,
             "safe_mode": self.safe_mode,
+            **({"weights": self.weights.to_dict()} if self.weights is not None else {}),
             "shape_folding": (
                 {k: v for k, v in self.shape_folding.to_dict().items() if k != "folded"}
                 if self.shape_folding is not None
@@ -356,14 +359,28 @@ def fuse_model(
     args = dict(feeds=feeds, progress=progress, dump_dir=dump_dir, saved_keys=keys)
     notes: list[str] = []
     custom = CustomOps.start(options.custom_ops, options.codegen, notes)
+    result = None
     if custom is not None:
         try:
-            return _fuse_model(
+            result = _fuse_model(
                 original, rules, profile, options, custom=custom, notes=notes, **args
             )
         except CustomOpsUnavailable as exc:
             notes.append(f"custom operators off: {exc}; fused without them")
-    return _fuse_model(original, rules, profile, options, custom=None, notes=notes, **args)
+    if result is None:
+        result = _fuse_model(original, rules, profile, options, custom=None, notes=notes, **args)
+    if options.weights != "fp32":  # compressed weights: the last stage, each layer verified
+        from graph_autofusion.pipeline_weights import compress_weights
+        from graph_autofusion.report import progress as _progress
+
+        t = time.perf_counter()
+        with _progress.task(f"weights: {options.weights}"):
+            report = compress_weights(result, options)
+        result.timings["weights"] = time.perf_counter() - t
+        if report is not None:
+            result.notes.append(report.notes[-1] if report.notes else f"weights {report.form}")
+        dump_artifact(dump_dir, "fused.onnx", lambda: to_onnx_bytes(result.model))
+    return result
 
 
 def _fuse_model(

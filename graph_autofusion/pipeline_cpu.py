@@ -191,6 +191,11 @@ def fuse_model_cpu(
     options = options or FuseOptions(target="cpu")
     stages = Stages(dump_dir)
     notes: list[str] = []
+    if options.weights != "fp32":  # never a surprise: said, not silently ignored
+        notes.append(
+            f"weights={options.weights}: the cpu target keeps every weight fp32 (compressed "
+            f"weights are MatMulNBits on the onnxruntime target)"
+        )
     feeds = own_copy(feeds) if feeds is not None else generate_inputs(original)
     opset = int(original.opset_imports.get("", 17))
     with stages("plan"):  # load, fold_shapes, candidates, cost, plan

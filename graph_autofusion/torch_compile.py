@@ -184,12 +184,17 @@ class CompiledGraph:
         outs = tuple(expected) if isinstance(expected, tuple | list) else (expected,)
         built: dict[str, Any] = {}
         wanted = ENGINES[:-1] if self.config.engine == "auto" else (self.config.engine,)
+        if self.config.options.weights != "fp32" and "torch" in wanted:  # compressed weights
+            wanted = ("onnxruntime",)
+            self.engine_notes["torch"] = (
+                f"not built: weights={self.config.options.weights} runs on onnxruntime only"
+            )
         self.plan_source = ""
         if self.config.saved_engines is not None:  # a loaded plan: the engine it ran on
             from graph_autofusion.torch_module import graph_fingerprint
 
             saved = self.config.saved_engines.get(graph_fingerprint(imported.model))
-            if saved in ENGINES[:-1]:
+            if saved in ENGINES[:-1] and (saved == "onnxruntime" or len(wanted) > 1):
                 wanted = (saved,)
                 self.plan_source = "saved"
         for engine in wanted:
@@ -218,7 +223,7 @@ class CompiledGraph:
         with torch.no_grad():
             got = program(*args)
         if engine != "eager":
-            _same_as_eager(got, outs, self.config.options.e2e_cosine_floor)
+            _same_as_eager(got, outs, *_tolerance(self.config.options))
         # this call returns the program's outputs, as every later call will: their layouts
         # feed Dynamo's guards on the next frame (a decode step's cache), and eager's may differ
         wrap = list if isinstance(expected, list) else tuple
@@ -254,7 +259,7 @@ class CompiledGraph:
             program = self._torch_program(imported, args, outs)
         with torch.no_grad():
             got = program(*args)
-        _same_as_eager(got, outs, self.config.options.e2e_cosine_floor)
+        _same_as_eager(got, outs, *_tolerance(self.config.options))
         return _OrtCall(program, self) if engine == "onnxruntime" else program
 
     def _torch_program(self, imported: Any, args: Sequence[Any], outs: tuple) -> Any:
@@ -373,9 +378,22 @@ class _OrtCall:
             return tuple(out) if isinstance(out, tuple | list) else (out,)
 
 
-def _same_as_eager(got: Sequence[Any], want: Sequence[Any], floor: float) -> None:
+def _tolerance(options: FuseOptions) -> tuple[float, float | None]:
+    """The cosine floor and relative-error cap of a program's outputs against eager's: the
+    end-to-end floor, or with compressed weights (lossy by design) their own."""
+    if options.weights in ("int8", "int4"):
+        from graph_autofusion import defaults
+
+        w = options.weights
+        return defaults.WEIGHTS_E2E_COSINE[w], defaults.WEIGHTS_E2E_REL_ERR[w]
+    return options.e2e_cosine_floor, None
+
+
+def _same_as_eager(
+    got: Sequence[Any], want: Sequence[Any], floor: float, rel_cap: float | None = None
+) -> None:
     """Raise unless every output matches eager's (cosine, and relative error: a scaled
-    answer has cosine 1)."""
+    answer has cosine 1; ``rel_cap``: that error's cap instead of the dtype's)."""
     from graph_autofusion.verify.compare import compare_tensors
 
     if len(got) != len(want):
@@ -395,7 +413,9 @@ def _same_as_eager(got: Sequence[Any], want: Sequence[Any], floor: float) -> Non
         cmp = compare_tensors(g.detach().float().numpy(), w.detach().float().numpy())
         scale = float(w.detach().float().norm())
         rel = float((g.detach().float() - w.detach().float()).norm()) / max(scale, 1e-30)
-        if cmp["cosine"] < floor or rel > REL_TOLERANCE[w.dtype]:
+        if cmp["cosine"] < floor or rel > (
+            rel_cap if rel_cap is not None else REL_TOLERANCE[w.dtype]
+        ):
             raise GraphAutoFusionError(
                 f"output {i} differs from eager's (cosine {cmp['cosine']:.6f}, relative "
                 f"error {rel:.2e})"
@@ -482,6 +502,13 @@ def make_backend(
         from graph_autofusion.options import OptionsError
 
         raise OptionsError(f"unknown engine {engine!r}; known: ['auto', 'onnxruntime', 'torch']")
+    if engine == "torch" and opts.weights != "fp32":
+        from graph_autofusion.options import OptionsError
+
+        raise OptionsError(
+            f"weights={opts.weights!r} runs on the onnxruntime engine (MatMulNBits); the torch "
+            f"engine's kernels take fp32 weights (use engine='auto' or 'onnxruntime')"
+        )
     config = BackendConfig(
         preset=preset, hardware=hardware, options=opts, rules=rules, engine=engine
     )

@@ -138,6 +138,8 @@ FEW_ROWS = 8
 
 
 def _worth_packing(result: Any) -> bool:
+    if any(n.op_type == "MatMulNBits" for n in result.model.graph.nodes):
+        return True  # unpacked, MatMulNBits dequantizes its whole weight on every call
     static = all(isinstance(d, int) for v in result.model.graph.inputs for d in (v.shape or ()))
     return not (static and few_rows(result))
 

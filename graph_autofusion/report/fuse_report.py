@@ -120,6 +120,9 @@ class SafeFusionReport:
                     f"{v.get('max_abs', float('nan')):.3g} -> "
                     f"{'pass' if v.get('passed', True) else 'FAIL'}"
                 )
+        weights = getattr(r, "weights", None)
+        if weights is not None:  # compressed weights: every contraction's form and error
+            lines.extend(weights.to_text().splitlines())
         lines.extend(f"note: {n}" for n in r.notes)
         return "\n".join(lines)
 

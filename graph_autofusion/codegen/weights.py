@@ -1,0 +1,380 @@
+"""Compressed weights on onnxruntime: contractions by a constant matrix as ``MatMulNBits``.
+
+    sites, kept = find_sites(model)                  # what could be compressed, what cannot
+    packed = quantize(site.weight, bits=8, block_size=32)
+    compress_site(model, site, packed, accuracy_level=4)   # the node becomes MatMulNBits
+
+onnxruntime's ``com.microsoft.MatMulNBits`` (contrib schema, onnxruntime 1.32) multiplies an
+fp32 activation ``A[..., K]`` by a weight stored blockwise along ``K``: ``B`` uint8
+``[N, k_blocks, blob_size]`` (``blob_size = block_size * bits / 8``; 4-bit values two to a
+byte, the first in the low nibble), ``scales`` fp32 ``[N, k_blocks]``, optional
+``zero_points`` (uint8, packed like ``B`` for 4 bits: ``[N, ceil(k_blocks * bits / 8)]``;
+absent: ``2^(bits-1)``), optional ``bias [N]``; attributes ``K``, ``N``, ``bits``,
+``block_size`` (a power of two >= 16) and ``accuracy_level`` (4: the CPU kernel quantizes
+``A`` per block to int8 and runs an integer dot product). Dequantization happens inside the
+kernel: the weight is read once per call in its compressed form.
+
+Quantization needs no calibration data: round to nearest per block of ``block_size`` weights
+along ``K``, symmetric (``scale = max|w| / (2^(bits-1) - 1)``, zero point ``2^(bits-1)``) or
+with a zero point (``scale = (max - min) / (2^bits - 1)``, the range always holding 0).
+
+The sites: ``MatMul(A, W)``, ``MatMul(A, Transpose(W))``, ``Gemm(A, W, bias)`` (``transB``,
+alpha and beta 1, no ``transA``) and ``com.microsoft.FusedMatMul`` (``transB``, alpha 1) with a
+constant float32 ``W`` of rank 2. :func:`find_sites` gives the others a reason (the LM head and
+tiny matrices by policy, non-constant or non-float32 weights because no form takes them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from graph_autofusion.ir.core import Model, Node, Value, const_value
+from graph_autofusion.ir.dtypes import DType
+
+#: Bits of each compressed form.
+BITS = {"int8": 8, "int4": 4}
+#: Operators that only move or retype values (a contraction whose output reaches a graph output
+#: through them alone computes the model's output: the LM head).
+_SHAPE_ONLY = ("Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten", "Cast")
+
+# reasons a contraction stays fp32
+KEPT_HEAD = "kept fp32: LM head (policy: the layer producing the model's output, or vocabulary-sized, stays fp32)"
+KEPT_EMBEDDING = "kept fp32: embedding table (policy: Gather tables stay fp32)"
+KEPT_FP16 = (
+    "kept fp32: no fused fp16 form on onnxruntime CPU (a Cast of an fp16 initializer is "
+    "constant-folded back to fp32 when the session loads; MatMulNBits takes 2-8 bits)"
+)
+
+
+@dataclass
+class Packed:
+    """A weight ``[K, N]`` quantized for ``MatMulNBits``."""
+
+    bits: int
+    block_size: int
+    k: int
+    n: int
+    b: np.ndarray  # uint8 [N, k_blocks, blob_size]
+    scales: np.ndarray  # float32 [N, k_blocks]
+    zero_points: np.ndarray | None  # uint8 [N, k_blocks] (8 bits) or packed (4 bits)
+    dequantized: np.ndarray  # float32 [K, N]: what the kernel multiplies by
+
+    @property
+    def nbytes(self) -> int:
+        zp = self.zero_points.nbytes if self.zero_points is not None else 0
+        return int(self.b.nbytes + self.scales.nbytes + zp)
+
+
+@dataclass
+class Site:
+    """One contraction by a constant matrix: ``y = a @ weight (+ bias)``."""
+
+    node: Node
+    name: str
+    op: str
+    a: Value
+    y: Value
+    weight: np.ndarray | None  # float [K, N] (None: not constant)
+    bias: np.ndarray | None = None
+    k: int = 0
+    n: int = 0
+    reason: str = ""  # why it stays fp32 ("" : it can be compressed)
+    extra: list[Node] = field(default_factory=list)  # the Transpose of a transposed weight
+
+    @property
+    def fp32_bytes(self) -> int:
+        return 4 * self.k * self.n
+
+
+def quantize(w: np.ndarray, bits: int, block_size: int, zero_point: bool = False) -> Packed:
+    """Round-to-nearest blockwise quantization of ``w [K, N]`` along ``K`` (see the module
+    docstring); ``K`` is padded with zeros to whole blocks."""
+    if bits not in (4, 8):
+        raise ValueError(f"bits must be 4 or 8, got {bits}")
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"block_size must be a power of two >= 16, got {block_size}")
+    w = np.asarray(w, dtype=np.float32)
+    k, n = w.shape
+    nb = -(-k // block_size)
+    padded = np.zeros((nb * block_size, n), np.float32)
+    padded[:k] = w
+    blocks = np.ascontiguousarray(padded.T).reshape(n, nb, block_size)
+    top = 2**bits - 1
+    if zero_point:
+        lo = np.minimum(blocks.min(-1), 0.0)
+        hi = np.maximum(blocks.max(-1), 0.0)
+        scale = (hi - lo) / top
+        scale[scale == 0] = 1.0
+        zp = np.clip(np.round(-lo / scale), 0, top)
+        q = np.clip(np.round(blocks / scale[..., None]) + zp[..., None], 0, top)
+    else:
+        half = 2 ** (bits - 1)
+        scale = np.abs(blocks).max(-1) / (half - 1)
+        scale[scale == 0] = 1.0
+        zp = np.full(scale.shape, float(half))
+        q = np.clip(np.round(blocks / scale[..., None]), 1 - half, half - 1) + half
+    q = q.astype(np.uint8)
+    scale = scale.astype(np.float32)
+    deq = (q.astype(np.float32) - zp[..., None].astype(np.float32)) * scale[..., None]
+    deq = np.ascontiguousarray(deq.reshape(n, nb * block_size)[:, :k].T)
+    zps = None
+    if bits == 4:
+        b = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+        if zero_point:
+            z = zp.astype(np.uint8)
+            if nb % 2:
+                z = np.concatenate([z, np.zeros((n, 1), np.uint8)], axis=1)
+            zps = (z[:, 0::2] | (z[:, 1::2] << 4)).astype(np.uint8)
+    else:
+        b = q
+        zps = zp.astype(np.uint8) if zero_point else None
+    return Packed(bits, block_size, k, n, np.ascontiguousarray(b), scale, zps, deq)
+
+
+def _transposed_const(v: Value) -> np.ndarray | None:
+    """``v``'s data when it is ``Transpose(constant 2-D, perm [1, 0])``."""
+    p = v.producer
+    if p is None or p.op_type != "Transpose" or p.domain not in ("", "ai.onnx"):
+        return None
+    data = const_value(p.inputs[0]) if p.inputs and p.inputs[0] is not None else None
+    if data is None or data.ndim != 2 or list(p.attrs.get("perm", [1, 0])) != [1, 0]:
+        return None
+    return data.T
+
+
+def _weight_of(node: Node) -> tuple[Value | None, np.ndarray | None, bool, str]:
+    """``(B value, B as [K, N] or None, transposed-by-a-node, why not)``."""
+    if len(node.inputs) < 2 or node.inputs[0] is None or node.inputs[1] is None:
+        return None, None, False, "no weight input"
+    b = node.inputs[1]
+    data = const_value(b)
+    via_transpose = False
+    if data is None:
+        data = _transposed_const(b)
+        via_transpose = data is not None
+    trans_b = int(node.attrs.get("transB", 0)) if node.op_type in ("Gemm", "FusedMatMul") else 0
+    if data is not None and trans_b:
+        data = data.T
+    return b, data, via_transpose, ""
+
+
+def _contraction(node: Node) -> str:
+    """Why ``node`` is not a plain ``a @ W (+ bias)`` contraction ("" when it is)."""
+    a = node.attrs
+    if node.op_type == "Gemm":
+        if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
+            return "kept fp32: Gemm with transA, alpha or beta (no MatMulNBits form)"
+    if node.op_type == "FusedMatMul":
+        if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0:
+            return "kept fp32: FusedMatMul with transA or alpha (no MatMulNBits form)"
+        if a.get("transBatchA", 0) or a.get("transBatchB", 0):
+            return "kept fp32: FusedMatMul with batch transposes (no MatMulNBits form)"
+    return ""
+
+
+def _reaches_output(model: Model, v: Value, depth: int = 6) -> bool:
+    """Whether ``v`` is a graph output, directly or through shape-only operators."""
+    if model.graph.is_output(v):
+        return True
+    if depth == 0:
+        return False
+    for user, _ in v.users:
+        if user.op_type in _SHAPE_ONLY and user.outputs and user.inputs[0] is v:
+            if _reaches_output(model, user.outputs[0], depth - 1):
+                return True
+    return False
+
+
+def embedding_tables(model: Model) -> list[tuple[str, int, int]]:
+    """The ``Gather`` tables of the model's embeddings: ``(node name, rows, columns)``."""
+    out = []
+    for node in model.graph.nodes:
+        if node.op_type != "Gather" or not node.inputs or node.inputs[0] is None:
+            continue
+        data = const_value(node.inputs[0])
+        if data is not None and data.ndim == 2 and data.dtype.kind == "f" and data.size >= 4096:
+            out.append((node.name, int(data.shape[0]), int(data.shape[1])))
+    return out
+
+
+def find_sites(model: Model, *, min_elements: int = 4096, keep_head: bool = True) -> list[Site]:
+    """Every contraction by a rank-2 matrix in ``model``'s main graph, in graph order, each with
+    ``reason`` empty when it can become ``MatMulNBits`` and the reason it stays fp32 otherwise.
+    Contractions of two activations of higher rank (attention scores) are not listed."""
+    sites: list[Site] = []
+    vocab = {rows for _, rows, _ in embedding_tables(model)}
+    for node in model.graph.nodes:
+        if node.op_type not in ("MatMul", "Gemm", "FusedMatMul"):
+            continue
+        if (node.domain or "") not in (
+            ("com.microsoft",) if node.op_type == "FusedMatMul" else ("", "ai.onnx")
+        ):
+            continue
+        b, data, via_t, why = _weight_of(node)
+        if b is None:
+            continue
+        if data is None and b.rank != 2:
+            continue  # activation x activation (attention): not a weight
+        a, y = node.inputs[0], node.outputs[0]
+        site = Site(node, node.name, node.op_type, a, y, data)
+        if via_t:
+            site.extra = [b.producer]
+        if data is not None:
+            site.k, site.n = int(data.shape[0]), int(data.shape[1])
+        site.reason = _reason(model, node, site, data, min_elements, keep_head, vocab)
+        if not site.reason and node.op_type == "Gemm" and len(node.inputs) > 2:
+            c = node.inputs[2]
+            bias = const_value(c) if c is not None else None
+            if c is not None and (bias is None or bias.size != site.n):
+                site.reason = "kept fp32: Gemm bias is not a constant [N] vector"
+            elif bias is not None:
+                site.bias = bias.reshape(-1).astype(np.float32)
+        sites.append(site)
+    return sites
+
+
+def _reason(
+    model: Model,
+    node: Node,
+    site: Site,
+    data: np.ndarray | None,
+    min_elements: int,
+    keep_head: bool,
+    vocab: set[int],
+) -> str:
+    why = _contraction(node)
+    if why:
+        return why
+    if data is None:
+        return "kept fp32: the weight is not a constant initializer (no compressed form)"
+    if data.dtype != np.float32:
+        return f"kept fp32: {data.dtype} weights (the compressed forms take float32 models)"
+    if site.a.dtype is not None and site.a.dtype != DType.FLOAT:
+        return f"kept fp32: {site.a.dtype.name} activations (the compressed forms take float32)"
+    if site.a.rank is not None and site.a.rank < 2:
+        return "kept fp32: a 1-D activation (MatMulNBits takes [..., M, K])"
+    if site.k < 16:
+        return f"kept fp32: K={site.k} is smaller than one block"
+    if site.k * site.n < min_elements:
+        return f"kept fp32: tiny matrix ({site.k}x{site.n} < {min_elements} weights)"
+    if keep_head and (_reaches_output(model, site.y) or (site.n in vocab and site.n >= 1000)):
+        return KEPT_HEAD
+    return ""
+
+
+def nbits_inputs(graph: Any, site: Site, packed: Packed, prefix: str) -> list[Value | None]:
+    """The initializers of ``site``'s ``MatMulNBits`` in ``graph`` (an IR graph): ``[A, B,
+    scales, zero_points, g_idx, bias]`` trimmed of trailing absent ones."""
+    b = graph.add_initializer(graph.fresh_name(f"{prefix}_q{packed.bits}"), packed.b)
+    s = graph.add_initializer(graph.fresh_name(f"{prefix}_scales"), packed.scales)
+    zp = None
+    if packed.zero_points is not None:
+        zp = graph.add_initializer(graph.fresh_name(f"{prefix}_zp"), packed.zero_points)
+    bias = None
+    if site.bias is not None:
+        bias = graph.add_initializer(graph.fresh_name(f"{prefix}_bias"), site.bias)
+    ins: list[Value | None] = [site.a, b, s, zp, None, bias]
+    while ins[-1] is None:
+        ins.pop()
+    return ins
+
+
+def nbits_attrs(packed: Packed, accuracy_level: int) -> dict[str, int]:
+    return {
+        "K": packed.k,
+        "N": packed.n,
+        "bits": packed.bits,
+        "block_size": packed.block_size,
+        "accuracy_level": int(accuracy_level),
+    }
+
+
+def compress_site(model: Model, site: Site, packed: Packed, accuracy_level: int) -> Node:
+    """Replace ``site``'s node in ``model`` by one ``MatMulNBits`` over ``packed`` (the old
+    weight initializer goes when nothing else reads it). Returns the new node."""
+    from graph_autofusion.codegen.onnxruntime import prune_dead_feeders
+
+    graph = model.graph
+    node = site.node
+    prefix = (site.name or "matmul").replace("/", "_").strip("_") or "matmul"
+    ins = nbits_inputs(graph, site, packed, prefix)
+    new = graph.make_node(
+        "MatMulNBits",
+        ins,
+        nbits_attrs(packed, accuracy_level),
+        domain="com.microsoft",
+        name=f"{site.name}/MatMulNBits" if site.name else "MatMulNBits",
+        before=node,
+    )
+    out = new.outputs[0]
+    y = node.outputs[0]
+    out.dtype, out.shape = y.dtype, y.shape
+    name = y.name
+    graph.replace_all_uses_with(y, out)
+    feeders = [v for v in node.inputs if v is not None]
+    graph.remove_nodes([node])
+    prune_dead_feeders(model, feeders)
+    if not graph.has_value_name(name):
+        graph.rename_value(out, name)
+    model.opset_imports.setdefault("com.microsoft", 1)
+    return new
+
+
+def probe_model(
+    items: list[tuple[str, np.ndarray, Packed, np.ndarray | None]], accuracy_level: int
+) -> Any:
+    """An ONNX model computing each ``(name, activation, packed, bias)`` with its own
+    ``MatMulNBits``: inputs ``a<i>`` (the activation's shape), outputs ``y<i>`` (safe mode's
+    per-layer check runs every compressed layer of a model in one session)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes, inits, ins, outs = [], [], [], []
+    for i, (_name, act, p, bias) in enumerate(items):
+        names = [f"a{i}", f"b{i}", f"s{i}"]
+        inits += [numpy_helper.from_array(p.b, f"b{i}"), numpy_helper.from_array(p.scales, f"s{i}")]
+        names.append(f"z{i}" if p.zero_points is not None else "")
+        if p.zero_points is not None:
+            inits.append(numpy_helper.from_array(p.zero_points, f"z{i}"))
+        if bias is not None:
+            names += ["", f"c{i}"]
+            inits.append(numpy_helper.from_array(bias, f"c{i}"))
+        while names[-1] == "":
+            names.pop()
+        nodes.append(
+            helper.make_node(
+                "MatMulNBits",
+                names,
+                [f"y{i}"],
+                domain="com.microsoft",
+                **nbits_attrs(p, accuracy_level),
+            )
+        )
+        ins.append(helper.make_tensor_value_info(f"a{i}", TensorProto.FLOAT, list(act.shape)))
+        outs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None))
+    graph = helper.make_graph(nodes, "weights_probe", ins, outs, inits)
+    return helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+    )
+
+
+def reference_model(items: list[tuple[str, np.ndarray, np.ndarray, np.ndarray | None]]) -> Any:
+    """The fp32 twin of :func:`probe_model`: ``y<i> = a<i> @ W (+ bias)`` with ``MatMul``
+    (safe mode's per-layer timing of the uncompressed side)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes, inits, ins, outs = [], [], [], []
+    for i, (_name, act, w, bias) in enumerate(items):
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(w, np.float32), f"w{i}"))
+        out = f"y{i}" if bias is None else f"m{i}"
+        nodes.append(helper.make_node("MatMul", [f"a{i}", f"w{i}"], [out]))
+        if bias is not None:
+            inits.append(numpy_helper.from_array(bias, f"c{i}"))
+            nodes.append(helper.make_node("Add", [out, f"c{i}"], [f"y{i}"]))
+        ins.append(helper.make_tensor_value_info(f"a{i}", TensorProto.FLOAT, list(act.shape)))
+        outs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None))
+    graph = helper.make_graph(nodes, "weights_reference", ins, outs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

@@ -1,0 +1,388 @@
+"""Compressed weights as a verified fusion (``FuseOptions.weights``): the onnxruntime route's
+last stage.
+
+    report = compress_weights(result, options)     # result.model now has MatMulNBits nodes
+    report.layers                                  # every contraction: form, error, time, reason
+
+After the fusions are verified, every contraction by a constant matrix of the fused model
+(:func:`graph_autofusion.codegen.weights.find_sites`) is quantized without calibration data
+(round to nearest per block along K) and checked by safe mode on its own:
+
+1. **Per layer**: the fused fp32 model runs once on the sample inputs with each candidate's
+   activation and output exposed; every candidate's ``MatMulNBits`` then runs in one
+   onnxruntime session (prepacked, as a deployed session runs it: an unpacked ``MatMulNBits``
+   takes onnxruntime's slow dequantizing path and ignores ``accuracy_level``) on its real
+   activation, and its output is compared with the fp32 output: cosine at least
+   ``WEIGHTS_LAYER_COSINE[form]``, relative L2 error at most ``WEIGHTS_LAYER_REL_ERR[form]``.
+   With ``check_speed`` each layer is also timed against its fp32 ``MatMul`` (kept fp32 when
+   slower than ``speed_margin`` x). A failing layer stays fp32, alone, with its reason.
+2. **End to end**: the whole compressed model against the original on the sample inputs
+   (cosine of every output at least ``WEIGHTS_E2E_COSINE[form]``). When it fails, the worst
+   half of the compressed layers (by relative error) goes back to fp32 and the check repeats
+   (``WEIGHTS_E2E_ROUNDS``), then every layer.
+
+Policy: the LM head and the embedding tables stay fp32; tiny matrices too. ``fp16`` has no
+fused form on onnxruntime's CPU provider: every layer is reported "kept fp32". Without safe
+mode the candidates are compressed unchecked (the report says so).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from graph_autofusion import defaults
+from graph_autofusion.codegen.weights import (
+    BITS,
+    KEPT_EMBEDDING,
+    KEPT_FP16,
+    Packed,
+    Site,
+    compress_site,
+    embedding_tables,
+    find_sites,
+    probe_model,
+    quantize,
+    reference_model,
+)
+from graph_autofusion.ir.core import Model
+
+
+@dataclass
+class LayerRecord:
+    """One contraction's fate: ``form`` ``int8``/``int4`` (compressed) or ``fp32`` (kept)."""
+
+    name: str
+    op: str
+    k: int
+    n: int
+    form: str
+    block_size: int | None = None
+    zero_point: bool = False
+    cosine: float | None = None  # the compressed output against fp32 on real activations
+    rel_err: float | None = None  # relative L2 error of the same
+    time_fp32_us: float | None = None
+    time_us: float | None = None
+    fp32_bytes: int = 0
+    bytes: int = 0  # the stored weight (packed + scales + zero points), fp32 bytes if kept
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class WeightsReport:
+    """What the weight-compression stage did (``FuseResult.weights``)."""
+
+    form: str
+    layers: list[LayerRecord] = field(default_factory=list)
+    embeddings: list[dict[str, Any]] = field(default_factory=list)
+    end_to_end: dict[str, Any] | None = None
+    verified: bool = True
+    accuracy_level: int = defaults.WEIGHTS_ACCURACY_LEVEL
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def compressed(self) -> list[LayerRecord]:
+        return [r for r in self.layers if r.form != "fp32"]
+
+    @property
+    def kept(self) -> list[LayerRecord]:
+        return [r for r in self.layers if r.form == "fp32"]
+
+    def to_dict(self) -> dict[str, Any]:
+        fp32 = sum(r.fp32_bytes for r in self.layers)
+        now = sum(r.bytes for r in self.layers)
+        return {
+            "form": self.form,
+            "compressed": len(self.compressed),
+            "kept_fp32": len(self.kept),
+            "verified": self.verified,
+            "accuracy_level": self.accuracy_level,
+            "contraction_bytes_fp32": fp32,
+            "contraction_bytes": now,
+            "end_to_end": self.end_to_end,
+            "layers": [r.to_dict() for r in self.layers],
+            "embeddings": self.embeddings,
+            "notes": list(self.notes),
+        }
+
+    def to_text(self) -> str:
+        d = self.to_dict()
+        ratio = (
+            d["contraction_bytes"] / d["contraction_bytes_fp32"]
+            if d["contraction_bytes_fp32"]
+            else 1
+        )
+        lines = [
+            f"weights {self.form}: {d['compressed']} contractions compressed, {d['kept_fp32']} "
+            f"kept fp32 ({d['contraction_bytes'] / 1e6:.1f} of {d['contraction_bytes_fp32'] / 1e6:.1f}"
+            f" MB, {ratio:.2f}x){'' if self.verified else ' (not verified: safe mode off)'}"
+        ]
+        for r in self.layers:
+            err = f" cos {r.cosine:.6f} rel {r.rel_err:.2e}" if r.cosine is not None else ""
+            t = (
+                f" {r.time_us:.0f}us vs {r.time_fp32_us:.0f}us fp32"
+                if r.time_us is not None and r.time_fp32_us is not None
+                else ""
+            )
+            blk = f"/{r.block_size}" if r.block_size else ""
+            why = f"  {r.reason}" if r.reason else ""
+            lines.append(f"  {r.name} [{r.k}x{r.n}] {r.form}{blk}{err}{t}{why}")
+        for e in self.embeddings:
+            lines.append(f"  {e['name']} [{e['rows']}x{e['columns']}] fp32  {e['reason']}")
+        for name, v in (self.end_to_end or {}).items():
+            lines.append(
+                f"  end to end {name}: cosine {v['cosine']:.6f} rel {v['rel_err']:.2e}"
+                f"{'' if v['passed'] else ' FAILED'}"
+            )
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def compress_weights(result: Any, options: Any, *, threads: int = 2) -> WeightsReport | None:
+    """Compress ``result.model``'s weights to ``options.weights`` (see the module docstring);
+    sets ``result.model`` and ``result.weights`` and returns the report (``None`` for fp32)."""
+    form = options.weights
+    if form == "fp32":
+        return None
+    model: Model = result.model
+    sites = find_sites(model, min_elements=defaults.WEIGHTS_MIN_ELEMENTS)
+    report = WeightsReport(form, verified=bool(options.safe_mode))
+    report.embeddings = [
+        {"name": name, "rows": rows, "columns": cols, "reason": KEPT_EMBEDDING}
+        for name, rows, cols in embedding_tables(model)
+    ]
+    records = {s.name: _record(s) for s in sites}
+    report.layers = list(records.values())
+    result.weights = report
+    if form == "fp16":
+        for s in sites:
+            records[s.name].reason = s.reason or KEPT_FP16
+        report.notes.append("no layer compressed: fp16 has no fused form on onnxruntime CPU")
+        return report
+    bits = BITS[form]
+    block = defaults.WEIGHTS_BLOCK_SIZE[form]
+    zp = defaults.WEIGHTS_ZERO_POINT[form]
+    level = defaults.WEIGHTS_ACCURACY_LEVEL
+    todo = [s for s in sites if not s.reason]
+    packs = {s.name: quantize(s.weight, bits, block, zp) for s in todo}
+    if options.safe_mode and todo:
+        todo = _check_layers(model, result.feeds, todo, packs, records, options, level, threads)
+    chosen = [s.name for s in todo]
+    for name in chosen:
+        r, p = records[name], packs[name]
+        r.form, r.block_size, r.zero_point, r.bytes = form, block, zp, p.nbytes
+    if not chosen:
+        report.notes.append("no layer compressed")
+        return report
+    work = _apply(model, chosen, packs, level)
+    if options.safe_mode:
+        floor = defaults.WEIGHTS_E2E_COSINE[form]
+        for round_ in range(defaults.WEIGHTS_E2E_ROUNDS + 1):
+            e2e = _end_to_end(result.original, work, result.feeds, form, threads)
+            report.end_to_end = e2e
+            if all(v["passed"] for v in e2e.values()):
+                break
+            worst = _worst(chosen, records, everything=round_ == defaults.WEIGHTS_E2E_ROUNDS)
+            cos = min(v["cosine"] for v in e2e.values())
+            rel = max(v["rel_err"] for v in e2e.values())
+            for name in worst:
+                r = records[name]
+                r.form, r.block_size, r.zero_point = "fp32", None, False
+                r.bytes = r.fp32_bytes
+                r.reason = (
+                    f"kept fp32: rolled back by the end-to-end check (output cosine "
+                    f"{cos:.6f}, floor {floor}, relative error {rel:.3g}, cap "
+                    f"{defaults.WEIGHTS_E2E_REL_ERR[form]} with it compressed)"
+                )
+            chosen = [n for n in chosen if n not in set(worst)]
+            if not chosen:
+                report.notes.append("the end-to-end check failed: every layer stays fp32")
+                return report
+            work = _apply(model, chosen, packs, level)
+    result.model = work
+    report.notes.append(
+        f"{len(chosen)} contractions are MatMulNBits ({bits}-bit, block {block}, "
+        f"accuracy_level {level})"
+    )
+    return report
+
+
+def _record(s: Site) -> LayerRecord:
+    return LayerRecord(
+        s.name,
+        s.op,
+        s.k,
+        s.n,
+        "fp32",
+        fp32_bytes=s.fp32_bytes,
+        bytes=s.fp32_bytes,
+        reason=s.reason,
+    )
+
+
+def _worst(chosen: list[str], records: Mapping[str, LayerRecord], everything: bool) -> list[str]:
+    if everything or len(chosen) == 1:
+        return list(chosen)
+    ranked = sorted(chosen, key=lambda n: -(records[n].rel_err or 0.0))
+    return ranked[: max(1, len(chosen) // 2)]
+
+
+def _apply(model: Model, names: list[str], packs: Mapping[str, Packed], level: int) -> Model:
+    """A copy of ``model`` with the sites named ``names`` as ``MatMulNBits``."""
+    from graph_autofusion.codegen.onnxruntime import drop_dead_initializers
+    from graph_autofusion.pipeline import clone_model
+
+    work = clone_model(model)
+    wanted = set(names)
+    for site in find_sites(work, min_elements=defaults.WEIGHTS_MIN_ELEMENTS):
+        if site.name in wanted:
+            compress_site(work, site, packs[site.name], level)
+    drop_dead_initializers(work)
+    return work
+
+
+def _capture(model: Model, feeds: Mapping[str, Any], names: set[str], threads: int) -> dict:
+    """The values ``names`` of ``model`` on ``feeds`` (one onnxruntime run)."""
+    import onnx
+
+    from graph_autofusion.frontend.onnx_frontend import to_onnx
+    from graph_autofusion.runtime.ort_session import model_weights, ort_session
+
+    arrays = model_weights(model)
+    proto = to_onnx(model, without_data=set(arrays))
+    taken = {o.name for o in proto.graph.output}
+    inputs = {i.name for i in proto.graph.input}
+    for name in sorted(names - taken - inputs):
+        proto.graph.output.append(onnx.ValueInfoProto(name=name))
+    sess = ort_session(proto, "disable", threads, lean=True, in_place=arrays)
+    given = {i.name for i in sess.get_inputs()}
+    wanted = [o.name for o in sess.get_outputs() if o.name in names]
+    outs = dict(zip(wanted, sess.run(wanted, {k: v for k, v in feeds.items() if k in given})))
+    outs.update({k: np.asarray(v) for k, v in feeds.items() if k in names})
+    return outs
+
+
+def _stats(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
+    """``(cosine, relative L2 error)`` of ``got`` against ``want``."""
+    g = np.asarray(got, np.float64).ravel()
+    w = np.asarray(want, np.float64).ravel()
+    if g.shape != w.shape or not np.all(np.isfinite(g)):
+        return 0.0, math.inf
+    nw, ng = float(np.linalg.norm(w)), float(np.linalg.norm(g))
+    if nw == 0.0:
+        return (1.0, 0.0) if ng == 0.0 else (0.0, math.inf)
+    cos = float(g @ w) / (nw * ng) if ng else 0.0
+    return cos, float(np.linalg.norm(g - w)) / nw
+
+
+def _check_layers(
+    model: Model,
+    feeds: Mapping[str, Any],
+    todo: list[Site],
+    packs: Mapping[str, Packed],
+    records: Mapping[str, LayerRecord],
+    options: Any,
+    level: int,
+    threads: int,
+) -> list[Site]:
+    """Safe mode's per-layer check; returns the sites that pass (the others' records carry
+    their reason)."""
+    from graph_autofusion.runtime.ort_session import ort_session
+
+    form = options.weights
+    names = {s.a.name for s in todo} | {s.y.name for s in todo}
+    acts = _capture(model, feeds, names, threads)
+    items = []
+    for s in todo:
+        a = acts.get(s.a.name)
+        if a is None or acts.get(s.y.name) is None:
+            records[s.name].reason = "kept fp32: its activation could not be captured"
+            continue
+        items.append((s, np.ascontiguousarray(a, np.float32)))
+    if not items:
+        return []
+    probe = probe_model([(s.name, a, packs[s.name], s.bias) for s, a in items], level)
+    sess = ort_session(probe, "disable", threads)  # prepacked: the kernel a deployment runs
+    outs = sess.run(None, {f"a{i}": a for i, (_s, a) in enumerate(items)})
+    del sess
+    cos_floor = defaults.WEIGHTS_LAYER_COSINE[form]
+    rel_cap = defaults.WEIGHTS_LAYER_REL_ERR[form]
+    passed = []
+    for (s, _a), y in zip(items, outs):
+        r = records[s.name]
+        r.cosine, r.rel_err = _stats(y, acts[s.y.name])
+        if r.cosine < cos_floor:
+            r.reason = f"kept fp32: layer check: cosine {r.cosine:.6f} < {cos_floor}"
+        elif r.rel_err > rel_cap:
+            r.reason = f"kept fp32: layer check: relative error {r.rel_err:.3g} > {rel_cap}"
+        else:
+            passed.append((s, _a))
+    if options.check_speed and passed:
+        passed = _check_speed(passed, packs, records, options, level, threads)
+    return [s for s, _a in passed]
+
+
+def _check_speed(
+    items: list[tuple[Site, np.ndarray]],
+    packs: Mapping[str, Packed],
+    records: Mapping[str, LayerRecord],
+    options: Any,
+    level: int,
+    threads: int,
+) -> list[tuple[Site, np.ndarray]]:
+    """Time each layer compressed and fp32 on its activation (safe mode's timer); a layer
+    slower than ``speed_margin`` x its fp32 form stays fp32."""
+    from graph_autofusion.runtime.ort_session import ort_session
+    from graph_autofusion.runtime.timing import median_us
+
+    kept = []
+    for s, a in items:
+        fast = ort_session(probe_model([(s.name, a, packs[s.name], s.bias)], level), "all", threads)
+        slow = ort_session(reference_model([(s.name, a, s.weight, s.bias)]), "all", threads)
+        key = f"weights@{s.name}"
+        t_q = median_us(lambda fast=fast, a=a: fast.run(None, {"a0": a}), key=key, side="fused")
+        t_f = median_us(lambda slow=slow, a=a: slow.run(None, {"a0": a}), key=key, side="unfused")
+        r = records[s.name]
+        r.time_us, r.time_fp32_us = t_q, t_f
+        if t_q > t_f * options.speed_margin:
+            r.reason = f"kept fp32: slower compressed ({t_q:.0f} us vs {t_f:.0f} us fp32)"
+        else:
+            kept.append((s, a))
+    return kept
+
+
+def _end_to_end(
+    original: Model, work: Model, feeds: Mapping[str, Any], form: str, threads: int
+) -> dict[str, dict[str, Any]]:
+    """Every output of ``original`` against ``work`` (compressed, in a prepacked session):
+    cosine at least ``WEIGHTS_E2E_COSINE[form]``, relative error at most
+    ``WEIGHTS_E2E_REL_ERR[form]``."""
+    floor = defaults.WEIGHTS_E2E_COSINE[form]
+    from graph_autofusion.runtime.ort_session import model_weights, ort_session
+
+    cap = defaults.WEIGHTS_E2E_REL_ERR[form]
+    a = ort_session(original, "disable", threads, lean=True)
+    b = ort_session(work, "disable", threads, in_place=model_weights(work))
+    names = [o.name for o in a.get_outputs()]
+    given = {i.name for i in a.get_inputs()}
+    fa = {k: v for k, v in feeds.items() if k in given}
+    want = dict(zip(names, a.run(names, fa)))
+    gb = {i.name for i in b.get_inputs()}
+    got = dict(zip(names, b.run(names, {k: v for k, v in feeds.items() if k in gb})))
+    out = {}
+    for name in names:
+        w = np.asarray(want[name])
+        if w.dtype.kind != "f":
+            same = np.array_equal(w, np.asarray(got[name]))
+            out[name] = {"cosine": 1.0 if same else 0.0, "rel_err": 0.0, "passed": same}
+            continue
+        cos, rel = _stats(got[name], w)
+        out[name] = {"cosine": cos, "rel_err": rel, "passed": bool(cos >= floor and rel <= cap)}
+    return out

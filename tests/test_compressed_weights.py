@@ -1,0 +1,264 @@
+"""Compressed weights (``FuseOptions.weights``): contractions as onnxruntime's ``MatMulNBits``,
+each layer verified by safe mode, failures kept fp32 with their reason."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from graph_autofusion import GraphAutoFusion
+from graph_autofusion.codegen.weights import KEPT_FP16, KEPT_HEAD, find_sites, quantize
+from graph_autofusion.frontend.onnx_frontend import load_onnx, to_onnx
+from graph_autofusion.options import FuseOptions, OptionsError
+from graph_autofusion.runtime.ort_session import ort_session
+
+FAST = dict(check_speed=False)
+K0 = 5  # the hidden feature the sensitive layer's outlier sits on
+
+
+def _mlp(*, outlier: float = 0.0, head: bool = False, seed: int = 0) -> onnx.ModelProto:
+    """x[b, s, 64] -> MatMul 64x128 -> Relu -> MatMul 128x128 -> Relu -> MatMul 128x64 -> Add
+    (``head``: the last MatMul gives the output itself). ``outlier``: the second matrix's row
+    K0 holds it, a feature the first layer never produces (its column K0 is zero): the
+    outlier changes nothing in fp32, but per-block quantization flattens the rest of its
+    blocks."""
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal((64, 128)) * 0.1).astype(np.float32)
+    w2 = (rng.standard_normal((128, 128)) * 0.1).astype(np.float32)
+    w3 = (rng.standard_normal((128, 64)) * 0.1).astype(np.float32)
+    if outlier:
+        w1[:, K0] = 0.0
+        w2[K0, :] = outlier
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h1"], name="fc1"),
+        helper.make_node("Relu", ["h1"], ["r1"]),
+        helper.make_node("MatMul", ["r1", "w2"], ["h2"], name="fc2"),
+        helper.make_node("Relu", ["h2"], ["r2"]),
+        helper.make_node("MatMul", ["r2", "w3"], ["y" if head else "h3"], name="fc3"),
+    ]
+    inits = [numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (w2, "w2"), (w3, "w3"))]
+    if not head:
+        nodes.append(helper.make_node("Add", ["h3", "b3"], ["y"]))
+        inits.append(numpy_helper.from_array(np.full(64, 0.1, np.float32), "b3"))
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 64])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _feeds(seed: int = 1) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(seed).standard_normal((2, 8, 64)).astype(np.float32)}
+
+
+def _run(model, feeds):
+    sess = ort_session(model, "all")
+    return sess.run(None, feeds)[0]
+
+
+def _cosine(a, b) -> float:
+    a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def _ops(model) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for n in model.graph.nodes:
+        out[n.op_type] = out.get(n.op_type, 0) + 1
+    return out
+
+
+def test_matmulnbits_layout_matches_the_dequantized_weight_in_onnxruntime():
+    """The packing (4 bits two to a byte, low nibble first; zero points packed alike) is
+    what onnxruntime's kernel reads: at accuracy_level 0 it computes A @ dequantized."""
+    from graph_autofusion.codegen.weights import probe_model
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((100, 48)).astype(np.float32)  # K not a whole number of blocks
+    a = rng.standard_normal((3, 100)).astype(np.float32)
+    for bits, block, zp in ((8, 32, False), (8, 16, True), (4, 32, False), (4, 32, True)):
+        p = quantize(w, bits, block, zp)
+        assert p.b.shape == (48, 4 if block == 32 else 7, block * bits // 8)
+        y = ort_session(probe_model([("w", a, p, None)], 0), "disable").run(None, {"a0": a})[0]
+        np.testing.assert_allclose(y, a @ p.dequantized, rtol=1e-4, atol=1e-4)
+        err = np.linalg.norm(p.dequantized - w) / np.linalg.norm(w)
+        assert err < (0.01 if bits == 8 else 0.15)
+
+
+def test_fp32_default_is_unchanged():
+    src = _mlp()
+    plain = GraphAutoFusion(src, sample_inputs=_feeds())
+    plain.fuse(**FAST)
+    explicit = GraphAutoFusion(src, sample_inputs=_feeds(), options=FuseOptions(weights="fp32"))
+    explicit.fuse(**FAST)
+    assert FuseOptions().weights == "fp32"
+    assert plain.result.weights is None and explicit.result.weights is None
+    assert "weights" not in plain.safe_fusion_report().to_dict()
+    a = to_onnx(plain.result.model).SerializeToString()
+    assert a == to_onnx(explicit.result.model).SerializeToString()
+    assert "MatMulNBits" not in _ops(plain.result.model)
+
+
+@pytest.mark.parametrize("form, floor", [("int8", 0.999), ("int4", 0.98)])
+def test_int8_and_int4_compress_every_layer_and_stay_close(form, floor):
+    src, feeds = _mlp(), _feeds()
+    gaf = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights=form, **FAST))
+    fused = gaf.fuse()
+    assert _ops(fused).get("MatMulNBits") == 3 and "MatMul" not in _ops(fused)
+    assert _cosine(_run(fused, feeds), _run(src, feeds)) >= floor
+    rep = gaf.safe_fusion_report().to_dict()["weights"]
+    assert rep["form"] == form and rep["compressed"] == 3 and rep["verified"]
+    for layer in rep["layers"]:
+        assert layer["form"] == form and layer["block_size"] == 32
+        assert layer["cosine"] >= floor and 0 < layer["rel_err"] < 0.2
+        assert layer["bytes"] < 0.3 * layer["fp32_bytes"]
+    e2e = rep["end_to_end"]["y"]
+    assert e2e["passed"] and e2e["cosine"] >= floor
+    text = gaf.safe_fusion_report().to_text()
+    assert f"weights {form}: 3 contractions compressed" in text
+
+
+def test_a_sensitive_layer_is_rolled_back_alone_and_reported():
+    src, feeds = _mlp(outlier=50.0), _feeds()
+    gaf = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="int8", **FAST))
+    fused = gaf.fuse()
+    layers = {r.name: r for r in gaf.result.weights.layers}
+    assert layers["fc2"].form == "fp32" and "layer check" in layers["fc2"].reason
+    assert layers["fc2"].cosine < 0.999  # measured, and below the floor
+    assert layers["fc1"].form == "int8" and layers["fc3"].form == "int8"
+    assert _ops(fused).get("MatMulNBits") == 2 and _ops(fused).get("MatMul") == 1
+    # the fp32 model does not see the outlier (its feature is always zero): neither does ours
+    assert _cosine(_run(fused, feeds), _run(src, feeds)) >= 0.999
+    # unchecked (safe mode off) the same layer is compressed, and the output is worse
+    unsafe = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="int8"))
+    lossy = unsafe.fuse(safe_mode=False)
+    assert _ops(lossy).get("MatMulNBits") == 3 and not unsafe.result.weights.verified
+    assert _cosine(_run(lossy, feeds), _run(src, feeds)) < _cosine(
+        _run(fused, feeds), _run(src, feeds)
+    )
+
+
+def test_policy_and_unsupported_weights_stay_fp32_with_a_reason():
+    # the layer producing the output (an LM head) stays fp32 by policy
+    sites = {s.name: s for s in find_sites(load_onnx(_mlp(head=True)))}
+    assert sites["fc3"].reason == KEPT_HEAD and not sites["fc1"].reason
+    # a weight that is a graph input, a tiny matrix, a Gemm with transB, MatMul(x, W^T)
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 96)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "wv"], ["a"], name="variable"),
+        helper.make_node("MatMul", ["x", "tiny"], ["b"], name="tiny"),
+        helper.make_node("Gemm", ["x2", "wt", "bias"], ["c"], name="gemm", transB=1),
+        helper.make_node("Transpose", ["wt"], ["wtt"], perm=[1, 0]),
+        helper.make_node("MatMul", ["x", "wtt"], ["d"], name="transposed"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64]),
+            helper.make_tensor_value_info("x2", TensorProto.FLOAT, [4, 64]),
+            helper.make_tensor_value_info("wv", TensorProto.FLOAT, [64, 96]),
+        ],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "abcd"],
+        [
+            numpy_helper.from_array(rng.standard_normal((64, 8)).astype(np.float32), "tiny"),
+            numpy_helper.from_array(np.ascontiguousarray(w.T), "wt"),
+            numpy_helper.from_array(np.ones(96, np.float32), "bias"),
+        ],
+    )
+    model = load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    sites = {s.name: s for s in find_sites(model, keep_head=False)}
+    assert "not a constant" in sites["variable"].reason
+    assert "tiny matrix" in sites["tiny"].reason
+    assert not sites["gemm"].reason and sites["gemm"].bias is not None
+    np.testing.assert_array_equal(sites["gemm"].weight, w)
+    assert not sites["transposed"].reason
+    np.testing.assert_array_equal(sites["transposed"].weight, w)
+
+
+def test_gemm_and_transposed_weights_compress_to_close_outputs():
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((64, 96)) * 0.1).astype(np.float32)
+    nodes = [
+        helper.make_node("Gemm", ["x", "wt", "bias"], ["c"], name="gemm", transB=1),
+        helper.make_node("Transpose", ["wt"], ["wtt"], perm=[1, 0]),
+        helper.make_node("MatMul", ["x", "wtt"], ["d"], name="transposed"),
+        helper.make_node("Add", ["c", "d"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 96])],
+        [
+            numpy_helper.from_array(np.ascontiguousarray(w.T), "wt"),
+            numpy_helper.from_array(np.linspace(-1, 1, 96).astype(np.float32), "bias"),
+        ],
+    )
+    src = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": rng.standard_normal((4, 64)).astype(np.float32)}
+    gaf = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="int8", **FAST))
+    fused = gaf.fuse()
+    assert _ops(fused).get("MatMulNBits") == 2 and "Gemm" not in _ops(fused)
+    assert _cosine(_run(fused, feeds), _run(src, feeds)) >= 0.999
+
+
+def test_fp16_is_reported_kept_fp32_not_faked():
+    src, feeds = _mlp(), _feeds()
+    gaf = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="fp16", **FAST))
+    fused = gaf.fuse()
+    assert "MatMulNBits" not in _ops(fused)
+    layers = gaf.result.weights.layers
+    assert len(layers) == 3 and all(r.form == "fp32" and r.reason == KEPT_FP16 for r in layers)
+    np.testing.assert_allclose(_run(fused, feeds), _run(src, feeds), rtol=1e-5, atol=1e-5)
+
+
+def test_unknown_weight_form_is_one_clear_error():
+    with pytest.raises(OptionsError, match=r"unknown weight form 'int3'.*'fp32', 'fp16', 'int8'"):
+        FuseOptions(weights="int3")
+
+
+def test_saved_model_carries_the_packed_weights_and_reloads_to_the_same_outputs(tmp_path):
+    src, feeds = _mlp(), _feeds()
+    plain = GraphAutoFusion(src, sample_inputs=feeds)
+    plain.fuse(**FAST)
+    plain.save(tmp_path / "fp32.onnx")
+    gaf = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="int8", **FAST))
+    fused = gaf.fuse()
+    gaf.save(tmp_path / "int8.onnx")
+    size = (tmp_path / "int8.onnx").stat().st_size
+    assert size <= 0.3 * (tmp_path / "fp32.onnx").stat().st_size
+    saved = onnx.load(tmp_path / "int8.onnx")
+    assert sum(n.op_type == "MatMulNBits" for n in saved.graph.node) == 3
+    assert {i.data_type for i in saved.graph.initializer} >= {TensorProto.UINT8}
+    np.testing.assert_array_equal(_run(str(tmp_path / "int8.onnx"), feeds), _run(fused, feeds))
+
+
+def test_cli_fuse_with_weights_int8(tmp_path, capsys):
+    from graph_autofusion.cli import main
+
+    onnx.save(_mlp(), tmp_path / "mlp.onnx")
+    out = tmp_path / "mlp.int8.onnx"
+    code = main(
+        ["fuse", str(tmp_path / "mlp.onnx"), "-o", str(out), "--weights", "int8",
+         "--no-speed-check", "--json"]
+    )  # fmt: skip
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["weights"]["compressed"] == 3
+    assert sum(n.op_type == "MatMulNBits" for n in onnx.load(out).graph.node) == 3
+    feeds = {"x": np.random.default_rng(2).standard_normal((1, 5, 64)).astype(np.float32)}
+    assert _cosine(_run(str(out), feeds), _run(str(tmp_path / "mlp.onnx"), feeds)) >= 0.999
+    assert main(["fuse", str(tmp_path / "mlp.onnx"), "-o", str(out), "--weights", "int3"]) == 2
+    assert "invalid choice: 'int3'" in capsys.readouterr().err
+    bad = ["fuse", str(tmp_path / "mlp.onnx"), "-o", str(out), "--weights", "int8"]
+    assert main([*bad, "--target", "cpu"]) == 2
+    assert "onnxruntime-target option" in capsys.readouterr().err
