@@ -184,19 +184,19 @@ class CompiledGraph:
         outs = tuple(expected) if isinstance(expected, tuple | list) else (expected,)
         built: dict[str, Any] = {}
         wanted = ENGINES[:-1] if self.config.engine == "auto" else (self.config.engine,)
-        if self.config.options.weights != "fp32" and "torch" in wanted:  # compressed weights
-            wanted = ("onnxruntime",)
-            self.engine_notes["torch"] = (
-                f"not built: weights={self.config.options.weights} runs on onnxruntime only"
-            )
         self.plan_source = ""
         if self.config.saved_engines is not None:  # a loaded plan: the engine it ran on
             from graph_autofusion.torch_module import graph_fingerprint
 
             saved = self.config.saved_engines.get(graph_fingerprint(imported.model))
-            if saved in ENGINES[:-1] and (saved == "onnxruntime" or len(wanted) > 1):
+            if saved in ENGINES[:-1]:
                 wanted = (saved,)
                 self.plan_source = "saved"
+        if self.config.options.weights != "fp32" and "torch" in wanted:  # compressed weights
+            wanted = ("onnxruntime",)
+            self.engine_notes["torch"] = (
+                f"not built: weights={self.config.options.weights} runs on onnxruntime only"
+            )
         for engine in wanted:
             try:
                 built[engine] = self._build_engine(engine, imported, args, outs)

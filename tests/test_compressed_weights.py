@@ -262,3 +262,47 @@ def test_cli_fuse_with_weights_int8(tmp_path, capsys):
     bad = ["fuse", str(tmp_path / "mlp.onnx"), "-o", str(out), "--weights", "int8"]
     assert main([*bad, "--target", "cpu"]) == 2
     assert "onnxruntime-target option" in capsys.readouterr().err
+
+
+@pytest.mark.xdist_group("torch_compile")
+def test_torch_route_drop_in_module_and_backend_compress_and_report():
+    torch = pytest.importorskip("torch")
+    from graph_autofusion.torch_compile import make_backend
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(
+        torch.nn.Linear(64, 128),
+        torch.nn.ReLU(),
+        torch.nn.Linear(128, 128),
+        torch.nn.ReLU(),
+        torch.nn.Linear(128, 64),
+        torch.nn.LayerNorm(64),
+    ).eval()
+    x = torch.randn(2, 8, 64)
+    with torch.no_grad():
+        want = module(x)
+    torch._dynamo.reset()
+    try:
+        gaf = GraphAutoFusion(module, example_inputs=(x,), options=FuseOptions(weights="int8"))
+        fused = gaf.fuse(check_speed=False)
+        with torch.no_grad():
+            got = fused(x)
+        assert _cosine(got.numpy(), want.numpy()) >= 0.999
+        graph = fused.autofusion.graphs[0]
+        assert graph.engine == "onnxruntime" and "torch" in graph.engine_notes
+        assert _ops(graph.ort_result.model).get("MatMulNBits") == 3
+        rep = gaf.safe_fusion_report()[0].to_dict()["weights"]
+        assert rep["compressed"] == 3 and all(r["form"] == "int8" for r in rep["layers"])
+
+        torch._dynamo.reset()
+        backend = make_backend(options=FuseOptions(weights="int4", check_speed=False))
+        compiled = torch.compile(module, backend=backend)
+        with torch.no_grad():
+            got4 = compiled(x)
+        assert _cosine(got4.numpy(), want.numpy()) >= 0.98
+        res = backend.config.graphs[0].ort_result
+        assert res.weights.form == "int4" and res.weights.compressed
+        with pytest.raises(OptionsError, match="onnxruntime engine"):
+            make_backend(options=FuseOptions(weights="int8"), engine="torch")
+    finally:
+        torch._dynamo.reset()
