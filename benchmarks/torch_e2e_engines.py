@@ -4,7 +4,8 @@ Torch configurations compile a callable (``compile_torch``); ONNX configurations
 on an export of the same module (``onnx_engine``): every one answers ``run(None, feeds)``,
 ``get_inputs()`` and ``get_outputs()`` like an onnxruntime session, so the forward and the
 greedy KV-cache loop of ``graph_autofusion.testing.kv_cache.greedy_decode_ort`` drive them all.
-Every onnxruntime session is ``graph_autofusion.runtime.ort_session.ort_session(..., "all", 2)``.
+Every onnxruntime session is ``graph_autofusion.runtime.ort_session.ort_session(..., "all", 2)``;
+OpenVINO's is ``peers.OpenVINOSession`` (shared with ``vs_ort_optimizer.py``, ``vs_ort_decode.py``).
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers import THREADS, OpenVINOSession, Unavailable, cpu_facts, openvino_version  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
-THREADS = 2
 TORCH_CONFIGS = ("eager", "inductor", "inductor_freezing", "ours")
 ONNX_ENGINES = ("ort_all", "ort_opt", "openvino", "ours_onnx")
 #: Every configuration, in table order; ``ours`` and ``ours_onnx`` are not peers.
@@ -43,16 +45,8 @@ LABELS = {
     "ours": "ours (torch.compile)",
 }
 MEMORY_CONFIGS = ("eager", "inductor_freezing", "ours")
-OV_CONFIG = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": THREADS}
-OV_CONFIG["PERFORMANCE_HINT"] = "LATENCY"
-ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16")
-ISA_FLAGS += ("avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 #: generate() settings: greedy, every token generated (no end-of-sequence stop).
 GEN_KW = {"do_sample": False, "eos_token_id": None, "pad_token_id": 0}
-
-
-class Unavailable(Exception):
-    """A configuration that does not apply or is not installed (recorded, not a failure)."""
 
 
 # ---------------------------------------------------------------------------- torch
@@ -123,34 +117,6 @@ def export(name: str, exporter: str, decoder: bool) -> tuple[Path, float | None]
 
 
 # ---------------------------------------------------------------------------- ONNX engines
-class OpenVINOSession:
-    """An OpenVINO CPU model behind onnxruntime's ``run``/``get_inputs``/``get_outputs``."""
-
-    def __init__(self, path: Path) -> None:
-        import onnx
-
-        try:
-            import openvino
-        except ImportError as exc:
-            raise Unavailable("not installed") from exc
-        proto = onnx.load(str(path), load_external_data=False)
-        inits = {i.name for i in proto.graph.initializer}
-        self._in = [SimpleNamespace(name=i.name) for i in proto.graph.input if i.name not in inits]
-        self._out = [SimpleNamespace(name=o.name) for o in proto.graph.output]
-        self.model = openvino.Core().compile_model(str(path), "CPU", OV_CONFIG)
-        self.request = self.model.create_infer_request()
-
-    def get_inputs(self) -> list[Any]:
-        return self._in
-
-    def get_outputs(self) -> list[Any]:
-        return self._out
-
-    def run(self, _names: Any, feeds: dict[str, Any]) -> list[Any]:
-        res = self.request.infer(feeds)
-        return [res[p] for p in self.model.outputs]
-
-
 _OPTIMIZED: dict[str, tuple[str, float]] = {}  # export path -> (optimizer's file, seconds)
 
 
@@ -237,32 +203,17 @@ def machine() -> dict[str, Any]:
     import transformers
     from vs_ort_optimizer import _git_state
 
-    cpu, flags = platform.processor(), set()
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            key, _, val = line.partition(":")
-            if key.strip() == "model name":
-                cpu = val.strip()
-            elif key.strip() == "flags":
-                flags = set(val.split())
-    try:
-        import openvino
-
-        ov = openvino.__version__.split("-")[0]
-    except ImportError:
-        ov = "not installed"
+    facts = cpu_facts()
     git = _git_state()
     return {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "commit": git["head"][:10],
         "dirty": bool(git["dirty"]),
-        "cpu": cpu,
-        "cpus": os.cpu_count(),
-        "isa": [f for f in ISA_FLAGS if f in flags],
+        **facts,
         "threads": THREADS,
         "torch": torch.__version__,
         "onnxruntime": onnxruntime.__version__,
-        "openvino": ov,
+        "openvino": openvino_version(),
         "transformers": transformers.__version__,
         "python": platform.python_version(),
         "load": [round(x, 2) for x in os.getloadavg()],

@@ -12,9 +12,14 @@ threads, ``ORT_ENABLE_ALL``, threads not spinning) in one process:
   step at past 64>).fuse()`` with its defaults (safe mode on), then ``save()``;
 * ``ours+kernels``: the same with ``fuse(custom_ops=True)`` (generated kernels and the few-row
   ``Gemv`` as onnxruntime custom operators), saved with its kernel folder and opened with
-  ``graph_autofusion.runtime.ort_session.fused_session`` (same session settings).
+  ``graph_autofusion.runtime.ort_session.fused_session`` (same session settings);
+* ``openvino``: the export on OpenVINO's CPU plugin (``peers.OpenVINOSession``: f32
+  ``INFERENCE_PRECISION_HINT``, 2 threads, latency hint; recorded as unavailable when openvino
+  is not installed).
 
-Measured, variants interleaved round-robin:
+Measured, variants interleaved, each round in its own seeded shuffled order
+(``runtime.timing.round_robin(rotate=True)``); the best peer is the fastest of the original in
+onnxruntime (ORT ALL), the transformers optimizer and OpenVINO:
 
 * **prefill** at sequence ``--prefill`` (128) with an empty cache: median ms of ``--runs``
   rounds;
@@ -26,10 +31,15 @@ Measured, variants interleaved round-robin:
 
 Fused operator counts by type for the peer and for ours (types the export does not have), and
 what each of ours replaced (safe-mode report). Writes ``benchmarks/results/vs_ort_decode.json``
-and ``.md``.
+and ``.md`` (with the CPU model and its ISA extensions).
 
-    .venv/bin/python benchmarks/vs_ort_decode.py                       # ~15 min
+The full run (every zoo decoder, both exporters; ~20 min; on a quiet machine)::
+
+    .venv/bin/python benchmarks/vs_ort_decode.py
     .venv/bin/python benchmarks/vs_ort_decode.py --models llama --exporters dynamo
+    .venv/bin/python benchmarks/vs_ort_decode.py --smoke   # Llama torchscript, prefill 16,
+                                                           # 4 tokens, 1 loop, to a temporary
+                                                           # folder: it works (not a measurement)
 """
 
 from __future__ import annotations
@@ -55,6 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from peers import OpenVINOSession, Unavailable, cpu_facts, openvino_version  # noqa: E402
 from vs_ort_optimizer import fused_counts, log, op_counts, session  # noqa: E402
 
 # decoder -> (peer num_heads, hidden_size, our preset)
@@ -64,7 +75,7 @@ DECODERS: dict[str, tuple[int, int, str]] = {
     "gpt2": (12, 768, "transformer"),
     "qwen2": (8, 512, "llm"),
 }
-VARIANTS = ("original", "peer", "ours", "ours+kernels")
+VARIANTS = ("original", "peer", "openvino", "ours", "ours+kernels")
 OURS = ("ours", "ours+kernels")
 PROMPT = 16
 SAMPLE_PAST = 64
@@ -186,11 +197,20 @@ def worker(name: str, exporter: str, args: argparse.Namespace) -> dict[str, Any]
     paths["ours+kernels"] = os.path.join(tmp, "ours_k.onnx")
 
     from graph_autofusion.runtime.ort_session import fused_session
+    from graph_autofusion.runtime.timing import round_robin
 
     sessions = {
         k: fused_session(p, "all", 2) if k == "ours+kernels" else session(p, "all")
         for k, p in paths.items()
     }
+    try:  # OpenVINO on the export
+        sessions["openvino"] = OpenVINOSession(str(path))
+        res["openvino"] = {"ok": True, "version": openvino_version()}
+    except Unavailable as exc:
+        res["openvino"] = {"ok": False, "error": f"unavailable: {exc}"}
+    except Exception as exc:  # noqa: BLE001 - a peer failure is a result
+        res["openvino"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    sessions = {k: sessions[k] for k in VARIANTS if k in sessions}
     names = list(sessions)
     # greedy tokens: every variant against PyTorch
     rng = np.random.default_rng(3)
@@ -211,12 +231,13 @@ def worker(name: str, exporter: str, args: argparse.Namespace) -> dict[str, Any]
     for k, s in sessions.items():
         for _ in range(args.warmup):
             outs[k] = s.run(None, {n: v for n, v in pre.items() if n in declared[k]})[0]
-    times: dict[str, list[float]] = {k: [] for k in names}
-    for r in range(args.runs):
-        for k in names[r % len(names) :] + names[: r % len(names)]:
-            t = time.perf_counter()
-            sessions[k].run(None, {n: v for n, v in pre.items() if n in declared[k]})
-            times[k].append(time.perf_counter() - t)
+    prefill_feeds = {k: {n: v for n, v in pre.items() if n in declared[k]} for k in names}
+    times = round_robin(
+        {k: (lambda s=sessions[k], f=prefill_feeds[k]: s.run(None, f)) for k in names},
+        args.runs,
+        warmup=0,  # warmed up above
+        rotate=True,
+    )
     res["prefill_ms"] = {k: float(np.median(v) * 1e3) for k, v in times.items()}
     res["prefill_p10_p90_ms"] = {
         k: [float(np.percentile(v, 10) * 1e3), float(np.percentile(v, 90) * 1e3)]
@@ -235,10 +256,14 @@ def worker(name: str, exporter: str, args: argparse.Namespace) -> dict[str, Any]
     tokens: dict[str, list[int]] = {}
     for k, s in sessions.items():  # warm-up loop (also the tokens)
         tokens[k] = greedy_decode_ort(s, name, prompt, args.steps)[0]
-    for r in range(args.loops):
-        for k in names[r % len(names) :] + names[: r % len(names)]:
-            _, steps, _ = greedy_decode_ort(sessions[k], name, prompt, args.steps)
-            loops[k].append(statistics.fmean(steps) * 1e3)
+
+    def loop(k: str, sess: Any) -> None:  # the loop's own step times, not the call's wall time
+        _, steps, _ = greedy_decode_ort(sess, name, prompt, args.steps)
+        loops[k].append(statistics.fmean(steps) * 1e3)
+
+    fns = {k: (lambda k=k, s=sessions[k]: loop(k, s)) for k in names}
+    round_robin(fns, args.loops, warmup=0, rotate=True)
+    del fns
     res["decode_ms_per_token"] = {k: float(np.median(v)) for k, v in loops.items()}
     res["decode_loops_ms_per_token"] = loops
     res["tokens"] = tokens
@@ -261,20 +286,26 @@ def _fmt(d: dict[str, int] | None) -> str:
 
 
 def markdown(data: dict[str, Any]) -> str:
+    env = data["environment"]
     lines = [
         "# KV-cache decoders: Graph AutoFusion vs onnxruntime.transformers.optimizer (CPU)",
         "",
-        f"Generated by `benchmarks/vs_ort_decode.py` on {data['date']} ({data['environment']['cpus']} "
-        f"CPUs, onnxruntime {data['environment']['onnxruntime']}, 2 intra-op threads, "
-        f"ORT_ENABLE_ALL). Prefill: sequence {data['prefill']} with an empty cache, median of "
-        f"{data['runs']} interleaved runs. Decode: greedy loops of {data['steps']} tokens after a "
+        f"Generated by `benchmarks/vs_ort_decode.py` on {data['date']} ({env.get('cpu', '?')}, "
+        f"ISA {' '.join(env.get('isa', [])) or '?'}; {env['cpus']} "
+        f"CPUs, onnxruntime {env['onnxruntime']}, 2 intra-op threads, "
+        f"ORT_ENABLE_ALL; OpenVINO {env.get('openvino', '?')} on the export, f32 precision hint, "
+        f"2 threads, latency hint). Prefill: sequence {data['prefill']} with an empty cache, median of "
+        f"{data['runs']} interleaved runs (each round in its own shuffled order). Decode: greedy loops of {data['steps']} tokens after a "
         f"{PROMPT}-token prompt, ms/token = mean step time of a loop, median of {data['loops']} "
         f"interleaved loops. Ours: safe mode on, decided on one decode step at past {SAMPLE_PAST}. "
         f"Load average at start {data['load_start']}, at end {data['load_end']}. "
         f"Commit {data['git'].get('head', '?')[:10]}{' with uncommitted library changes' if data['git'].get('dirty') else ''}.",
         "",
-        "| model | exporter | prefill original | peer | ours | ours/best peer | ours+kernels | +kernels/best peer | decode ms/token original | peer | ours | ours/best peer | ours+kernels | +kernels/best peer | tokens = torch (orig/peer/ours/+kernels) | prefill cosine ours / +kernels |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "The best peer is the fastest of the original (ORT ALL), the transformers optimizer "
+        "(peer) and OpenVINO.",
+        "",
+        "| model | exporter | prefill original | peer | OpenVINO | ours | ours/best peer | ours+kernels | +kernels/best peer | decode ms/token original | peer | OpenVINO | ours | ours/best peer | ours+kernels | +kernels/best peer | tokens = torch (orig/peer/OpenVINO/ours/+kernels) | prefill cosine ours / +kernels |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["results"]:
         if "error" in r:
@@ -294,9 +325,10 @@ def markdown(data: dict[str, Any]) -> str:
         nan = float("nan")
         pk, dk = p.get("ours+kernels", nan), d.get("ours+kernels", nan)
         lines.append(
-            f"| {r['model']} | {r['exporter']} | {p['original']:.2f} | {p.get('peer', float('nan')):.2f} | "
+            f"| {r['model']} | {r['exporter']} | {p['original']:.2f} | {p.get('peer', nan):.2f} | "
+            f"{p.get('openvino', nan):.2f} | "
             f"{p['ours']:.2f} | {p['ours'] / bp:.3f} | {pk:.2f} | {pk / bp:.3f} | {d['original']:.3f} | "
-            f"{d.get('peer', float('nan')):.3f} | {d['ours']:.3f} | {d['ours'] / bd:.3f} | "
+            f"{d.get('peer', nan):.3f} | {d.get('openvino', nan):.3f} | {d['ours']:.3f} | {d['ours'] / bd:.3f} | "
             f"{dk:.3f} | {dk / bd:.3f} | {eq} | {cos:.6f} / {cosk:.6f} |"
         )
     lines += ["", "## Fused operators", "",
@@ -329,12 +361,22 @@ def main() -> None:
     ap.add_argument("--loops", type=int, default=5)
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--out", default=None, help=f"results folder (default {RESULTS})")
     ap.add_argument("--render", action="store_true", help="rewrite the .md from the .json")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="prove it runs: Llama torchscript, prefill 16, 4 tokens, 1 loop, 2 rounds, "
+        "written to a temporary folder unless --out is given (not a measurement)",
+    )
     ap.add_argument("--worker", nargs=2, metavar=("MODEL", "EXPORTER"), help=argparse.SUPPRESS)
     ap.add_argument("--worker-json", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    out = Path(args.out)
+    if args.smoke:
+        args.models, args.exporters, args.prefill, args.steps = "llama", "torchscript", 16, 4
+        args.loops, args.runs, args.warmup = 1, 2, 1
+        args.out = args.out or tempfile.mkdtemp(prefix="vs_ort_decode_smoke_")
+    out = Path(args.out or RESULTS)
     if args.render:
         data = json.loads((out / "vs_ort_decode.json").read_text())
         (out / "vs_ort_decode.md").write_text(markdown(data))
@@ -355,9 +397,10 @@ def main() -> None:
         "runs": args.runs,
         "load_start": [round(x, 2) for x in os.getloadavg()],
         "environment": {
-            "cpus": os.cpu_count(),
+            **cpu_facts(),  # the CPU model and its ISA extensions
             "python": platform.python_version(),
             "onnxruntime": onnxruntime.__version__,
+            "openvino": openvino_version(),
         },
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "git": _git_state(),

@@ -13,9 +13,15 @@ script builds three models and times them in one process, interleaved round-robi
   (safe mode on), decided on the same inputs that are timed, then ``save()``.
 
 Each is run in onnxruntime (CPU, ``intra_op_num_threads=2``, ``inter_op_num_threads=1``) at
-``ORT_ENABLE_BASIC`` and ``ORT_ENABLE_ALL``: warm-up, then ``--runs`` rounds, each round runs
-every variant once (the order rotates each round). Reported per variant: median, min, max,
-p10, p90 (ms); ratios ours/peer and ours/original of the medians. Fused operators are counted
+``ORT_ENABLE_BASIC`` and ``ORT_ENABLE_ALL``; at ``ORT_ENABLE_ALL`` a fourth variant,
+``openvino``, runs the export on OpenVINO's CPU plugin (``peers.OpenVINOSession``: f32
+``INFERENCE_PRECISION_HINT``, 2 threads, latency hint; recorded as unavailable when openvino
+is not installed). Warm-up, then ``--runs`` rounds (``runtime.timing.round_robin`` with
+``rotate=True``: each round runs every variant once, in its own seeded shuffled order).
+Reported per variant: median, min, max, p10, p90 (ms); ratios ours/peer, ours/OpenVINO,
+ours/original and ours/best peer of the medians, the best peer at ``ORT_ENABLE_ALL`` being the
+fastest of ORT ALL (the export), the transformers optimizer and OpenVINO. The results files
+record the CPU model and its ISA extensions. Fused operators are counted
 by type in each model file (the operator types that are not in the original export's standard
 set: ``com.microsoft`` contrib operators and ``SimplifiedLayerNormalization``), with the
 peer's own ``get_fused_operator_statistics()`` and our safe-fusion report (fused, rolled back
@@ -28,10 +34,13 @@ ours over the fastest of the other variants. The KV-cache decoders (prefill at s
 a 50-token greedy decode loop, ms/token) are measured by ``benchmarks/vs_ort_decode.py``, which
 ``--decode`` runs (other arguments are passed to it).
 
-Run (about 20 minutes on the 2-vCPU machine)::
+Run (the full run: every zoo model, both exporters, s16 and s128, 20+ rounds; about 30
+minutes on a 2-vCPU machine; run it on a quiet machine)::
 
     .venv/bin/python benchmarks/vs_ort_optimizer.py
     .venv/bin/python benchmarks/vs_ort_optimizer.py --models bert --shapes 1x16 --runs 20
+    .venv/bin/python benchmarks/vs_ort_optimizer.py --smoke    # MiniLM s16, 2 rounds, to a
+                                                               # temporary folder: it works
 
 Writes ``benchmarks/results/vs_ort_optimizer.json`` and ``vs_ort_optimizer.md``. Each
 (model, exporter) runs in its own process (one model per process, as in the baselines).
@@ -57,6 +66,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from peers import OpenVINOSession, Unavailable, cpu_facts, openvino_version  # noqa: E402
 
 # model -> (peer model_type, num_heads, hidden_size, our preset); no model type for a CNN: the
 # transformers optimizer has none, so the best peer there is onnxruntime's own ORT_ENABLE_ALL
@@ -73,7 +84,8 @@ DEFAULT_SHAPES = ("1x16", "1x128")
 ONLY_SHAPES = {"resnet50": ("1x224",)}  # an image model: one input shape (batch 1, 224x224)
 EXTRA_SHAPES = {"bert": ("8x128",)}  # added with --extra
 LEVELS = ("basic", "all")
-VARIANTS = ("original", "peer", "ours")
+VARIANTS = ("original", "peer", "openvino", "ours")
+OPENVINO_LEVEL = "all"  # OpenVINO optimizes the export itself: timed once, beside ORT ALL
 # standard operators that count as fused when a tool creates them
 FUSED_STANDARD = {
     "SimplifiedLayerNormalization",
@@ -144,18 +156,32 @@ def stats_ms(ts: list[float]) -> dict[str, float]:
 SESSIONS_PER_VARIANT = 2
 
 
+def open_variant(name: str, path: str, level: str) -> Any:
+    """A session of variant ``name`` (``openvino``: OpenVINO on the export, any level)."""
+    return OpenVINOSession(path) if name == "openvino" else session(path, level)
+
+
 def time_side_by_side(
-    paths: dict[str, str], feeds: dict[str, np.ndarray], level: str, warmup: int, runs: int
+    paths: dict[str, str],
+    feeds: dict[str, np.ndarray],
+    level: str,
+    warmup: int,
+    runs: int,
+    budget_s: float = ROUND_BUDGET_S,
 ) -> dict[str, Any]:
     """``SESSIONS_PER_VARIANT`` sessions of every variant loaded together; warm-up, then
-    ``runs`` rounds, each running every variant once (order rotating) on the round's session."""
+    ``runs`` rounds (more, up to 5x, while they fit in ``budget_s``), each running every
+    variant once in a seeded shuffled order (``round_robin(rotate=True)``), each variant's
+    sessions used in turn."""
     import gc
+
+    from graph_autofusion.runtime.timing import round_robin
 
     sessions: dict[str, list[Any]] = {}
     load_s = {}
     for k, p in paths.items():
         t = time.perf_counter()
-        sessions[k] = [session(p, level) for _ in range(SESSIONS_PER_VARIANT)]
+        sessions[k] = [open_variant(k, p, level) for _ in range(SESSIONS_PER_VARIANT)]
         load_s[k] = (time.perf_counter() - t) / SESSIONS_PER_VARIANT
     ins = {
         k: {i.name: feeds[i.name] for i in s[0].get_inputs() if i.name in feeds}
@@ -163,32 +189,33 @@ def time_side_by_side(
     }
     outs = {}
     t = time.perf_counter()
-    for _ in range(warmup):
-        for k, ss in sessions.items():
-            for s in ss:
-                outs[k] = s.run(None, ins[k])
-    per_round = (time.perf_counter() - t) / max(1, warmup * SESSIONS_PER_VARIANT)
-    # at least ``runs`` rounds; more (up to 5x) while they fit in ``ROUND_BUDGET_S``
-    runs = max(runs, min(5 * runs, int(ROUND_BUDGET_S / max(per_round, 1e-6))))
+    for k, ss in sessions.items():
+        for s in ss:
+            outs[k] = s.run(None, ins[k])
+    per_round = (time.perf_counter() - t) / SESSIONS_PER_VARIANT
+    # at least ``runs`` rounds; more (up to 5x) while they fit in ``budget_s``
+    runs = max(runs, min(5 * runs, int(budget_s / max(per_round, 1e-6))))
     names = list(sessions)
-    times: dict[str, list[float]] = {k: [] for k in names}
-    per_session: dict[str, list[list[float]]] = {
-        k: [[] for _ in range(SESSIONS_PER_VARIANT)] for k in names
-    }
+    used: dict[str, list[int]] = {k: [] for k in names}  # the session of each call
+
+    def call(k: str, sessions: dict[str, list[Any]] = sessions) -> Any:
+        j = len(used[k]) % SESSIONS_PER_VARIANT
+        used[k].append(j)
+        return sessions[k][j].run(None, ins[k])
+
     gc.collect()
     gc.disable()
     try:
-        for r in range(runs):
-            order = names[r % len(names) :] + names[: r % len(names)]
-            j = r % SESSIONS_PER_VARIANT
-            for k in order:
-                t = time.perf_counter()
-                sessions[k][j].run(None, ins[k])
-                dt = time.perf_counter() - t
-                times[k].append(dt)
-                per_session[k][j].append(dt)
+        fns = {k: (lambda k=k: call(k)) for k in names}
+        times = round_robin(fns, runs, warmup, rotate=True)
     finally:
         gc.enable()
+    per_session: dict[str, list[list[float]]] = {
+        k: [[] for _ in range(SESSIONS_PER_VARIANT)] for k in names
+    }
+    for k in names:
+        for j, dt in zip(used[k][warmup:], times[k], strict=True):
+            per_session[k][j].append(dt)
     res: dict[str, Any] = {k: stats_ms(v) for k, v in times.items()}
     res["session_medians_ms"] = {
         k: [float(np.median(v) * 1e3) if v else None for v in per_session[k]] for k in names
@@ -338,7 +365,14 @@ def run_ours(
     }
 
 
-def worker(name: str, exporter: str, shapes: list[str], warmup: int, runs: int) -> dict[str, Any]:
+def worker(
+    name: str,
+    exporter: str,
+    shapes: list[str],
+    warmup: int,
+    runs: int,
+    budget_s: float = ROUND_BUDGET_S,
+) -> dict[str, Any]:
     import onnx
 
     from graph_autofusion.testing import example_feeds, export_onnx
@@ -369,16 +403,31 @@ def worker(name: str, exporter: str, shapes: list[str], warmup: int, runs: int) 
             paths = {"original": str(path), "ours": ours_path}
             if out["peer"]["ok"]:
                 paths["peer"] = peer_path
-            paths = {k: paths[k] for k in VARIANTS if k in paths}
             entry: dict[str, Any] = {"ours": ours, "levels": {}}
             for level in LEVELS:
-                log(f"{name}/{exporter}/{shape}/{level}: timing {list(paths)}")
-                res = time_side_by_side(paths, feeds, level, warmup, runs)
-                med = {k: res[k]["median"] for k in paths}
+                at = dict(paths)
+                if level == OPENVINO_LEVEL and "openvino" not in out:
+                    try:  # OpenVINO compiles the export itself: once per model is enough
+                        OpenVINOSession(str(path))
+                        out["openvino"] = {"ok": True, "version": openvino_version()}
+                    except Unavailable as exc:
+                        out["openvino"] = {"ok": False, "error": f"unavailable: {exc}"}
+                    except Exception as exc:  # noqa: BLE001 - a peer failure is a result
+                        out["openvino"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+                if level == OPENVINO_LEVEL and out["openvino"]["ok"]:
+                    at["openvino"] = str(path)
+                at = {k: at[k] for k in VARIANTS if k in at}
+                log(f"{name}/{exporter}/{shape}/{level}: timing {list(at)}")
+                res = time_side_by_side(at, feeds, level, warmup, runs, budget_s)
+                med = {k: res[k]["median"] for k in at}
                 res["ratio_ours_over_original"] = med["ours"] / med["original"]
-                res["ratio_ours_over_best_peer"] = med["ours"] / min(
-                    v for k, v in med.items() if k != "ours"
-                )
+                # the best peer: ORT at this level (the export), the transformers optimizer,
+                # and (at ORT_ENABLE_ALL) OpenVINO
+                best = min((k for k in med if k != "ours"), key=med.get)
+                res["best_peer"] = best
+                res["ratio_ours_over_best_peer"] = med["ours"] / med[best]
+                if "openvino" in med:
+                    res["ratio_ours_over_openvino"] = med["ours"] / med["openvino"]
                 res["ratio_min_ours_over_original"] = res["ours"]["min"] / res["original"]["min"]
                 if "peer" in med:
                     res["ratio_ours_over_peer"] = med["ours"] / med["peer"]
@@ -590,10 +639,12 @@ def markdown(data: dict[str, Any]) -> str:
         "# Graph AutoFusion vs onnxruntime.transformers.optimizer (CPU)",
         "",
         f"Generated by `benchmarks/vs_ort_optimizer.py` on {data['date']} "
-        f"({env['cpus']} CPUs, onnxruntime {env['onnxruntime']}, {env['threads']} intra-op "
+        f"({env.get('cpu', '?')}, ISA {' '.join(env.get('isa', [])) or '?'}; {env['cpus']} "
+        f"CPUs, onnxruntime {env['onnxruntime']}, OpenVINO {env.get('openvino', '?')}, "
+        f"{env['threads']} intra-op "
         f"threads, inter-op 1). Times in ms: median [p10-p90] of at least {data['runs']} runs "
         f"(more, up to 5x, for fast models; min/max and n in the JSON) after "
-        f"{data['warmup']} warm-ups, the three variants interleaved round-robin, each over {SESSIONS_PER_VARIANT} sessions used in turn (intra-op threads not spinning between runs), in one process "
+        f"{data['warmup']} warm-ups, the variants interleaved, each round in its own shuffled order, each over {SESSIONS_PER_VARIANT} sessions used in turn (intra-op threads not spinning between runs), in one process "
         f"per model. Ratios are of medians. Load average at start {data['load_start']}, at "
         f"end {data['load_end']} (other jobs shared the machine; differences under ~5% are "
         f"noise). Commit {data.get('git', {}).get('head', '?')[:10]}"
@@ -606,15 +657,20 @@ def markdown(data: dict[str, Any]) -> str:
         "Ratios are of the medians (the JSON also has ratios of the minimums; on a shared "
         "machine single fast outliers make those unreliable).",
         "",
-        "| model | exporter | shape | level | original | peer | ours | ours/peer | "
+        "`peer` is the transformers optimizer's model in onnxruntime at that level; `OpenVINO` "
+        "runs the export (f32 precision hint, 2 threads, latency hint), timed beside "
+        "ORT_ENABLE_ALL; `ours/best` is ours over the fastest of the others at that level "
+        "(at `all`: ORT ALL, the transformers optimizer and OpenVINO).",
+        "",
+        "| model | exporter | shape | level | original | peer | OpenVINO | ours | ours/peer | "
         "ours/original | ours/best | peer fused | ours fused | ours rolled back |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["results"]:
         if "error" in r and "shapes" not in r:
             lines.append(
                 f"| {r['model']} | {r['exporter']} | | | worker failed: {r['error']} "
-                "| | | | | | | |"
+                "| | | | | | | | |"
             )
             continue
         peer = r["peer"]
@@ -627,7 +683,7 @@ def markdown(data: dict[str, Any]) -> str:
                 lines.append(
                     f"| {r['model']} | {r['exporter']} | b{shape.replace('x', ' s')} | {level} "
                     f"| {fmt_ms(t.get('original'))} | {fmt_ms(t.get('peer'))} "
-                    f"| {fmt_ms(t.get('ours'))} | "
+                    f"| {fmt_ms(t.get('openvino'))} | {fmt_ms(t.get('ours'))} | "
                     f"{'n/a' if rop is None else f'{rop:.3f}'} | "
                     f"{t['ratio_ours_over_original']:.3f} | "
                     f"{t.get('ratio_ours_over_best_peer', t['ratio_ours_over_original']):.3f} | {pf} | "
@@ -716,7 +772,14 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--no-kernels", action="store_true")
-    ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="prove it runs: MiniLM torchscript s16, 2 rounds, no kernel checks, written to a "
+        "temporary folder unless --out is given (not a measurement)",
+    )
+    ap.add_argument("--budget", type=float, default=ROUND_BUDGET_S, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None, help=f"results folder (default {RESULTS})")
     ap.add_argument("--render", action="store_true", help="rewrite the .md from the .json")
     ap.add_argument("--worker", nargs=2, metavar=("MODEL", "EXPORTER"), help=argparse.SUPPRESS)
     ap.add_argument("--worker-json", help=argparse.SUPPRESS)
@@ -733,7 +796,12 @@ def main() -> None:
         )
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
-    if args.runs < 20:
+    if args.smoke:
+        args.models, args.exporters, args.shapes = "minilm", "torchscript", "1x16"
+        args.runs, args.warmup, args.no_kernels, args.budget = 2, 1, True, 0.0
+        args.out = args.out or tempfile.mkdtemp(prefix="vs_ort_optimizer_smoke_")
+    args.out = args.out or str(RESULTS)
+    if args.runs < 20 and not args.smoke and not args.worker:
         log("note: fewer than 20 runs requested")
 
     if args.render:
@@ -747,7 +815,7 @@ def main() -> None:
     if args.worker:
         name, exporter = args.worker
         shapes = args.shapes.split(",")
-        data = worker(name, exporter, shapes, args.warmup, args.runs)
+        data = worker(name, exporter, shapes, args.warmup, args.runs, args.budget)
         Path(args.worker_json).write_text(json.dumps(data, default=str))
         return
 
@@ -760,9 +828,10 @@ def main() -> None:
         "warmup": args.warmup,
         "load_start": [round(x, 2) for x in os.getloadavg()],
         "environment": {
-            "cpus": os.cpu_count(),
+            **cpu_facts(),  # the CPU model and its ISA extensions
             "python": platform.python_version(),
             "onnxruntime": onnxruntime.__version__,
+            "openvino": openvino_version(),
             "threads": 2,
             "machine": platform.processor() or platform.machine(),
         },
@@ -781,6 +850,7 @@ def main() -> None:
                     sys.executable, __file__, "--worker", name, exporter,
                     "--worker-json", jpath, "--shapes", ",".join(shapes),
                     "--runs", str(args.runs), "--warmup", str(args.warmup),
+                    "--budget", str(args.budget),
                 ]  # fmt: skip
                 t = time.perf_counter()
                 proc = subprocess.run(cmd, cwd=ROOT, check=False)
