@@ -476,6 +476,7 @@ def _fuse_model(
     originals = {n.name: n for n in original.graph.nodes}
     checked: dict[str, Any] = {}
     failed: dict[str, Any] = {}
+    timed: dict[str, Any] = {}  # speed verdicts by fusion signature: repeated layers time once
     for _round in range(MAX_ROUNDS):
         todo = [low for low in result.lowered if low.key not in checked]
         for i, low in enumerate(todo):
@@ -499,6 +500,7 @@ def _fuse_model(
                 mc_samples=opts.mc_samples,
                 check_speed=opts.check_speed,
                 speed_margin=opts.speed_margin,
+                timed=timed,
             )
         bad = [low for low in result.lowered if not checked[low.key].passed]
         if not bad:

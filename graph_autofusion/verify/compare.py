@@ -38,10 +38,11 @@ def compare_tensors(actual: Any, expected: Any) -> dict[str, float]:
     a = a.astype(np.float64, copy=False).ravel()
     b = b.astype(np.float64, copy=False).ravel()
     fa, fb = np.isfinite(a), np.isfinite(b)
-    bad_new = bool(np.any(~fa & fb))
-    if not np.array_equal(fa, fb):
-        return _stats(0.0, math.inf, math.inf, nonfinite=1.0 if bad_new else 0.0)
-    if not fa.all():  # same non-finite positions: they must hold the same inf/nan
+    all_a, all_b = bool(fa.all()), bool(fb.all())
+    if not (all_a and all_b):  # rare: compare the positions and values of inf/nan
+        bad_new = bool(np.any(~fa & fb))
+        if not np.array_equal(fa, fb):
+            return _stats(0.0, math.inf, math.inf, nonfinite=1.0 if bad_new else 0.0)
         na, nb = a[~fa], b[~fb]
         if not np.array_equal(np.isnan(na), np.isnan(nb)) or not np.array_equal(
             np.nan_to_num(na), np.nan_to_num(nb)
@@ -50,20 +51,25 @@ def compare_tensors(actual: Any, expected: Any) -> dict[str, float]:
         a, b = a[fa], b[fb]
     if a.size == 0:
         return _stats(1.0, 0.0, 0.0)
-    diff = np.abs(a - b)
+    diff = np.subtract(a, b)
+    np.abs(diff, out=diff)
     max_abs = float(diff.max())
-    scale = float(np.abs(b).max())
-    denom = np.maximum(np.abs(b), max(REL_FLOOR * scale, np.finfo(np.float64).tiny))
-    max_rel = float((diff / denom).max()) if max_abs > 0 else 0.0
-    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
-    if na == 0.0 and nb == 0.0:
+    if max_abs == 0.0:  # the same values: nothing more to measure
+        return _stats(1.0, 0.0, 0.0)
+    mag = np.abs(b)
+    scale = float(mag.max())
+    np.maximum(mag, max(REL_FLOOR * scale, np.finfo(np.float64).tiny), out=mag)
+    np.divide(diff, mag, out=diff)
+    max_rel = float(diff.max())
+    # dot products by einsum, not BLAS: a BLAS call wakes (and leaves spinning) a thread pool
+    # that competes with the onnxruntime sessions safe mode runs between comparisons
+    aa, bb = float(np.einsum("i,i->", a, a)), float(np.einsum("i,i->", b, b))
+    if aa == 0.0 and bb == 0.0:
         cosine = 1.0
-    elif np.array_equal(a, b):
-        cosine = 1.0
-    elif na == 0.0 or nb == 0.0:
+    elif aa == 0.0 or bb == 0.0:
         cosine = 0.0
     else:
-        cosine = float(np.dot(a / na, b / nb))
+        cosine = float(np.einsum("i,i->", a, b)) / (math.sqrt(aa) * math.sqrt(bb))
         cosine = max(-1.0, min(1.0, cosine))
     return _stats(cosine, max_abs, max_rel)
 

@@ -43,6 +43,7 @@ from graph_autofusion.runtime.timing import Timer, current_timer
 from graph_autofusion.verify.compare import compare_tensors
 from graph_autofusion.verify.fp16 import FP16_MAX, fp16_analysis
 from graph_autofusion.verify.inputs import generate_inputs
+from graph_autofusion.verify.signature import fusion_signature
 from graph_autofusion.verify.subgraph import (
     SafetyCheckError,
     _run,
@@ -180,6 +181,41 @@ def _times(
     return ta, tb
 
 
+def _speed(
+    original: Model,
+    record: FusionRecord,
+    activations: Mapping[str, np.ndarray],
+    fused_proto: Any,
+    feeds: Mapping[str, np.ndarray],
+    ort_level: str,
+    threads: int,
+    time_runs: int,
+    timer: Timer,
+    speed_margin: float,
+) -> tuple[float, float, bool]:
+    """Median unfused and fused times (us) of one fusion and whether the fused one is slower
+    than ``speed_margin`` x the unfused (confirmed by a second, longer measurement)."""
+    timed_orig = subgraph_model(
+        original, record.original_nodes, record.inputs, record.outputs, arrays=activations
+    )
+    # onnxruntime's default spinning workers, as deployed: without them, a fused kernel
+    # that splits its rows over the thread pool pays a worker wake-up (~8 us here) per
+    # run that the small unfused operators, each below the pool's cut-off, do not, and
+    # an isolated fused RMSNorm at 16 x 512 times 17 us against 11 us unfused (9 us
+    # fused with spinning). Only these two sessions run while they are timed.
+    a = _session(timed_orig, ort_level, threads, spinning=True)
+    b = _session(fused_proto, ort_level, threads, spinning=True)
+    fa, fb = _feeds_for(a, feeds), _feeds_for(b, feeds)
+    ta, tb = _times(a, b, fa, fb, time_runs, timer, record.key)
+    tu, tf = statistics.median(ta), statistics.median(tb)
+    slower = tf > tu * speed_margin
+    if slower:  # confirm on a longer measurement, by median and by best run alike
+        ta, tb = _times(a, b, fa, fb, 2 * time_runs, timer, record.key)
+        tu, tf = statistics.median(ta), statistics.median(tb)
+        slower = tf > tu * speed_margin and min(tb) > min(ta) * speed_margin
+    return tu, tf, slower
+
+
 def _perturb(a: np.ndarray, rng: np.random.Generator, scale: float) -> np.ndarray:
     """``a`` plus Gaussian noise of ``scale`` x its std; integers, non-finite values and
     sentinels (|x| >= max/4 of the dtype, like an attention mask's minimum) stay as they are."""
@@ -227,6 +263,7 @@ def check_fusion(
     threads: int = 2,
     seed: int = 0,
     timer: Timer | None = None,
+    timed: dict[str, tuple[float, float, bool, str]] | None = None,
 ) -> SafetyResult:
     """Check one fusion on the captured ``activations`` of the original model.
 
@@ -240,6 +277,10 @@ def check_fusion(
             numeric checks always run with optimizations off.
         timer: Times each run of the speed check (default: the current timer of
             :mod:`graph_autofusion.runtime.timing`, the wall clock unless a test swapped it).
+        timed: Speed verdicts by :func:`~graph_autofusion.verify.signature.fusion_signature`
+            (``(unfused us, fused us, slower, key timed)``), shared by the checks of one fuse:
+            a fusion whose signature was timed takes that verdict (``details["timed_as"]``)
+            instead of timing again; its numerics are still checked on its own activations.
 
     Returns:
         A :class:`SafetyResult`; ``code`` names the first failing check in the order alias,
@@ -336,28 +377,20 @@ def check_fusion(
             )
 
     if check_speed:
-        try:
-            timed_orig = subgraph_model(
-                original, record.original_nodes, record.inputs, record.outputs, arrays=activations
-            )
-            # onnxruntime's default spinning workers, as deployed: without them, a fused kernel
-            # that splits its rows over the thread pool pays a worker wake-up (~8 us here) per
-            # run that the small unfused operators, each below the pool's cut-off, do not, and
-            # an isolated fused RMSNorm at 16 x 512 times 17 us against 11 us unfused (9 us
-            # fused with spinning). Only these two sessions run while they are timed.
-            a = _session(timed_orig, ort_level, threads, spinning=True)
-            b = _session(fused_proto, ort_level, threads, spinning=True)
-            fa, fb = _feeds_for(a, feeds), _feeds_for(b, feeds)
-            timer = timer or current_timer()
-            ta, tb = _times(a, b, fa, fb, time_runs, timer, record.key)
-            tu, tf = statistics.median(ta), statistics.median(tb)
-            slower = tf > tu * speed_margin
-            if slower:  # confirm on a longer measurement, by median and by best run alike
-                ta, tb = _times(a, b, fa, fb, 2 * time_runs, timer, record.key)
-                tu, tf = statistics.median(ta), statistics.median(tb)
-                slower = tf > tu * speed_margin and min(tb) > min(ta) * speed_margin
-        except Exception as exc:
-            return fail(reasons.ERROR, f"timing failed: {type(exc).__name__}: {exc}")
+        sig = fusion_signature(record, activations) if timed is not None else None
+        if sig is not None and sig in timed:
+            tu, tf, slower, first = timed[sig]
+            res.details["timed_as"] = first
+        else:
+            try:
+                tu, tf, slower = _speed(
+                    original, record, activations, fused_proto, feeds, ort_level, threads,
+                    time_runs, timer or current_timer(), speed_margin,
+                )  # fmt: skip
+            except Exception as exc:
+                return fail(reasons.ERROR, f"timing failed: {type(exc).__name__}: {exc}")
+            if sig is not None:
+                timed[sig] = (tu, tf, slower, record.key)
         res.time_unfused_us, res.time_fused_us = tu, tf
         if slower:
             return fail(

@@ -1,0 +1,115 @@
+"""Safe mode times each fusion signature once (repeated layers share the speed verdict) and
+still checks every fusion's numerics on its own activations; ``compare_tensors`` edge cases.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from graph_autofusion.ir.text import parse_model
+from graph_autofusion.options import FuseOptions
+from graph_autofusion.patterns.library import builtin_rules
+from graph_autofusion.pipeline import fuse_model
+from graph_autofusion.runtime.timing import use_timer
+from graph_autofusion.verify.compare import compare_tensors
+
+PROFILE = "x86_avx2"
+
+# Three erf-GELUs: two on [4,64] inputs (one signature), one on [8,64] (another).
+GELUS = """
+model opset {"": 18}
+graph g(%u: f32[4,64], %v: f32[4,64], %w: f32[8,64]) -> (%h1, %h2, %h3) {
+  init %c: f32[] = [1.4142135381698608]
+  init %one: f32[] = [1.0]
+  init %half: f32[] = [0.5]
+  %s1 = Div(%u, %c) @div1
+  %e1 = Erf(%s1) @erf1
+  %a1 = Add(%e1, %one) @add1
+  %m1 = Mul(%u, %a1) @mul1
+  %h1 = Mul(%m1, %half) @out1
+  %s2 = Div(%v, %c) @div2
+  %e2 = Erf(%s2) @erf2
+  %a2 = Add(%e2, %one) @add2
+  %m2 = Mul(%v, %a2) @mul2
+  %h2 = Mul(%m2, %half) @out2
+  %s3 = Div(%w, %c) @div3
+  %e3 = Erf(%s3) @erf3
+  %a3 = Add(%e3, %one) @add3
+  %m3 = Mul(%w, %a3) @mul3
+  %h3 = Mul(%m3, %half) @out3
+}
+"""
+
+
+def _fuse(timer):
+    with use_timer(timer):
+        return fuse_model(
+            parse_model(GELUS),
+            builtin_rules().preset("all"),
+            PROFILE,
+            options=FuseOptions(check_speed=True, mc_samples=2),
+        )
+
+
+def test_a_repeated_fusion_is_timed_once_and_checked_on_its_own():
+    timed: list[str] = []
+
+    def timer(key, side, fn):
+        fn()
+        if side == "unfused":
+            timed.append(key)
+            return 10e-6
+        return 5e-6
+
+    res = _fuse(timer)
+    keys = sorted(low.key for low in res.lowered)
+    assert len(keys) == 3 and not res.rolled_back
+    assert len(set(timed)) == 2  # the two [4,64] GELUs share one measurement
+    shared = [k for k in keys if "timed_as" in res.safety[k].details]
+    assert len(shared) == 1
+    first = res.safety[shared[0]].details["timed_as"]
+    assert first in timed and first != shared[0]
+    for k in keys:  # every fusion: its own numerics, Monte-Carlo samples and (shared) times
+        r = res.safety[k]
+        assert r.passed and r.cosine > 0.99999
+        assert len(r.details["mc_cosines"]) == 2
+        assert (r.time_unfused_us, r.time_fused_us) == pytest.approx((10, 5))
+
+
+def test_a_shared_slower_verdict_rolls_back_every_repeat():
+    def timer(key, side, fn):
+        fn()
+        return 10e-6 if side == "unfused" else 100e-6
+
+    res = _fuse(timer)
+    assert not res.lowered
+    assert len(res.rolled_back) == 3 and {b.code for b in res.rolled_back} == {"slower"}
+
+
+def test_compare_tensors_edge_cases():
+    a = np.array([1.0, 2.0, 3.0], dtype=np.float32)
+    assert compare_tensors(a, a) == {
+        "cosine": 1.0,
+        "max_abs": 0.0,
+        "max_rel": 0.0,
+        "nonfinite": 0.0,
+    }
+    z = np.zeros(3, np.float32)
+    assert compare_tensors(z, z)["cosine"] == 1.0
+    assert compare_tensors(z, a)["cosine"] == 0.0 and compare_tensors(a, z)["cosine"] == 0.0
+    s = compare_tensors(-a, a)
+    assert s["cosine"] == pytest.approx(-1.0) and s["max_abs"] == pytest.approx(6.0)
+    b = a + np.array([0.0, 0.0, 0.3], np.float32)
+    s = compare_tensors(b, a)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    want = float(np.dot(a64, b64) / np.linalg.norm(a64) / np.linalg.norm(b64))
+    assert s["cosine"] == pytest.approx(want, abs=1e-12)
+    assert s["max_abs"] == pytest.approx(0.3, rel=1e-6) and s["max_rel"] == pytest.approx(0.1)
+    nan = np.array([1.0, np.nan, 3.0], np.float32)
+    assert compare_tensors(nan, nan)["cosine"] == 1.0
+    s = compare_tensors(nan, a)
+    assert s["cosine"] == 0.0 and s["nonfinite"] == 1.0 and math.isinf(s["max_abs"])
+    assert compare_tensors(a, a.reshape(3, 1))["cosine"] == 0.0
