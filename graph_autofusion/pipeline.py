@@ -336,6 +336,7 @@ def fuse_model(
     progress: Callable[[str, int, int], None] | None = None,
     dump_dir: Any = None,
     keys: Sequence[str] | None = None,
+    weight_layers: Sequence[str] | None = None,
 ) -> FuseResult:
     """Fuse ``original`` for onnxruntime (see the module docstring). ``original`` is not
     modified. ``options``: the :class:`~graph_autofusion.options.FuseOptions` record (default
@@ -351,7 +352,11 @@ def fuse_model(
     ``options.custom_ops``: planned groups with no onnxruntime operator become generated
     kernels in one custom-operator library (``result.custom_ops``, :mod:`graph_autofusion.
     pipeline_ort_kernels`); a library that fails to build or load gives the model without
-    custom operators, with a note saying why. ``options.codegen``: their compiler options."""
+    custom operators, with a note saying why. ``options.codegen``: their compiler options.
+
+    ``options.weights`` (``int8``/``int4``): the last stage compresses the contractions'
+    weights, each layer verified (:mod:`graph_autofusion.pipeline_weights`; ``result.weights``);
+    ``weight_layers``: only these contractions (a saved plan's), still verified."""
     from graph_autofusion.options import FuseOptions
     from graph_autofusion.pipeline_ort_kernels import CustomOps, CustomOpsUnavailable
 
@@ -375,7 +380,7 @@ def fuse_model(
 
         t = time.perf_counter()
         with _progress.task(f"weights: {options.weights}"):
-            report = compress_weights(result, options)
+            report = compress_weights(result, options, only=weight_layers)
         result.timings["weights"] = time.perf_counter() - t
         if report is not None:
             result.notes.append(report.notes[-1] if report.notes else f"weights {report.form}")

@@ -145,9 +145,12 @@ class WeightsReport:
         return "\n".join(lines)
 
 
-def compress_weights(result: Any, options: Any, *, threads: int = 2) -> WeightsReport | None:
+def compress_weights(
+    result: Any, options: Any, *, threads: int = 2, only: Any = None
+) -> WeightsReport | None:
     """Compress ``result.model``'s weights to ``options.weights`` (see the module docstring);
-    sets ``result.model`` and ``result.weights`` and returns the report (``None`` for fp32)."""
+    sets ``result.model`` and ``result.weights`` and returns the report (``None`` for fp32).
+    ``only``: the names of the contractions to consider (a saved plan's), the others kept."""
     form = options.weights
     if form == "fp32":
         return None
@@ -170,6 +173,10 @@ def compress_weights(result: Any, options: Any, *, threads: int = 2) -> WeightsR
     block = defaults.WEIGHTS_BLOCK_SIZE[form]
     zp = defaults.WEIGHTS_ZERO_POINT[form]
     level = defaults.WEIGHTS_ACCURACY_LEVEL
+    if only is not None:
+        for s in sites:
+            if not s.reason and s.name not in set(only):
+                s.reason = records[s.name].reason = "kept fp32: the saved plan keeps it fp32"
     todo = [s for s in sites if not s.reason]
     packs = {s.name: quantize(s.weight, bits, block, zp) for s in todo}
     if options.safe_mode and todo:

@@ -73,6 +73,9 @@ class BackendConfig:
     saved_plan: dict[str, list[str]] | None = None
     #: A saved plan's engines: graph fingerprint -> the engine the graph ran on.
     saved_engines: dict[str, str] | None = None
+    #: A saved plan's compressed layers (``options.weights``): graph fingerprint -> the names
+    #: of the contractions that were compressed (the others stay fp32).
+    saved_weights: dict[str, list[str]] | None = None
     #: Every graph compiled through this backend, in order (reports and tests read them).
     graphs: list[CompiledGraph] = field(default_factory=list)
 
@@ -242,11 +245,13 @@ class CompiledGraph:
         if engine == "onnxruntime":
             from graph_autofusion.torch_ort import build_ort_program
 
-            keys = None
+            keys = layers = None
             if self.config.saved_plan is not None:
                 from graph_autofusion.torch_module import graph_fingerprint
 
                 keys = self.config.saved_plan.get(graph_fingerprint(imported.model))
+                if self.config.saved_weights is not None:
+                    layers = self.config.saved_weights.get(graph_fingerprint(imported.model), [])
             program, self.ort_result = build_ort_program(
                 imported,
                 args,
@@ -254,6 +259,7 @@ class CompiledGraph:
                 self.config.hardware,
                 self.config.options,
                 keys=keys,
+                weight_layers=layers,
             )
         else:
             program = self._torch_program(imported, args, outs)

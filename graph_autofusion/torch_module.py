@@ -157,19 +157,22 @@ class FusionInfo:
             res = g.ort_result if g.engine == "onnxruntime" else g.result
             if res is None or g.imported is None:
                 continue
-            graphs.append(
-                {
-                    "fingerprint": graph_fingerprint(g.imported),
-                    "engine": g.engine,
-                    "fused": [low.key for low in res.lowered],
-                    "rules": [low.rule for low in res.lowered],
-                }
-            )
+            entry = {
+                "fingerprint": graph_fingerprint(g.imported),
+                "engine": g.engine,
+                "fused": [low.key for low in res.lowered],
+                "rules": [low.rule for low in res.lowered],
+            }
+            weights = getattr(res, "weights", None)
+            if weights is not None:  # compressed weights: the layers safe mode kept compressed
+                entry["compressed"] = [r.name for r in weights.compressed]
+            graphs.append(entry)
         cfg = self.backend.config
         return {
             "version": PLAN_VERSION,
             "preset": cfg.preset,
             "safe_mode": cfg.options.safe_mode,
+            **({"weights": cfg.options.weights} if cfg.options.weights != "fp32" else {}),
             "graphs": graphs,
         }
 
@@ -222,7 +225,9 @@ def fuse_module(
     if plan is not None:  # the saved fusions were timed when planned: numerics only now
         from graph_autofusion.options import FuseOptions
 
-        options = (options or FuseOptions(target="cpu")).replace(check_speed=False)
+        options = (options or FuseOptions(target="cpu")).replace(
+            check_speed=False, weights=plan.get("weights", "fp32")
+        )
     backend = make_backend(preset=preset, hardware=hardware, options=options, rules=rules)
     if plan is not None:
         _check_plan(plan)
@@ -230,6 +235,10 @@ def fuse_module(
         backend.config.saved_engines = {
             g["fingerprint"]: g.get("engine", "torch") for g in plan["graphs"]
         }
+        if plan.get("weights", "fp32") != "fp32":  # the layers compressed when it was saved
+            backend.config.saved_weights = {
+                g["fingerprint"]: list(g.get("compressed", [])) for g in plan["graphs"]
+            }
     fused = _shallow_copy(module)
     forward = types.MethodType(_own_code(type(module).forward), fused)
     fused.forward = torch.compile(forward, backend=backend)

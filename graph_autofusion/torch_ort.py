@@ -98,10 +98,12 @@ def build_ort_program(
     profile: Any,
     options: Any,
     keys: Sequence[str] | None = None,
+    weight_layers: Sequence[str] | None = None,
 ) -> tuple[OrtGraphProgram, Any]:
     """Fuse the imported graph with the ONNX route (safe mode on this call's inputs) and open
-    its session (``keys``: a saved plan's fusions instead of planning). Returns the program and
-    the ONNX route's ``FuseResult``.
+    its session (``keys``: a saved plan's fusions instead of planning; ``weight_layers``: the
+    contractions a saved plan compressed, the only ones compressed now). Returns the program
+    and the ONNX route's ``FuseResult``.
 
     Raises:
         OrtEngineRefused: onnxruntime cannot run the graph, or the fused model fails to load.
@@ -116,7 +118,15 @@ def build_ort_program(
     opts = options.replace(target="onnxruntime", custom_ops=False)
     try:
         with torch.no_grad():
-            result = fuse_model(model, rules, profile, options=opts, feeds=feeds, keys=keys)
+            result = fuse_model(
+                model,
+                rules,
+                profile,
+                options=opts,
+                feeds=feeds,
+                keys=keys,
+                weight_layers=weight_layers,
+            )
     except GraphAutoFusionError as exc:
         raise OrtEngineRefused(f"the ONNX route failed: {exc}") from exc
     try:

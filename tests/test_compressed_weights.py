@@ -265,7 +265,7 @@ def test_cli_fuse_with_weights_int8(tmp_path, capsys):
 
 
 @pytest.mark.xdist_group("torch_compile")
-def test_torch_route_drop_in_module_and_backend_compress_and_report():
+def test_torch_compile_backend_compresses_on_the_onnxruntime_engine():
     torch = pytest.importorskip("torch")
     from graph_autofusion.torch_compile import make_backend
 
@@ -283,26 +283,54 @@ def test_torch_route_drop_in_module_and_backend_compress_and_report():
         want = module(x)
     torch._dynamo.reset()
     try:
-        gaf = GraphAutoFusion(module, example_inputs=(x,), options=FuseOptions(weights="int8"))
-        fused = gaf.fuse(check_speed=False)
-        with torch.no_grad():
-            got = fused(x)
-        assert _cosine(got.numpy(), want.numpy()) >= 0.999
-        graph = fused.autofusion.graphs[0]
-        assert graph.engine == "onnxruntime" and "torch" in graph.engine_notes
-        assert _ops(graph.ort_result.model).get("MatMulNBits") == 3
-        rep = gaf.safe_fusion_report()[0].to_dict()["weights"]
-        assert rep["compressed"] == 3 and all(r["form"] == "int8" for r in rep["layers"])
-
-        torch._dynamo.reset()
         backend = make_backend(options=FuseOptions(weights="int4", check_speed=False))
         compiled = torch.compile(module, backend=backend)
         with torch.no_grad():
             got4 = compiled(x)
         assert _cosine(got4.numpy(), want.numpy()) >= 0.98
-        res = backend.config.graphs[0].ort_result
-        assert res.weights.form == "int4" and res.weights.compressed
+        graph = backend.config.graphs[0]
+        assert graph.engine == "onnxruntime" and "torch" in graph.engine_notes
+        assert _ops(graph.ort_result.model).get("MatMulNBits") == 3
+        assert graph.ort_result.weights.form == "int4"
         with pytest.raises(OptionsError, match="onnxruntime engine"):
             make_backend(options=FuseOptions(weights="int8"), engine="torch")
+    finally:
+        torch._dynamo.reset()
+
+
+@pytest.mark.xdist_group("torch_compile")
+def test_drop_in_module_int8_reports_its_layers_and_save_pretrained_keeps_them(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from graph_autofusion.testing.small_hf import tiny_llama
+    from graph_autofusion.torch_module import PLAN_FILE, load_fused
+
+    model = tiny_llama()
+    ids = torch.randint(0, 1000, (1, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(ids).logits
+    torch._dynamo.reset()
+    try:
+        gaf = GraphAutoFusion(model, options=FuseOptions(weights="int8"))
+        fused = gaf.fuse(check_speed=False)
+        with torch.no_grad():
+            got = fused(ids).logits
+        assert _cosine(got.numpy(), want.numpy()) >= 0.99
+        compressed = [r.name for r in gaf.result.weights.compressed]
+        assert compressed  # the projections (64x64 and up); the LM head stays fp32
+        assert any(r.reason.startswith("kept fp32: LM head") for r in gaf.result.weights.kept)
+        rep = gaf.safe_fusion_report()[0].to_dict()["weights"]
+        assert rep["compressed"] == len(compressed) and rep["form"] == "int8"
+        assert all(r["cosine"] >= 0.999 for r in rep["layers"] if r["form"] == "int8")
+        fused.save_pretrained(tmp_path)
+        plan = json.loads((tmp_path / PLAN_FILE).read_text())
+        assert plan["weights"] == "int8" and plan["graphs"][0]["compressed"] == compressed
+        torch._dynamo.reset()
+        loaded = load_fused(transformers.LlamaForCausalLM.from_pretrained(tmp_path), tmp_path)
+        with torch.no_grad():
+            again = loaded(ids).logits
+        graph = loaded.autofusion.graphs[0]
+        assert [r.name for r in graph.ort_result.weights.compressed] == compressed
+        np.testing.assert_allclose(again.numpy(), got.numpy(), rtol=0, atol=1e-5)
     finally:
         torch._dynamo.reset()

@@ -45,7 +45,8 @@ KEPT_HEAD = "kept fp32: LM head (policy: the layer producing the model's output,
 KEPT_EMBEDDING = "kept fp32: embedding table (policy: Gather tables stay fp32)"
 KEPT_FP16 = (
     "kept fp32: no fused fp16 form on onnxruntime CPU (a Cast of an fp16 initializer is "
-    "constant-folded back to fp32 when the session loads; MatMulNBits takes 2-8 bits)"
+    "constant-folded back to fp32 at session load; the fp16 MatMul, activations cast to fp16, "
+    "runs slower than fp32 on x86; MatMulNBits takes 2-8 bits)"
 )
 
 

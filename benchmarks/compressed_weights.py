@@ -1,0 +1,284 @@
+"""Compressed weights (issue 22): the zoo Llama's decode ms/token with fp32, int8 and int4
+weights on our ONNX route, against the fp32 peers, with the machine's streaming bandwidth.
+
+Configurations, all on the zoo Llama's KV-cache decoder export (``--exporter``, dynamo by
+default), each an onnxruntime session (CPU, 2 intra-op threads, ``ORT_ENABLE_ALL``) or
+OpenVINO (f32 inference precision, 2 threads; ``benchmarks/torch_e2e_engines.py``):
+
+* ``ours_fp32``, ``ours_int8``, ``ours_int4``: ``GraphAutoFusion(path, preset="llm",
+  sample_inputs=<one decode step at past 64>, options=FuseOptions(weights=...)).fuse()`` (safe
+  mode on; each compressed layer verified), saved, then opened from the saved file;
+* ``ort_all``: onnxruntime on the export; ``openvino``: OpenVINO on the export.
+
+Decode: greedy generation after a 16-token prompt (``greedy_decode_ort``); ms/token is
+``(time(n tokens) - time(1 token)) / (n - 1)``, every configuration timed in a shuffled order
+per round (``round_robin(rotate=True)``), as ``benchmarks/torch_e2e.py`` does. The streaming
+bandwidth (``cost.calibrate.measure_bandwidth``, STREAM copy/triad) is measured before and
+after the timing in the same process. "Weight GB/s" is the bytes of every contraction weight
+a token reads (packed + scales + zero points for compressed layers, fp32 otherwise, the LM
+head included; embeddings read one row and are left out) divided by the ms/token of the whole
+step: a lower bound of what the GEMVs achieve (the step also runs attention and norms).
+
+Also recorded: each configuration's greedy tokens against ours_fp32's, the saved files' sizes,
+the per-layer report of the compressed models, and MiniLM's real weights (``--minilm``):
+sentence-embedding cosine of int8 / int4 against fp32 on held-out sentences, with the
+per-layer cosine / relative error safe mode measured.
+
+    .venv/bin/python benchmarks/compressed_weights.py                  # writes the results
+    .venv/bin/python benchmarks/compressed_weights.py --tokens 8 --runs 2 --out /tmp/cw
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+FORMS = ("fp32", "int8", "int4")
+PEERS = ("ort_all", "openvino")
+LABELS = {
+    "ours_fp32": "our ONNX route, fp32",
+    "ours_int8": "our ONNX route, int8 weights",
+    "ours_int4": "our ONNX route, int4 weights",
+    "ort_all": "ORT ALL (export, fp32)",
+    "openvino": "OpenVINO (export, f32)",
+}
+PROMPT = 16
+SAMPLE_PAST = 64
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def fuse(path: Path, name: str, form: str, out: str) -> dict[str, Any]:
+    """Our ONNX route with ``weights=form``, saved to ``out``; its facts."""
+    from vs_ort_decode import DECODERS, decode_feeds
+
+    from graph_autofusion.api import GraphAutoFusion
+    from graph_autofusion.options import FuseOptions
+
+    t = time.perf_counter()
+    gaf = GraphAutoFusion(
+        str(path),
+        preset=DECODERS[name][2],
+        sample_inputs=decode_feeds(name, SAMPLE_PAST),
+        options=FuseOptions(weights=form),
+    )
+    gaf.fuse()
+    fuse_s = time.perf_counter() - t
+    gaf.save(out)
+    w = gaf.result.weights
+    layers = w.layers if w is not None else []
+    if w is None:  # fp32: the contractions' bytes as they are
+        from graph_autofusion.codegen.weights import find_sites
+
+        sites = find_sites(gaf.result.model, min_elements=0, keep_head=False)
+        weight_bytes = sum(s.fp32_bytes for s in sites if s.weight is not None)
+    else:
+        weight_bytes = sum(r.bytes for r in layers)
+    return {
+        "fuse_s": round(fuse_s, 2),
+        "file_bytes": os.path.getsize(out),
+        "weight_bytes_per_token": int(weight_bytes),
+        "weights": w.to_dict() if w is not None else None,
+        "notes": list(gaf.result.notes),
+    }
+
+
+def bandwidth() -> dict[str, Any]:
+    from graph_autofusion.cost.calibrate import measure_bandwidth
+
+    gbs, how = measure_bandwidth(quick=False)
+    return {"gbs": round(gbs, 1), "how": how}
+
+
+def minilm_accuracy() -> dict[str, Any]:
+    """MiniLM (real weights): int8 / int4 sentence embeddings against fp32's, fused on the
+    example sentence, measured on the check sentences."""
+    from graph_autofusion.api import GraphAutoFusion
+    from graph_autofusion.options import FuseOptions
+    from graph_autofusion.testing.export import (
+        example_feeds,
+        export_onnx,
+        minilm_onnx_embeddings,
+    )
+
+    path = export_onnx("minilm", "dynamo")
+    feeds = example_feeds("minilm")
+    ref = minilm_onnx_embeddings(str(path))
+    out: dict[str, Any] = {"export": path.name}
+    for form in ("int8", "int4"):
+        gaf = GraphAutoFusion(str(path), sample_inputs=feeds, options=FuseOptions(weights=form))
+        model = gaf.fuse(check_speed=False)
+        emb = minilm_onnx_embeddings(model)
+        cos = np.sum(emb * ref, axis=1) / (
+            np.linalg.norm(emb, axis=1) * np.linalg.norm(ref, axis=1)
+        )
+        w = gaf.result.weights
+        done = w.compressed
+        out[form] = {
+            "sentence_cosine_min": float(cos.min()),
+            "sentence_cosine_mean": float(cos.mean()),
+            "compressed": len(done),
+            "kept_fp32": len(w.kept),
+            "layer_cosine_min": min((r.cosine for r in done), default=None),
+            "layer_rel_err_median": (
+                float(statistics.median(r.rel_err for r in done)) if done else None
+            ),
+            "layer_rel_err_max": max((r.rel_err for r in done), default=None),
+            "end_to_end": w.end_to_end,
+        }
+        log(f"minilm {form}: {out[form]['sentence_cosine_min']:.6f} min sentence cosine")
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from torch_e2e_engines import OpenVINOSession, Unavailable, machine
+
+    from graph_autofusion.runtime.ort_session import ort_session
+    from graph_autofusion.runtime.timing import round_robin, summarize
+    from graph_autofusion.testing.kv_cache import export_decoder, greedy_decode_ort
+
+    name, n = args.model, args.tokens
+    data: dict[str, Any] = {"machine": machine(), "model": name, "tokens": n, "runs": args.runs}
+    data["bandwidth_before"] = bandwidth()
+    log(f"bandwidth {data['bandwidth_before']['gbs']} GB/s")
+    path = export_decoder(name, args.exporter)
+    data["export"] = {"path": path.name, "file_bytes": os.path.getsize(path)}
+    prompt = np.random.default_rng(0).integers(0, 1000, (1, PROMPT)).astype(np.int64)
+    configs: dict[str, dict[str, Any]] = {}
+    sessions: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for form in FORMS:
+            key = f"ours_{form}"
+            log(f"fuse {key}")
+            out = os.path.join(tmp, f"{key}.onnx")
+            configs[key] = fuse(path, name, form, out)
+            sessions[key] = ort_session(out, "all", 2)
+        sessions["ort_all"] = ort_session(path, "all", 2)
+        configs["ort_all"] = {}
+        try:
+            sessions["openvino"] = OpenVINOSession(path)
+            configs["openvino"] = {}
+        except Unavailable as exc:
+            configs["openvino"] = {"unavailable": str(exc)}
+        fp32_bytes = configs["ours_fp32"]["weight_bytes_per_token"]
+        for key in PEERS:
+            if key in sessions:
+                configs[key]["weight_bytes_per_token"] = fp32_bytes
+        want = greedy_decode_ort(sessions["ours_fp32"], name, prompt, n - 1)[0]
+        fns = {}
+        for key, sess in sessions.items():
+            tokens = greedy_decode_ort(sess, name, prompt, n - 1)[0]
+            configs[key]["same_tokens_as_fp32"] = sum(a == b for a, b in zip(tokens, want)) / n
+            fns[f"{key}:{n}"] = lambda s=sess: greedy_decode_ort(s, name, prompt, n - 1)
+            fns[f"{key}:1"] = lambda s=sess: greedy_decode_ort(s, name, prompt, 0)
+        log(f"timing {len(sessions)} configurations, {args.runs} rounds, {n} tokens")
+        raw = round_robin(fns, args.runs, warmup=1, rotate=True)
+        for key in sessions:
+            per_token = [(a - b) / (n - 1) for a, b in zip(raw[f"{key}:{n}"], raw[f"{key}:1"])]
+            stats = summarize({key: per_token})[key]
+            configs[key].update({k: round(v, 3) for k, v in stats.items()})
+            wb = configs[key].get("weight_bytes_per_token")
+            if wb:
+                configs[key]["weight_gbs"] = round(wb / (stats["ms"] * 1e-3) / 1e9, 1)
+        sessions.clear()
+    data["bandwidth_after"] = bandwidth()
+    data["configs"] = configs
+    stream = max(data["bandwidth_before"]["gbs"], data["bandwidth_after"]["gbs"])
+    data["stream_gbs"] = stream
+    base = configs["ours_fp32"].get("ms")
+    for c in configs.values():
+        if "ms" in c and base:
+            c["vs_ours_fp32"] = round(c["ms"] / base, 3)
+        if "weight_gbs" in c:
+            c["of_stream"] = round(c["weight_gbs"] / stream, 3)
+    if args.minilm:
+        log("MiniLM accuracy (real weights)")
+        data["minilm"] = minilm_accuracy()
+    return data
+
+
+def markdown(data: dict[str, Any]) -> str:
+    m = data["machine"]
+    lines = [
+        "# Compressed weights: zoo Llama decode",
+        "",
+        f"{m['cpu']} ({', '.join(m['isa']) or 'none of the listed ISA flags'}), "
+        f"{m['threads']} threads; onnxruntime {m['onnxruntime']}, OpenVINO {m['openvino']}; "
+        f"{m['date']}, commit {m['commit']}{' (dirty)' if m['dirty'] else ''}; load {m['load']}.",
+        f"Streaming bandwidth in the same run: {data['bandwidth_before']['gbs']} GB/s before, "
+        f"{data['bandwidth_after']['gbs']} GB/s after ({data['bandwidth_before']['how']}).",
+        f"Greedy decode of {data['tokens']} tokens after a {PROMPT}-token prompt, "
+        f"{data['runs']} rounds in a shuffled order; ms/token median (p10-p90).",
+        "",
+        "| configuration | ms/token | vs our fp32 | weight MB/token | weight GB/s | of stream "
+        "| file MB | same tokens |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for key, c in data["configs"].items():
+        if "ms" not in c:
+            lines.append(f"| {LABELS[key]} | {c.get('unavailable', 'n/a')} | | | | | | |")
+            continue
+        wb = c.get("weight_bytes_per_token")
+        fb = c.get("file_bytes")
+        lines.append(
+            f"| {LABELS[key]} | {c['ms']:.2f} ({c['p10']:.2f}-{c['p90']:.2f}) | "
+            f"{c.get('vs_ours_fp32', 0):.2f}x | {wb / 1e6 if wb else 0:.1f} | "
+            f"{c.get('weight_gbs', '')} | {c.get('of_stream', '')} | "
+            f"{fb / 1e6 if fb else 0:.1f} | {100 * c['same_tokens_as_fp32']:.0f}% |"
+        )
+    for form in ("int8", "int4"):
+        w = data["configs"][f"ours_{form}"].get("weights")
+        if w:
+            lines.append(
+                f"\n{form}: {w['compressed']} contractions compressed, {w['kept_fp32']} kept "
+                f"fp32; end to end {json.dumps(w['end_to_end'])}"
+            )
+    if "minilm" in data:
+        lines += ["", "## MiniLM, real weights", ""]
+        lines.append("| form | sentence cosine min | layers | layer cosine min | rel err median |")
+        lines.append("|---|---|---|---|---|")
+        for form in ("int8", "int4"):
+            r = data["minilm"][form]
+            lines.append(
+                f"| {form} | {r['sentence_cosine_min']:.6f} | {r['compressed']} compressed, "
+                f"{r['kept_fp32']} fp32 | {r['layer_cosine_min']} | {r['layer_rel_err_median']} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="llama")
+    p.add_argument("--exporter", default="dynamo", choices=["dynamo", "torchscript"])
+    p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--runs", type=int, default=10)
+    p.add_argument("--no-minilm", dest="minilm", action="store_false")
+    p.add_argument("--out", default=str(RESULTS / "compressed_weights"), help="path stem")
+    args = p.parse_args(argv)
+    data = run(args)
+    stem = Path(args.out)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".json").write_text(json.dumps(data, indent=1, default=str))
+    text = markdown(data)
+    stem.with_suffix(".md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
