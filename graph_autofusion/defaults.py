@@ -19,6 +19,14 @@ SPEED_MARGIN = 1.10
 CHECK_FUSION_SPEED_MARGIN = 1.05
 #: Monte-Carlo perturbation samples per fusion in safe mode (onnxruntime target).
 MC_SAMPLES = 8
+#: Monte-Carlo samples of a fusion repeating a signature (``verify.signature``) whose first
+#: instance passed all :data:`MC_SAMPLES` in the same fuse (a transformer's later layers).
+REPEAT_MC_SAMPLES = 2
+#: Safe mode's speed check stops after this many interleaved runs per side when the verdict
+#: is clear: the fused median below ``margin`` x :data:`SPEED_CLEAR` of the unfused, or above
+#: ``margin`` / :data:`SPEED_CLEAR` (then confirmed by the longer measurement as before).
+SPEED_EARLY_RUNS = 7
+SPEED_CLEAR = 0.75
 #: Rounds of the cpu target's engine measurement on an ONNX model (onnxruntime with our
 #: kernels against the torch runner; ``pipeline_cpu_engines``).
 ENGINE_TIMING_ROUNDS = 5

@@ -472,6 +472,7 @@ def _fuse_model(
         check_fusion,
         end_to_end,
     )
+    from graph_autofusion.verify.signature import Repeats
 
     t = time.perf_counter()
     with _progress.task("safe mode: capture activations"):
@@ -481,7 +482,7 @@ def _fuse_model(
     originals = {n.name: n for n in original.graph.nodes}
     checked: dict[str, Any] = {}
     failed: dict[str, Any] = {}
-    timed: dict[str, Any] = {}  # speed verdicts by fusion signature: repeated layers time once
+    repeats = Repeats()  # per fusion signature: repeated layers time once
     for _round in range(MAX_ROUNDS):
         todo = [low for low in result.lowered if low.key not in checked]
         for i, low in enumerate(todo):
@@ -505,7 +506,7 @@ def _fuse_model(
                 mc_samples=opts.mc_samples,
                 check_speed=opts.check_speed,
                 speed_margin=opts.speed_margin,
-                timed=timed,
+                repeats=repeats,
             )
         bad = [low for low in result.lowered if not checked[low.key].passed]
         if not bad:

@@ -50,7 +50,7 @@ def _fuse(timer):
             parse_model(GELUS),
             builtin_rules().preset("all"),
             PROFILE,
-            options=FuseOptions(check_speed=True, mc_samples=2),
+            options=FuseOptions(check_speed=True, mc_samples=3),
         )
 
 
@@ -75,8 +75,25 @@ def test_a_repeated_fusion_is_timed_once_and_checked_on_its_own():
     for k in keys:  # every fusion: its own numerics, Monte-Carlo samples and (shared) times
         r = res.safety[k]
         assert r.passed and r.cosine > 0.99999
-        assert len(r.details["mc_cosines"]) == 2
+        repeat = k in shared
+        assert len(r.details["mc_cosines"]) == (2 if repeat else 3)  # REPEAT_MC_SAMPLES
+        assert ("mc_as" in r.details) == repeat
         assert (r.time_unfused_us, r.time_fused_us) == pytest.approx((10, 5))
+    # a clear verdict stops after SPEED_EARLY_RUNS of the 20 runs
+    assert all(timed.count(k) == 7 for k in set(timed))
+
+
+def test_a_close_call_is_timed_in_full():
+    calls: list[str] = []
+
+    def timer(key, side, fn):
+        fn()
+        calls.append(side)
+        return 10e-6 if side == "unfused" else 10.5e-6  # within the 1.10 margin, not clearly
+
+    res = _fuse(timer)
+    assert len(res.lowered) == 3
+    assert calls.count("unfused") == 2 * 20  # two signatures, all 20 runs each
 
 
 def test_a_shared_slower_verdict_rolls_back_every_repeat():

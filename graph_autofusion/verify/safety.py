@@ -43,7 +43,7 @@ from graph_autofusion.runtime.timing import Timer, current_timer
 from graph_autofusion.verify.compare import compare_tensors
 from graph_autofusion.verify.fp16 import FP16_MAX, fp16_analysis
 from graph_autofusion.verify.inputs import generate_inputs
-from graph_autofusion.verify.signature import fusion_signature
+from graph_autofusion.verify.signature import Repeats, fusion_signature
 from graph_autofusion.verify.subgraph import (
     SafetyCheckError,
     _run,
@@ -164,11 +164,19 @@ def _alias_hazard(original: Model, fused: Model, record: FusionRecord) -> str:
 
 # ----------------------------------------------------------------------------- timing
 def _times(
-    a: Any, b: Any, feeds_a: dict, feeds_b: dict, runs: int, timer: Timer, key: str
+    a: Any,
+    b: Any,
+    feeds_a: dict,
+    feeds_b: dict,
+    runs: int,
+    timer: Timer,
+    key: str,
+    clear: Any = None,
 ) -> tuple[list, list]:
     """Per-run times (µs) of sessions ``a`` (unfused) and ``b`` (fused) of fusion ``key``,
     interleaved, after 3 warm-ups, each run timed by ``timer``
-    (:mod:`graph_autofusion.runtime.timing`)."""
+    (:mod:`graph_autofusion.runtime.timing`). ``clear(ta, tb)``: after
+    ``defaults.SPEED_EARLY_RUNS`` runs, stop as soon as it says the verdict is clear."""
     na = [o.name for o in a.get_outputs()]
     nb = [o.name for o in b.get_outputs()]
     for _ in range(3):
@@ -178,6 +186,8 @@ def _times(
     for _ in range(max(1, runs)):  # interleaved, so load changes hit both alike
         ta.append(timer(key, "unfused", lambda: a.run(na, feeds_a)) * 1e6)
         tb.append(timer(key, "fused", lambda: b.run(nb, feeds_b)) * 1e6)
+        if clear is not None and len(ta) >= defaults.SPEED_EARLY_RUNS and clear(ta, tb):
+            break
     return ta, tb
 
 
@@ -206,7 +216,14 @@ def _speed(
     a = _session(timed_orig, ort_level, threads, spinning=True)
     b = _session(fused_proto, ort_level, threads, spinning=True)
     fa, fb = _feeds_for(a, feeds), _feeds_for(b, feeds)
-    ta, tb = _times(a, b, fa, fb, time_runs, timer, record.key)
+
+    def clear(ta: list, tb: list) -> bool:
+        ratio = statistics.median(tb) / max(statistics.median(ta), 1e-12)
+        return not (
+            speed_margin * defaults.SPEED_CLEAR < ratio < speed_margin / defaults.SPEED_CLEAR
+        )
+
+    ta, tb = _times(a, b, fa, fb, time_runs, timer, record.key, clear)
     tu, tf = statistics.median(ta), statistics.median(tb)
     slower = tf > tu * speed_margin
     if slower:  # confirm on a longer measurement, by median and by best run alike
@@ -221,8 +238,15 @@ def _perturb(a: np.ndarray, rng: np.random.Generator, scale: float) -> np.ndarra
     sentinels (|x| >= max/4 of the dtype, like an attention mask's minimum) stay as they are."""
     if not np.issubdtype(a.dtype, np.floating) or a.size == 0:
         return a
+    limit = float(np.finfo(a.dtype).max) / 4
+    if a.dtype == np.float32 and np.isfinite(a).all() and float(np.abs(a).max()) < limit:
+        # the common case, in float32 without masks: every element moves
+        std = float(np.std(a, dtype=np.float64)) or 1.0
+        noise = rng.standard_normal(a.shape, dtype=np.float32)
+        noise *= np.float32(scale * std)
+        return noise.__iadd__(a)
     wide = a.astype(np.float64)
-    movable = np.isfinite(wide) & (np.abs(wide) < float(np.finfo(a.dtype).max) / 4)
+    movable = np.isfinite(wide) & (np.abs(wide) < limit)
     if not movable.any():
         return a
     std = float(np.std(wide[movable])) or 1.0
@@ -263,7 +287,7 @@ def check_fusion(
     threads: int = 2,
     seed: int = 0,
     timer: Timer | None = None,
-    timed: dict[str, tuple[float, float, bool, str]] | None = None,
+    repeats: Repeats | None = None,
 ) -> SafetyResult:
     """Check one fusion on the captured ``activations`` of the original model.
 
@@ -277,10 +301,12 @@ def check_fusion(
             numeric checks always run with optimizations off.
         timer: Times each run of the speed check (default: the current timer of
             :mod:`graph_autofusion.runtime.timing`, the wall clock unless a test swapped it).
-        timed: Speed verdicts by :func:`~graph_autofusion.verify.signature.fusion_signature`
-            (``(unfused us, fused us, slower, key timed)``), shared by the checks of one fuse:
-            a fusion whose signature was timed takes that verdict (``details["timed_as"]``)
-            instead of timing again; its numerics are still checked on its own activations.
+        repeats: What the checks of one fuse learned per
+            :func:`~graph_autofusion.verify.signature.fusion_signature`: a fusion whose
+            signature was timed takes that speed verdict (``details["timed_as"]``) instead of
+            timing again, and one whose signature passed the full Monte-Carlo check runs
+            ``defaults.REPEAT_MC_SAMPLES`` samples (``details["mc_as"]``); its numerics are
+            always checked on its own activations.
 
     Returns:
         A :class:`SafetyResult`; ``code`` names the first failing check in the order alias,
@@ -288,6 +314,7 @@ def check_fusion(
     """
     floor = record.tolerance if cosine_floor is None else cosine_floor
     res = SafetyResult(record.key, True, reasons.OK, "")
+    sig = fusion_signature(record, activations) if repeats is not None else None
 
     def fail(code: str, message: str) -> SafetyResult:
         res.passed, res.code, res.message = False, code, message
@@ -358,6 +385,10 @@ def check_fusion(
             f"max rel {res.max_rel:.3g})",
         )
 
+    full_mc = mc_samples
+    if sig is not None and sig in repeats.mc:
+        mc_samples = min(mc_samples, defaults.REPEAT_MC_SAMPLES)
+        res.details["mc_as"] = repeats.mc[sig]
     if mc_samples > 0:
         rng = np.random.default_rng(seed)
         outside = {v.name: v for n in record.original_nodes for v in n.all_inputs()}
@@ -375,11 +406,12 @@ def check_fusion(
                 f"{sum(c < floor for c in cosines)}/{len(cosines)} perturbed samples fall below "
                 f"cosine {floor} (lowest {min(cosines):.6f}, spread {res.mc_spread:.3g})",
             )
+        if sig is not None and mc_samples == full_mc:
+            repeats.mc.setdefault(sig, record.key)
 
     if check_speed:
-        sig = fusion_signature(record, activations) if timed is not None else None
-        if sig is not None and sig in timed:
-            tu, tf, slower, first = timed[sig]
+        if sig is not None and sig in repeats.speed:
+            tu, tf, slower, first = repeats.speed[sig]
             res.details["timed_as"] = first
         else:
             try:
@@ -390,7 +422,7 @@ def check_fusion(
             except Exception as exc:
                 return fail(reasons.ERROR, f"timing failed: {type(exc).__name__}: {exc}")
             if sig is not None:
-                timed[sig] = (tu, tf, slower, record.key)
+                repeats.speed[sig] = (tu, tf, slower, record.key)
         res.time_unfused_us, res.time_fused_us = tu, tf
         if slower:
             return fail(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,16 @@ from graph_autofusion.ir.core import Node, Value, const_value
 #: Constants with at most this many elements enter the signature by value (indices, shapes,
 #: axes, epsilons); larger ones (weights) by shape and dtype only.
 SMALL_CONST = 64
+
+
+@dataclass
+class Repeats:
+    """What one fuse learned per signature, shared by its fusion checks: ``speed``: the
+    verdict ``(unfused us, fused us, slower, key timed)``; ``mc``: the key whose Monte-Carlo
+    check ran in full and passed."""
+
+    speed: dict[str, tuple[float, float, bool, str]] = field(default_factory=dict)
+    mc: dict[str, str] = field(default_factory=dict)
 
 
 def fusion_signature(record: Any, activations: Mapping[str, Any]) -> str:
