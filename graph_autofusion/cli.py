@@ -232,6 +232,7 @@ def _cmd_fuse(args: argparse.Namespace) -> int:
         size_switches=tuple(args.size_switch or ()),
         keep_fp32=(args.keep_fp32,) if args.keep_fp32 else (),
         weights=args.weights,
+        weights_policy=args.weights_policy,
     )
     gaf = GraphAutoFusion(
         args.model,
@@ -443,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_cmd_rules_list)
 
     from graph_autofusion.cost.hardware_cli import add_hardware_commands
-    from graph_autofusion.options import WEIGHT_FORMS
+    from graph_autofusion.options import WEIGHT_FORMS, WEIGHT_POLICIES
     from graph_autofusion.planner.plan import STRATEGIES
     from graph_autofusion.report.analysis_cli import add_analyze_command
 
@@ -500,6 +501,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="how contractions by a constant matrix store their weights: fp32 (default), int8 "
         "or int4 (blockwise MatMulNBits, each layer verified by safe mode; failures stay fp32), "
         "fp16 (no fused form on onnxruntime CPU: reported kept fp32)",
+    )
+    p.add_argument(
+        "--weights-policy",
+        default="default",
+        choices=list(WEIGHT_POLICIES),
+        help="with --weights int8/int4: 'default' keeps the LM head and the embedding tables "
+        "fp32; 'all' compresses them too (head int8, tables int8), each verified",
     )
     p.add_argument(
         "--float-check",

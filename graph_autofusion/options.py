@@ -25,6 +25,9 @@ DEFAULT_MAX_CLUSTER_INPUTS = defaults.MAX_CLUSTER_INPUTS
 TARGETS = ("onnxruntime", "cpu")
 #: The weight forms of ``FuseOptions.weights`` (:mod:`graph_autofusion.pipeline_weights`).
 WEIGHT_FORMS = ("fp32", "fp16", "int8", "int4")
+#: ``FuseOptions.weights_policy``: ``default`` keeps the LM head and the embedding tables fp32;
+#: ``all`` compresses them too (the head at int8 at most, the tables at int8), still verified.
+WEIGHT_POLICIES = ("default", "all")
 
 
 class OptionsError(GraphAutoFusionError, ValueError):
@@ -69,6 +72,9 @@ class FuseOptions:
             ``MatMulNBits``; each layer verified by safe mode, failures kept fp32), ``fp16``
             (no fused form on onnxruntime CPU: every layer reported kept fp32). Lossy only
             when asked for (``docs/compressed-weights.md``).
+        weights_policy: ``default``: the LM head and the embedding tables stay fp32; ``all``:
+            they are compressed too (head int8 even for int4, tables int8
+            ``GatherBlockQuantized``), each verified like every layer.
     """
 
     target: str = "onnxruntime"
@@ -91,6 +97,7 @@ class FuseOptions:
     size_switches: tuple[Any, ...] = ()
     keep_fp32: tuple[str, ...] = ()
     weights: str = "fp32"
+    weights_policy: str = "default"
 
     def __post_init__(self) -> None:
         from graph_autofusion.planner.controls import parse_keep_fp32, parse_size_switch
@@ -114,6 +121,10 @@ class FuseOptions:
             )
         if self.weights not in WEIGHT_FORMS:
             raise OptionsError(f"unknown weight form {self.weights!r}; known: {list(WEIGHT_FORMS)}")
+        if self.weights_policy not in WEIGHT_POLICIES:
+            raise OptionsError(
+                f"unknown weights policy {self.weights_policy!r}; known: {list(WEIGHT_POLICIES)}"
+            )
         if not (0.0 <= self.benefit_threshold < 1.0):
             raise OptionsError(f"benefit_threshold must be in [0, 1), got {self.benefit_threshold}")
 

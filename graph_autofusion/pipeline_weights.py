@@ -40,16 +40,22 @@ from graph_autofusion.codegen.weights import (
     BITS,
     KEPT_EMBEDDING,
     KEPT_FP16,
+    Embedding,
     Packed,
     Site,
+    compress_embedding,
     compress_site,
-    embedding_tables,
+    find_embeddings,
     find_sites,
     probe_model,
     quantize,
     reference_model,
 )
 from graph_autofusion.ir.core import Model
+
+#: The LM head's form when ``weights_policy="all"`` compresses it: the highest of the
+#: compressed forms (an int4 model keeps its head at 8 bits).
+HEAD_FORM = "int8"
 
 
 @dataclass
@@ -81,7 +87,6 @@ class WeightsReport:
 
     form: str
     layers: list[LayerRecord] = field(default_factory=list)
-    embeddings: list[dict[str, Any]] = field(default_factory=list)
     end_to_end: dict[str, Any] | None = None
     verified: bool = True
     accuracy_level: int = defaults.WEIGHTS_ACCURACY_LEVEL
@@ -108,7 +113,6 @@ class WeightsReport:
             "contraction_bytes": now,
             "end_to_end": self.end_to_end,
             "layers": [r.to_dict() for r in self.layers],
-            "embeddings": self.embeddings,
             "notes": list(self.notes),
         }
 
@@ -134,8 +138,6 @@ class WeightsReport:
             blk = f"/{r.block_size}" if r.block_size else ""
             why = f"  {r.reason}" if r.reason else ""
             lines.append(f"  {r.name} [{r.k}x{r.n}] {r.form}{blk}{err}{t}{why}")
-        for e in self.embeddings:
-            lines.append(f"  {e['name']} [{e['rows']}x{e['columns']}] fp32  {e['reason']}")
         for name, v in (self.end_to_end or {}).items():
             lines.append(
                 f"  end to end {name}: cosine {v['cosine']:.6f} rel {v['rel_err']:.2e}"
@@ -150,45 +152,56 @@ def compress_weights(
 ) -> WeightsReport | None:
     """Compress ``result.model``'s weights to ``options.weights`` (see the module docstring);
     sets ``result.model`` and ``result.weights`` and returns the report (``None`` for fp32).
-    ``only``: the names of the contractions to consider (a saved plan's), the others kept."""
+    ``only``: the names of the layers to consider (a saved plan's), the others kept."""
     form = options.weights
     if form == "fp32":
         return None
     model: Model = result.model
-    sites = find_sites(model, min_elements=defaults.WEIGHTS_MIN_ELEMENTS)
+    every = getattr(options, "weights_policy", "default") == "all"
+    sites = find_sites(model, min_elements=defaults.WEIGHTS_MIN_ELEMENTS, keep_head=not every)
+    block8 = defaults.WEIGHTS_BLOCK_SIZE["int8"]
+    embs = find_embeddings(model, block8)
     report = WeightsReport(form, verified=bool(options.safe_mode))
-    report.embeddings = [
-        {"name": name, "rows": rows, "columns": cols, "reason": KEPT_EMBEDDING}
-        for name, rows, cols in embedding_tables(model)
-    ]
     records = {s.name: _record(s) for s in sites}
+    for e in embs:
+        rows, cols = e.table.shape
+        reason = e.reason or ("" if every else KEPT_EMBEDDING)
+        records[e.name] = LayerRecord(
+            e.name, "Gather", int(cols), int(rows), "fp32", fp32_bytes=e.fp32_bytes,
+            bytes=e.fp32_bytes, reason=reason,
+        )  # fmt: skip
     report.layers = list(records.values())
     result.weights = report
     if form == "fp16":
-        for s in sites:
-            records[s.name].reason = s.reason or KEPT_FP16
+        for r in report.layers:
+            r.reason = r.reason or KEPT_FP16
         report.notes.append("no layer compressed: fp16 has no fused form on onnxruntime CPU")
         return report
-    bits = BITS[form]
-    block = defaults.WEIGHTS_BLOCK_SIZE[form]
-    zp = defaults.WEIGHTS_ZERO_POINT[form]
     level = defaults.WEIGHTS_ACCURACY_LEVEL
     if only is not None:
-        for s in sites:
-            if not s.reason and s.name not in set(only):
-                s.reason = records[s.name].reason = "kept fp32: the saved plan keeps it fp32"
-    todo = [s for s in sites if not s.reason]
-    packs = {s.name: quantize(s.weight, bits, block, zp) for s in todo}
+        for r in report.layers:
+            if not r.reason and r.name not in set(only):
+                r.reason = "kept fp32: the saved plan keeps it fp32"
+    todo = [s for s in sites if not records[s.name].reason]
+    forms = {s.name: HEAD_FORM if s.head else form for s in todo}
+    packs = {s.name: _quantize(s.weight, forms[s.name]) for s in todo}
+    tables = [e for e in embs if not records[e.name].reason]
+    for e in tables:  # 8 bits, symmetric: GatherBlockQuantized's default zero point
+        forms[e.name] = "int8"
+        packs[e.name] = quantize(np.ascontiguousarray(e.table.T), 8, block8, False)
     if options.safe_mode and todo:
-        todo = _check_layers(model, result.feeds, todo, packs, records, options, level, threads)
-    chosen = [s.name for s in todo]
+        todo = _check_layers(model, result.feeds, todo, packs, records, options, level, forms)
+    if options.safe_mode and tables:
+        tables = _check_tables(model, result.feeds, tables, packs, records, threads)
+    chosen = [s.name for s in todo] + [e.name for e in tables]
     for name in chosen:
         r, p = records[name], packs[name]
-        r.form, r.block_size, r.zero_point, r.bytes = form, block, zp, p.nbytes
+        r.form, r.block_size, r.bytes = forms[name], p.block_size, p.nbytes
+        r.zero_point = p.zero_points is not None
     if not chosen:
         report.notes.append("no layer compressed")
         return report
-    work = _apply(model, chosen, packs, level)
+    work = _apply(model, chosen, packs, level, every)
     if options.safe_mode:
         floor = defaults.WEIGHTS_E2E_COSINE[form]
         for round_ in range(defaults.WEIGHTS_E2E_ROUNDS + 1):
@@ -212,13 +225,57 @@ def compress_weights(
             if not chosen:
                 report.notes.append("the end-to-end check failed: every layer stays fp32")
                 return report
-            work = _apply(model, chosen, packs, level)
+            work = _apply(model, chosen, packs, level, every)
     result.model = work
+    n_tables = sum(records[n].op == "Gather" for n in chosen)
     report.notes.append(
-        f"{len(chosen)} contractions are MatMulNBits ({bits}-bit, block {block}, "
-        f"accuracy_level {level})"
+        f"{len(chosen) - n_tables} contractions are MatMulNBits ({form}"
+        f"{', LM head int8' if any(forms[n] != form for n in chosen) else ''}, block "
+        f"{defaults.WEIGHTS_BLOCK_SIZE[form]}, accuracy_level {level})"
+        + (f", {n_tables} embedding tables GatherBlockQuantized (int8)" if n_tables else "")
     )
     return report
+
+
+def _quantize(w: np.ndarray, form: str) -> Packed:
+    return quantize(
+        w, BITS[form], defaults.WEIGHTS_BLOCK_SIZE[form], defaults.WEIGHTS_ZERO_POINT[form]
+    )
+
+
+def _check_tables(
+    model: Model,
+    feeds: Mapping[str, Any],
+    tables: list[Embedding],
+    packs: Mapping[str, Packed],
+    records: Mapping[str, LayerRecord],
+    threads: int,
+) -> list[Embedding]:
+    """Safe mode's check of quantized embedding tables: the rows the sample inputs select
+    (every row when their indices cannot be captured), dequantized, against fp32."""
+    names = {n.inputs[1].name for e in tables for n in e.nodes}
+    acts = _capture(model, feeds, names, threads)
+    floor = defaults.WEIGHTS_LAYER_COSINE["int8"]
+    cap = defaults.WEIGHTS_LAYER_REL_ERR["int8"]
+    passed = []
+    for e in tables:
+        idx = [acts.get(n.inputs[1].name) for n in e.nodes]
+        rows = (
+            np.unique(np.concatenate([np.ravel(i) for i in idx]).astype(np.int64))
+            if all(i is not None for i in idx)
+            else np.arange(e.table.shape[0])
+        )
+        rows = rows[(rows >= -e.table.shape[0]) & (rows < e.table.shape[0])]
+        deq = packs[e.name].dequantized.T  # [rows, columns]
+        r = records[e.name]
+        r.cosine, r.rel_err = _stats(deq[rows], e.table[rows])
+        if r.cosine < floor:
+            r.reason = f"kept fp32: table check: cosine {r.cosine:.6f} < {floor}"
+        elif r.rel_err > cap:
+            r.reason = f"kept fp32: table check: relative error {r.rel_err:.3g} > {cap}"
+        else:
+            passed.append(e)
+    return passed
 
 
 def _record(s: Site) -> LayerRecord:
@@ -241,16 +298,23 @@ def _worst(chosen: list[str], records: Mapping[str, LayerRecord], everything: bo
     return ranked[: max(1, len(chosen) // 2)]
 
 
-def _apply(model: Model, names: list[str], packs: Mapping[str, Packed], level: int) -> Model:
-    """A copy of ``model`` with the sites named ``names`` as ``MatMulNBits``."""
+def _apply(
+    model: Model, names: list[str], packs: Mapping[str, Packed], level: int, every: bool
+) -> Model:
+    """A copy of ``model`` with the sites named ``names`` as ``MatMulNBits`` and the tables
+    named so as ``GatherBlockQuantized``."""
     from graph_autofusion.codegen.onnxruntime import drop_dead_initializers
     from graph_autofusion.pipeline import clone_model
 
     work = clone_model(model)
     wanted = set(names)
-    for site in find_sites(work, min_elements=defaults.WEIGHTS_MIN_ELEMENTS):
+    sites = find_sites(work, min_elements=defaults.WEIGHTS_MIN_ELEMENTS, keep_head=not every)
+    for site in sites:
         if site.name in wanted:
             compress_site(work, site, packs[site.name], level)
+    for emb in find_embeddings(work, defaults.WEIGHTS_BLOCK_SIZE["int8"]):
+        if emb.name in wanted:
+            compress_embedding(work, emb, packs[emb.name])
     drop_dead_initializers(work)
     return work
 
@@ -297,13 +361,13 @@ def _check_layers(
     records: Mapping[str, LayerRecord],
     options: Any,
     level: int,
-    threads: int,
+    forms: Mapping[str, str],
+    threads: int = 2,
 ) -> list[Site]:
-    """Safe mode's per-layer check; returns the sites that pass (the others' records carry
-    their reason)."""
+    """Safe mode's per-layer check (each layer against its own form's floors); returns the
+    sites that pass (the others' records carry their reason)."""
     from graph_autofusion.runtime.ort_session import ort_session
 
-    form = options.weights
     names = {s.a.name for s in todo} | {s.y.name for s in todo}
     acts = _capture(model, feeds, names, threads)
     items = []
@@ -319,10 +383,10 @@ def _check_layers(
     sess = ort_session(probe, "disable", threads)  # prepacked: the kernel a deployment runs
     outs = sess.run(None, {f"a{i}": a for i, (_s, a) in enumerate(items)})
     del sess
-    cos_floor = defaults.WEIGHTS_LAYER_COSINE[form]
-    rel_cap = defaults.WEIGHTS_LAYER_REL_ERR[form]
     passed = []
     for (s, _a), y in zip(items, outs):
+        cos_floor = defaults.WEIGHTS_LAYER_COSINE[forms[s.name]]
+        rel_cap = defaults.WEIGHTS_LAYER_REL_ERR[forms[s.name]]
         r = records[s.name]
         r.cosine, r.rel_err = _stats(y, acts[s.y.name])
         if r.cosine < cos_floor:

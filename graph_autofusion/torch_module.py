@@ -172,7 +172,11 @@ class FusionInfo:
             "version": PLAN_VERSION,
             "preset": cfg.preset,
             "safe_mode": cfg.options.safe_mode,
-            **({"weights": cfg.options.weights} if cfg.options.weights != "fp32" else {}),
+            **(
+                {"weights": cfg.options.weights, "weights_policy": cfg.options.weights_policy}
+                if cfg.options.weights != "fp32"
+                else {}
+            ),
             "graphs": graphs,
         }
 
@@ -226,7 +230,9 @@ def fuse_module(
         from graph_autofusion.options import FuseOptions
 
         options = (options or FuseOptions(target="cpu")).replace(
-            check_speed=False, weights=plan.get("weights", "fp32")
+            check_speed=False,
+            weights=plan.get("weights", "fp32"),
+            weights_policy=plan.get("weights_policy", "default"),
         )
     backend = make_backend(preset=preset, hardware=hardware, options=options, rules=rules)
     if plan is not None:

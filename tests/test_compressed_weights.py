@@ -334,3 +334,49 @@ def test_drop_in_module_int8_reports_its_layers_and_save_pretrained_keeps_them(t
         np.testing.assert_allclose(again.numpy(), got.numpy(), rtol=0, atol=1e-5)
     finally:
         torch._dynamo.reset()
+
+
+def _tiny_lm() -> onnx.ModelProto:
+    """ids -> Gather(table 300x64) -> MatMul 64x128 -> Relu -> MatMul 128x300 (the LM head)."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array((rng.standard_normal((300, 64))).astype(np.float32), "emb"),
+        numpy_helper.from_array((rng.standard_normal((64, 128)) * 0.1).astype(np.float32), "w1"),
+        numpy_helper.from_array((rng.standard_normal((128, 300)) * 0.1).astype(np.float32), "wh"),
+    ]
+    nodes = [
+        helper.make_node("Gather", ["emb", "ids"], ["e"], name="embed"),
+        helper.make_node("MatMul", ["e", "w1"], ["h"], name="fc"),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("MatMul", ["r", "wh"], ["logits"], name="lm_head"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "lm",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, "seq"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "seq", 300])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_policy_all_compresses_the_head_at_int8_and_the_embeddings():
+    src = _tiny_lm()
+    feeds = {"ids": np.random.default_rng(1).integers(0, 300, (1, 12)).astype(np.int64)}
+    keep = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="int4", **FAST))
+    keep.fuse()
+    layers = {r.name: r for r in keep.result.weights.layers}
+    assert layers["lm_head"].form == "fp32" and layers["lm_head"].reason == KEPT_HEAD
+    assert layers["emb"].op == "Gather" and "embedding table" in layers["emb"].reason
+    assert layers["fc"].form == "int4"
+    opts = FuseOptions(weights="int4", weights_policy="all", **FAST)
+    gaf = GraphAutoFusion(src, sample_inputs=feeds, options=opts)
+    fused = gaf.fuse()
+    layers = {r.name: r for r in gaf.result.weights.layers}
+    assert layers["lm_head"].form == "int8" and layers["fc"].form == "int4"
+    assert layers["emb"].form == "int8" and layers["emb"].cosine > 0.9999
+    assert _ops(fused).get("GatherBlockQuantized") == 1 and "Gather" not in _ops(fused)
+    assert _ops(fused).get("MatMulNBits") == 2
+    assert _cosine(_run(fused, feeds), _run(src, feeds)) >= 0.98
+    with pytest.raises(OptionsError, match="unknown weights policy"):
+        FuseOptions(weights_policy="most")

@@ -83,6 +83,7 @@ class Site:
     k: int = 0
     n: int = 0
     reason: str = ""  # why it stays fp32 ("" : it can be compressed)
+    head: bool = False  # the LM head (the model's output, or vocabulary-sized)
     extra: list[Node] = field(default_factory=list)  # the Transpose of a transposed weight
 
     @property
@@ -203,7 +204,8 @@ def embedding_tables(model: Model) -> list[tuple[str, int, int]]:
 
 def find_sites(model: Model, *, min_elements: int = 4096, keep_head: bool = True) -> list[Site]:
     """Every contraction by a rank-2 matrix in ``model``'s main graph, in graph order, each with
-    ``reason`` empty when it can become ``MatMulNBits`` and the reason it stays fp32 otherwise.
+    ``reason`` empty when it can become ``MatMulNBits`` and the reason it stays fp32 otherwise
+    (``keep_head``: the LM head by policy; otherwise it is marked ``head`` only).
     Contractions of two activations of higher rank (attention scores) are not listed."""
     sites: list[Site] = []
     vocab = {rows for _, rows, _ in embedding_tables(model)}
@@ -261,7 +263,8 @@ def _reason(
         return f"kept fp32: K={site.k} is smaller than one block"
     if site.k * site.n < min_elements:
         return f"kept fp32: tiny matrix ({site.k}x{site.n} < {min_elements} weights)"
-    if keep_head and (_reaches_output(model, site.y) or (site.n in vocab and site.n >= 1000)):
+    site.head = _reaches_output(model, site.y) or (site.n in vocab and site.n >= 1000)
+    if keep_head and site.head:
         return KEPT_HEAD
     return ""
 
@@ -379,3 +382,82 @@ def reference_model(items: list[tuple[str, np.ndarray, np.ndarray, np.ndarray | 
         outs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None))
     graph = helper.make_graph(nodes, "weights_reference", ins, outs, inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@dataclass
+class Embedding:
+    """An embedding table read by ``Gather`` nodes only (axis 0): ``table [rows, columns]``."""
+
+    name: str  # the table's value name
+    nodes: list[Node]
+    table: np.ndarray
+    reason: str = ""
+
+    @property
+    def fp32_bytes(self) -> int:
+        return int(self.table.size * 4)
+
+
+def find_embeddings(model: Model, block_size: int) -> list[Embedding]:
+    """The float32 tables of ``Gather`` nodes (those of :func:`embedding_tables`), each with the
+    reason it cannot become ``GatherBlockQuantized`` ("" when it can)."""
+    out: dict[str, Embedding] = {}
+    for node in model.graph.nodes:
+        if node.op_type != "Gather" or not node.inputs or node.inputs[0] is None:
+            continue
+        v = node.inputs[0]
+        data = const_value(v)
+        if data is None or data.ndim != 2 or data.dtype.kind != "f" or data.size < 4096:
+            continue
+        emb = out.setdefault(v.name, Embedding(v.name, [], data))
+        emb.nodes.append(node)
+    for emb in out.values():
+        v = emb.nodes[0].inputs[0]
+        users = [u for u, _ in v.users]
+        if any(u.op_type != "Gather" or u.inputs[0] is not v for u in users):
+            emb.reason = "kept fp32: the table is also read by other operators (a tied head)"
+        elif any(int(u.attrs.get("axis", 0)) != 0 for u in users):
+            emb.reason = "kept fp32: a Gather on another axis than 0"
+        elif emb.table.dtype != np.float32:
+            emb.reason = f"kept fp32: {emb.table.dtype} table"
+        elif emb.table.shape[1] % block_size:
+            emb.reason = f"kept fp32: {emb.table.shape[1]} columns are not whole blocks"
+    return list(out.values())
+
+
+def compress_embedding(model: Model, emb: Embedding, packed: Packed) -> list[Node]:
+    """Every ``Gather`` of ``emb`` becomes ``com.microsoft.GatherBlockQuantized`` over the
+    8-bit table ``packed`` (:func:`quantize` of the table's transpose: blocks along the
+    columns; no zero point: 128)."""
+    from graph_autofusion.codegen.onnxruntime import prune_dead_feeders
+
+    if packed.bits != 8 or packed.zero_points is not None:
+        raise ValueError("embeddings are quantized to 8 bits, symmetric")
+    graph = model.graph
+    rows, cols = emb.table.shape
+    data = graph.add_initializer(
+        graph.fresh_name(f"{emb.name}_q8"), packed.b.reshape(rows, -1)[:, :cols]
+    )
+    scales = graph.add_initializer(graph.fresh_name(f"{emb.name}_scales"), packed.scales)
+    new_nodes = []
+    for node in emb.nodes:
+        new = graph.make_node(
+            "GatherBlockQuantized",
+            [data, node.inputs[1], scales],
+            {"bits": 8, "block_size": packed.block_size, "gather_axis": 0, "quantize_axis": 1},
+            domain="com.microsoft",
+            name=f"{node.name}/GatherBlockQuantized" if node.name else "GatherBlockQuantized",
+            before=node,
+        )
+        out, y = new.outputs[0], node.outputs[0]
+        out.dtype, out.shape = y.dtype, y.shape
+        name = y.name
+        graph.replace_all_uses_with(y, out)
+        feeders = [v for v in node.inputs if v is not None]
+        graph.remove_nodes([node])
+        prune_dead_feeders(model, feeders)
+        if not graph.has_value_name(name):
+            graph.rename_value(out, name)
+        new_nodes.append(new)
+    model.opset_imports.setdefault("com.microsoft", 1)
+    return new_nodes
