@@ -643,7 +643,6 @@ def _check_folding(
     """Safe mode's check of the shape folding: the folded model against the original on the
     sample inputs and on inputs with other symbolic dims (batch 2, sequence 7), where the
     original runs on them. Returns what failed, or ``""``."""
-    from graph_autofusion.frontend.onnx_frontend import to_onnx
     from graph_autofusion.verify.inputs import generate_inputs
     from graph_autofusion.verify.subgraph import _session
 
@@ -651,9 +650,10 @@ def _check_folding(
     other = generate_inputs(original, seed=1, batch=2, seq_len=7)
     if any(np.shape(other[k]) != np.shape(v) for k, v in feeds.items() if k in other):
         sets.append(("inputs of batch 2, sequence 7", other))
-    a = _session(to_onnx(original))
+    # lean sessions: the weights are read in place, not serialized twice
+    a = _session(original, lean=True)
     try:
-        b = _session(to_onnx(folded))
+        b = _session(folded, lean=True)
     except Exception as exc:  # noqa: BLE001
         return f"onnxruntime refuses the folded model: {type(exc).__name__}: {exc}"
     try:
