@@ -164,6 +164,8 @@ def compress_weights(
     report = WeightsReport(form, verified=bool(options.safe_mode))
     records = {s.name: _record(s) for s in sites}
     for e in embs:
+        if e.name in records:  # a node of the same name: the table is left alone, unlisted
+            continue
         rows, cols = e.table.shape
         reason = e.reason or ("" if every else KEPT_EMBEDDING)
         records[e.name] = LayerRecord(
@@ -185,7 +187,8 @@ def compress_weights(
     todo = [s for s in sites if not records[s.name].reason]
     forms = {s.name: HEAD_FORM if s.head else form for s in todo}
     packs = {s.name: _quantize(s.weight, forms[s.name]) for s in todo}
-    tables = [e for e in embs if not records[e.name].reason]
+    tables = [e for e in embs if records.get(e.name) is not None and not records[e.name].reason]
+    tables = [e for e in tables if records[e.name].op == "Gather"]
     for e in tables:  # 8 bits, symmetric: GatherBlockQuantized's default zero point
         forms[e.name] = "int8"
         packs[e.name] = quantize(np.ascontiguousarray(e.table.T), 8, block8, False)
