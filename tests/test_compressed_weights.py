@@ -380,3 +380,37 @@ def test_policy_all_compresses_the_head_at_int8_and_the_embeddings():
     assert _cosine(_run(fused, feeds), _run(src, feeds)) >= 0.98
     with pytest.raises(OptionsError, match="unknown weights policy"):
         FuseOptions(weights_policy="most")
+
+
+def test_a_layer_slower_compressed_stays_fp32_and_its_times_are_reported():
+    from graph_autofusion.runtime.timing import use_timer
+
+    def compressed_slower(key, side, fn):
+        fn()
+        if key.startswith("weights@fc2"):
+            return 9e-5 if side == "fused" else 1e-5
+        return 1e-5 if side == "fused" else 2e-5
+
+    src, feeds = _mlp(), _feeds()
+    gaf = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="int8"))
+    with use_timer(compressed_slower):
+        gaf.fuse()
+    layers = {r.name: r for r in gaf.result.weights.layers}
+    assert layers["fc2"].form == "fp32" and "slower compressed" in layers["fc2"].reason
+    assert layers["fc2"].time_us == pytest.approx(90.0)
+    assert layers["fc2"].time_fp32_us == pytest.approx(10.0)
+    assert layers["fc1"].form == "int8" and layers["fc1"].time_us == pytest.approx(10.0)
+
+
+def test_the_end_to_end_floor_rolls_back_the_worst_layers(monkeypatch):
+    from graph_autofusion import defaults
+
+    src, feeds = _mlp(), _feeds()
+    monkeypatch.setitem(defaults.WEIGHTS_E2E_COSINE, "int4", 0.999999)
+    gaf = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="int4", **FAST))
+    fused = gaf.fuse()
+    w = gaf.result.weights
+    assert not w.compressed and "MatMulNBits" not in _ops(fused)
+    assert all("rolled back by the end-to-end check" in r.reason for r in w.layers)
+    assert all(r.cosine is not None for r in w.layers)  # each passed its own check first
+    np.testing.assert_allclose(_run(fused, feeds), _run(src, feeds), rtol=1e-5, atol=1e-5)
