@@ -136,6 +136,10 @@ def _quiet() -> Iterator[None]:
             lg.setLevel(level)
 
 
+#: Public name of :func:`_quiet`, for the package's other exporters.
+quiet = _quiet
+
+
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     try:
