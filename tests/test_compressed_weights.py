@@ -191,7 +191,11 @@ def test_gemm_and_transposed_weights_compress_to_close_outputs():
         helper.make_node("Gemm", ["x", "wt", "bias"], ["c"], name="gemm", transB=1),
         helper.make_node("Transpose", ["wt"], ["wtt"], perm=[1, 0]),
         helper.make_node("MatMul", ["x", "wtt"], ["d"], name="transposed"),
-        helper.make_node("Add", ["c", "d"], ["y"]),
+        helper.make_node(
+            "FusedMatMul", ["x", "wt"], ["f"], name="fused", domain="com.microsoft", transB=1
+        ),
+        helper.make_node("Add", ["c", "d"], ["cd"]),
+        helper.make_node("Add", ["cd", "f"], ["y"]),
     ]
     graph = helper.make_graph(
         nodes,
@@ -203,11 +207,15 @@ def test_gemm_and_transposed_weights_compress_to_close_outputs():
             numpy_helper.from_array(np.linspace(-1, 1, 96).astype(np.float32), "bias"),
         ],
     )
-    src = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    src = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+    )
     feeds = {"x": rng.standard_normal((4, 64)).astype(np.float32)}
     gaf = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="int8", **FAST))
     fused = gaf.fuse()
-    assert _ops(fused).get("MatMulNBits") == 2 and "Gemm" not in _ops(fused)
+    assert _ops(fused).get("MatMulNBits") == 3 and "Gemm" not in _ops(fused)
+    assert "FusedMatMul" not in _ops(fused)
     assert _cosine(_run(fused, feeds), _run(src, feeds)) >= 0.999
 
 
