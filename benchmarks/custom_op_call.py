@@ -10,7 +10,7 @@ from graph_autofusion.codegen.lower import lower_group
 from graph_autofusion.codegen.ort_customop import DOMAIN, build_library, op_name
 from graph_autofusion.cost.shapes import bind_shapes
 from graph_autofusion.ir.text import parse_model
-from graph_autofusion.pipeline_cpu import finalize_kernel
+from graph_autofusion.pipeline.cpu import finalize_kernel
 from graph_autofusion.runtime.ort_session import ort_session
 
 m = parse_model(

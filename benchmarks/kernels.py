@@ -37,7 +37,7 @@ from graph_autofusion.codegen.compiler import compile_library
 from graph_autofusion.codegen.kernel_ir import Instr, Kernel, KernelInput, KernelOutput
 from graph_autofusion.codegen.lower import KernelRefused, lower_group
 from graph_autofusion.ir.text import parse_model
-from graph_autofusion.pipeline_cpu import finalize_kernel
+from graph_autofusion.pipeline.cpu import finalize_kernel
 from graph_autofusion.runtime.kernels import load_library
 from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.runtime.torch_runtime import infer_shapes

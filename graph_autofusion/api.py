@@ -17,7 +17,7 @@ Targets: ``target="onnxruntime"`` (default) fuses into operators onnxruntime shi
 and automatic clusters), with every other operator on the engine that runs the model faster
 on the sample inputs: onnxruntime (the kernels as its custom operators; every model
 onnxruntime runs: GRU, If, Loop) or torch's kernels (``result.engine`` says which and why;
-:mod:`graph_autofusion.pipeline_cpu_engines`)::
+:mod:`graph_autofusion.pipeline.cpu_engines`)::
 
     gaf = GraphAutoFusion("model.onnx", target="cpu")
     gaf.analyze()                      # exactly the groups fuse() will compile
@@ -308,7 +308,7 @@ class GraphAutoFusion:
             self.result = results[0] if results else None
             return
         if opts.target == "cpu":  # the faster of onnxruntime with our kernels and torch's
-            from graph_autofusion.pipeline_cpu_engines import fuse_onnx_cpu
+            from graph_autofusion.pipeline.cpu_engines import fuse_onnx_cpu
 
             self.result = fuse_onnx_cpu(
                 self.model,
@@ -327,10 +327,10 @@ class GraphAutoFusion:
         """Progressive fusion (F17): fuse with the rules of stage 1, validate, then stages
         1..2, and so on, stopping at the first stage that fails (rolled back as a whole).
         ``stages``: lists of rule names (or comma-separated strings). Returns a
-        :class:`~graph_autofusion.pipeline_progressive.ProgressiveResult`; ``self.result``
+        :class:`~graph_autofusion.pipeline.progressive.ProgressiveResult`; ``self.result``
         becomes the kept stage's result (``None`` when stage 1 fails: nothing fused).
         ``kwargs`` go to :meth:`fuse` (safe mode is always on)."""
-        from graph_autofusion.pipeline_progressive import fuse_progressive
+        from graph_autofusion.pipeline.progressive import fuse_progressive
 
         kwargs.pop("safe_mode", None)
 

@@ -28,9 +28,9 @@ REPEAT_MC_SAMPLES = 2
 SPEED_EARLY_RUNS = 7
 SPEED_CLEAR = 0.75
 #: Rounds of the cpu target's engine measurement on an ONNX model (onnxruntime with our
-#: kernels against the torch runner; ``pipeline_cpu_engines``).
+#: kernels against the torch runner; ``pipeline/cpu_engines.py``).
 ENGINE_TIMING_ROUNDS = 5
-#: Compressed weights (``FuseOptions.weights``, :mod:`graph_autofusion.pipeline_weights`):
+#: Compressed weights (``FuseOptions.weights``, :mod:`graph_autofusion.pipeline.weights`):
 #: the block of ``MatMulNBits`` along K, per form (one fp32 scale per block).
 WEIGHTS_BLOCK_SIZE = {"int8": 32, "int4": 32}
 #: Whether a form stores a zero point per block (asymmetric) rather than a symmetric range.

@@ -23,7 +23,7 @@ DEFAULT_E2E_COSINE = defaults.E2E_COSINE
 DEFAULT_MAX_CLUSTER_NODES = defaults.MAX_CLUSTER_NODES
 DEFAULT_MAX_CLUSTER_INPUTS = defaults.MAX_CLUSTER_INPUTS
 TARGETS = ("onnxruntime", "cpu")
-#: The weight forms of ``FuseOptions.weights`` (:mod:`graph_autofusion.pipeline_weights`).
+#: The weight forms of ``FuseOptions.weights`` (:mod:`graph_autofusion.pipeline.weights`).
 WEIGHT_FORMS = ("fp32", "fp16", "int8", "int4")
 #: ``FuseOptions.weights_policy``: ``default`` keeps the LM head and the embedding tables fp32;
 #: ``all`` compresses them too (the head at int8 at most, the tables at int8), still verified.

@@ -270,8 +270,8 @@ class CompiledGraph:
 
     def _torch_program(self, imported: Any, args: Sequence[Any], outs: tuple) -> Any:
         """Today's torch program: generated C kernels for the fused groups, torch for the
-        rest (``pipeline_cpu.fuse_model_cpu``)."""
-        from graph_autofusion.pipeline_cpu import fuse_model_cpu
+        rest (``pipeline.cpu.fuse_model_cpu``)."""
+        from graph_autofusion.pipeline.cpu import fuse_model_cpu
         from graph_autofusion.runtime.pyprogram import generate_program
 
         model = imported.model

@@ -16,7 +16,7 @@ pytest.importorskip("torch")
 
 from graph_autofusion import GraphAutoFusion  # noqa: E402
 from graph_autofusion.codegen.ort_customop import DOMAIN, ort_include_dir  # noqa: E402
-from graph_autofusion.pipeline_cpu_engines import ENGINE_KEY, EngineWarning  # noqa: E402
+from graph_autofusion.pipeline.cpu_engines import ENGINE_KEY, EngineWarning  # noqa: E402
 from graph_autofusion.runtime.timing import use_timer  # noqa: E402
 from graph_autofusion.testing import ort_outputs  # noqa: E402
 from graph_autofusion.testing.engine_models import (  # noqa: E402

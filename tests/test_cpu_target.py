@@ -199,7 +199,7 @@ def test_both_pipelines_dump_their_stage_artifacts(tmp_path):
     from graph_autofusion.frontend.onnx_frontend import load_onnx
     from graph_autofusion.patterns.library import builtin_rules
     from graph_autofusion.pipeline import fuse_model
-    from graph_autofusion.pipeline_cpu import fuse_model_cpu
+    from graph_autofusion.pipeline.cpu import fuse_model_cpu
 
     path = export_onnx("minilm", "torchscript")
     feeds = example_feeds("minilm")

@@ -58,7 +58,7 @@ def _stage_classes():
 
 def test_the_stage_classes_are_views_of_the_module():
     from graph_autofusion.cost.model import Verdict
-    from graph_autofusion.pipeline_progressive import NOT_A_FAILURE
+    from graph_autofusion.pipeline.progressive import NOT_A_FAILURE
     from graph_autofusion.planner import analysis, controls
 
     seen = []

@@ -77,7 +77,7 @@ def test_fuse_returns_a_drop_in_module_that_generates_the_same_tokens(tmp_path):
 def test_safe_mode_rolls_back_a_wrong_kernel_alone(monkeypatch):
     """A kernel that computes a wrong answer (its outputs negated after the real call) fails
     safe mode's comparison on the real activations and is rolled back alone."""
-    from graph_autofusion import pipeline_cpu
+    from graph_autofusion.pipeline import cpu as pipeline_cpu
 
     real = pipeline_cpu._kernel_functions
     victims: list[str] = []

@@ -13,7 +13,7 @@
   rounded back (:func:`graph_autofusion.codegen.precision.keep_fp32_islands`).
 
 Progressive fusion (rule stages with validation between) is
-:mod:`graph_autofusion.pipeline_progressive`; the debug float check is
+:mod:`graph_autofusion.pipeline.progressive`; the debug float check is
 :mod:`graph_autofusion.verify.float_check`.
 """
 

@@ -423,7 +423,7 @@ class _Ctx:
 
     def fuse_cpu(self, strategy: str, backend: str, *, safe_mode: bool) -> None:
         from graph_autofusion.options import FuseOptions
-        from graph_autofusion.pipeline_cpu import fuse_model_cpu
+        from graph_autofusion.pipeline.cpu import fuse_model_cpu
 
         stage = "cpu_safe" if safe_mode else "cpu"
         opts = FuseOptions(

@@ -12,7 +12,7 @@ from graph_autofusion.codegen.kernel_ir import ROW
 from graph_autofusion.codegen.lower import KernelReason, KernelRefused, lower_group
 from graph_autofusion.codegen.reference import run_reference
 from graph_autofusion.ir.text import parse_model
-from graph_autofusion.pipeline_cpu import finalize_kernel
+from graph_autofusion.pipeline.cpu import finalize_kernel
 from graph_autofusion.runtime.cpu_runtime import kernel_step
 from graph_autofusion.runtime.kernels import load_library
 from graph_autofusion.runtime.torch_runtime import TorchRunner, infer_shapes

@@ -12,7 +12,7 @@ from graph_autofusion.codegen.compiler import compile_library
 from graph_autofusion.codegen.lower import KernelRefused, lower_group
 from graph_autofusion.frontend.onnx_frontend import to_onnx
 from graph_autofusion.ir.text import parse_model
-from graph_autofusion.pipeline_cpu import finalize_kernel
+from graph_autofusion.pipeline.cpu import finalize_kernel
 from graph_autofusion.runtime.kernels import load_library
 from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.runtime.torch_runtime import TorchRunner

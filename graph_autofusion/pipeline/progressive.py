@@ -144,7 +144,7 @@ def fuse_progressive(
             for b in result.rolled_back
             if b.code not in NOT_A_FAILURE
         ]
-        from graph_autofusion.pipeline import _e2e_passed
+        from graph_autofusion.pipeline.onnxruntime import _e2e_passed
 
         e2e_ok = result.end_to_end is None or _e2e_passed(result.end_to_end)
         outcome = StageOutcome(i, names, passed=not failures and e2e_ok, fused=fused)

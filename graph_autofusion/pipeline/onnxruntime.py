@@ -163,10 +163,10 @@ class FuseResult:
     #: the target asked for, when it is not the pipeline's own (the cpu target's onnxruntime
     #: engine); "" for the pipeline's
     target: str = ""
-    #: the cpu target on an ONNX model: the engine that runs it (``pipeline_cpu_engines``:
+    #: the cpu target on an ONNX model: the engine that runs it (``pipeline/cpu_engines.py``:
     #: ``name``, ``why``, measured ``ms`` per engine, ``notes``); empty otherwise
     engine: dict[str, Any] = field(default_factory=dict)
-    #: compressed weights (``options.weights``): pipeline_weights.WeightsReport, or None (fp32)
+    #: compressed weights (``options.weights``): pipeline.weights.WeightsReport, or None (fp32)
     weights: Any = None
 
     @property
@@ -309,7 +309,7 @@ def _lower(
     work: Model, rules: RuleSet, keys: list[str] | None, analysis: Any, custom: Any = None
 ) -> tuple[Lowering, list[str]]:
     """Lower the analysis' chosen matches, or (``keys`` given) the matches with these keys
-    found again on a fresh copy. ``custom`` (:class:`~graph_autofusion.pipeline_ort_kernels.
+    found again on a fresh copy. ``custom`` (:class:`~graph_autofusion.pipeline.ort_kernels.
     CustomOps`): the groups without a native form become custom operators."""
     if keys is None:
         chosen = analysis.chosen_matches()
@@ -351,14 +351,14 @@ def fuse_model(
 
     ``options.custom_ops``: planned groups with no onnxruntime operator become generated
     kernels in one custom-operator library (``result.custom_ops``, :mod:`graph_autofusion.
-    pipeline_ort_kernels`); a library that fails to build or load gives the model without
+    pipeline.ort_kernels`); a library that fails to build or load gives the model without
     custom operators, with a note saying why. ``options.codegen``: their compiler options.
 
     ``options.weights`` (``int8``/``int4``): the last stage compresses the contractions'
-    weights, each layer verified (:mod:`graph_autofusion.pipeline_weights`; ``result.weights``);
+    weights, each layer verified (:mod:`graph_autofusion.pipeline.weights`; ``result.weights``);
     ``weight_layers``: only these contractions (a saved plan's), still verified."""
     from graph_autofusion.options import FuseOptions
-    from graph_autofusion.pipeline_ort_kernels import CustomOps, CustomOpsUnavailable
+    from graph_autofusion.pipeline.ort_kernels import CustomOps, CustomOpsUnavailable
 
     options = (options or FuseOptions()).replace(target="onnxruntime")
     args = dict(feeds=feeds, progress=progress, dump_dir=dump_dir, saved_keys=keys)
@@ -375,7 +375,7 @@ def fuse_model(
     if result is None:
         result = _fuse_model(original, rules, profile, options, custom=None, notes=notes, **args)
     if options.weights != "fp32":  # compressed weights: the last stage, each layer verified
-        from graph_autofusion.pipeline_weights import compress_weights
+        from graph_autofusion.pipeline.weights import compress_weights
         from graph_autofusion.report import progress as _progress
 
         t = time.perf_counter()

@@ -45,7 +45,7 @@ from graph_autofusion.ir.core import Model
 from graph_autofusion.options import FuseOptions
 from graph_autofusion.patterns.matcher import Match
 from graph_autofusion.patterns.rewrite import fuse_match
-from graph_autofusion.pipeline import (
+from graph_autofusion.pipeline.onnxruntime import (
     FuseResult,
     RolledBack,
     clone_model,

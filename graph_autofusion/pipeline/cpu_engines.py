@@ -13,7 +13,7 @@ The engines:
   own fused operators, and every other operator is onnxruntime's, so the target accepts every
   model onnxruntime runs (GRU, If, Loop, ...). The result is the ONNX route's ``FuseResult``
   (``result.custom_ops``: the library; ``GraphAutoFusion.save`` writes it beside the model).
-- **torch**: :func:`graph_autofusion.pipeline_cpu.fuse_model_cpu`, the generated kernels
+- **torch**: :func:`graph_autofusion.pipeline.cpu.fuse_model_cpu`, the generated kernels
   called from the torch runner and every other operator on torch's kernels (oneDNN's GEMM,
   which can beat onnxruntime's MLAS on some CPUs); ``result.program`` runs it.
 
@@ -110,7 +110,7 @@ def fuse_onnx_cpu(
     Raises:
         GraphAutoFusionError: no engine can run the model (each engine's reason named).
     """
-    from graph_autofusion.pipeline_cpu import fuse_model_cpu
+    from graph_autofusion.pipeline.cpu import fuse_model_cpu
     from graph_autofusion.report import progress as _progress
     from graph_autofusion.verify.inputs import generate_inputs
 
@@ -189,7 +189,7 @@ def _onnxruntime_engine(
     """The ONNX route with generated kernels as custom operators (one warning when the C API
     header is missing: onnxruntime's own fused operators only)."""
     from graph_autofusion.codegen.ort_customop import ort_include_dir
-    from graph_autofusion.pipeline import fuse_model
+    from graph_autofusion.pipeline.onnxruntime import fuse_model
 
     if ort_include_dir() is None:
         warnings.warn(
