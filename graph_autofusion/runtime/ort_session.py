@@ -32,6 +32,7 @@ def ort_session(
     profile_prefix: str | None = None,
     lean: bool = False,
     prepack: bool = True,
+    optimized_model_path: str | None = None,
 ) -> Any:
     """An onnxruntime CPU session of an IR :class:`Model`, a ``ModelProto``, its serialized
     bytes or a path.
@@ -59,7 +60,8 @@ def ort_session(
     no memory arena, and an IR model's large initializers read in place (its arrays are not
     serialized): a session over a model of N bytes of weights adds almost none. ``prepack``:
     onnxruntime packs constant GEMM weights into its own layout (a copy of each); off, its
-    kernels read them as stored.
+    kernels read them as stored. ``optimized_model_path``: onnxruntime writes the model its
+    optimizer made there (what ``level`` turned the graph into).
     """
     import onnxruntime as ort
 
@@ -74,6 +76,8 @@ def ort_session(
     if profile_prefix is not None:
         so.enable_profiling = True
         so.profile_file_prefix = str(profile_prefix)
+    if optimized_model_path is not None:
+        so.optimized_model_filepath = str(optimized_model_path)
     if lean:
         so.enable_cpu_mem_arena = False
     if lean or not prepack:
