@@ -200,6 +200,7 @@ def test_both_pipelines_dump_their_stage_artifacts(tmp_path):
     from graph_autofusion.patterns.library import builtin_rules
     from graph_autofusion.pipeline import fuse_model
     from graph_autofusion.pipeline.cpu import fuse_model_cpu
+    from graph_autofusion.pipeline.stages import STAGES
 
     path = export_onnx("minilm", "torchscript")
     feeds = example_feeds("minilm")
@@ -212,12 +213,13 @@ def test_both_pipelines_dump_their_stage_artifacts(tmp_path):
         "lowered.txt",
         "plan.json",
     ]
-    assert {"analyze", "lower", "verify", "end_to_end"} <= set(r.timings)
+    assert {"plan", "lower", "capture", "verify", "end_to_end"} <= set(r.timings) <= set(STAGES)
     c = fuse_model_cpu(
         model, rules, "host", options=OPTIONS, feeds=feeds, dump_dir=tmp_path / "cpu"
     )
     assert sorted(p.name for p in (tmp_path / "cpu").iterdir()) == ["kernels.txt", "plan.json"]
     assert {"plan", "lower", "compile", "rewrite", "verify", "end_to_end"} <= set(c.timings)
+    assert {k for k in c.timings if "." not in k} <= set(STAGES)  # plan.bind etc.: sub-stages
 
 
 def test_the_numpy_reference_backend_runs_the_same_plan_when_asked_for():

@@ -24,7 +24,7 @@ from graph_autofusion.codegen.ort_customop import (
 from graph_autofusion.frontend.onnx_frontend import to_onnx
 from graph_autofusion.ir.dtypes import DType
 from graph_autofusion.ir.text import parse_model
-from graph_autofusion.pipeline.cpu import finalize_kernel
+from graph_autofusion.pipeline.cpu_kernels import finalize_kernel
 from graph_autofusion.runtime.kernels import load_library
 from graph_autofusion.runtime.ort_session import fused_session, ort_session
 from graph_autofusion.testing.fused_groups import RngChooser, random_group

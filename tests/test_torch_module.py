@@ -79,7 +79,7 @@ def test_safe_mode_rolls_back_a_wrong_kernel_alone(monkeypatch):
     safe mode's comparison on the real activations and is rolled back alone."""
     from graph_autofusion.pipeline import cpu as pipeline_cpu
 
-    real = pipeline_cpu._kernel_functions
+    real = pipeline_cpu.kernel_functions
     victims: list[str] = []
 
     def one_wrong(library, groups, options):
@@ -94,7 +94,7 @@ def test_safe_mode_rolls_back_a_wrong_kernel_alone(monkeypatch):
         wrong.kernel = good.kernel
         return {**fns, name: wrong}
 
-    monkeypatch.setattr(pipeline_cpu, "_kernel_functions", one_wrong)
+    monkeypatch.setattr(pipeline_cpu, "kernel_functions", one_wrong)
 
     class Block(torch.nn.Module):
         def __init__(self):

@@ -270,7 +270,8 @@ def plan_groups(
     from graph_autofusion.codegen.lower import KernelRefused
     from graph_autofusion.codegen.targets import candidate_nodes_outputs
     from graph_autofusion.patterns.rules import RuleMatch
-    from graph_autofusion.pipeline.cpu import _sample_shape, finalize_kernel
+    from graph_autofusion.pipeline.cpu import _sample_shape
+    from graph_autofusion.pipeline.cpu_kernels import finalize_kernel
 
     skip = set(skip)
     groups: list[CustomOpGroup] = []

@@ -7,7 +7,7 @@ Stages, in order (``result.timings`` uses these names; ``dump_dir`` gets each ar
 
 =============  ======================================================================
 plan           working copy, folded ``Reshape`` shapes, candidates, cost, plan
-               (:func:`.onnxruntime.plan_for_target`, shared by every target; ``plan.json``)
+               (:func:`.plan.plan_for_target`, shared by every target; ``plan.json``)
 lower          the target's lowering of the chosen groups (native operators;
                kernel IR on the cpu target, ``kernels.txt``)
 compile        the cpu target's C library (onnxruntime's custom-operator library
@@ -20,22 +20,21 @@ end_to_end     the whole fused model against the original; a failure rolls back 
 weights        compressed weights (``options.weights``), each layer verified
 =============  ======================================================================
 
-Modules: :mod:`.onnxruntime` (the onnxruntime target's fuse), :mod:`.cpu` and
+Modules: :mod:`.plan` (the planning every target shares), :mod:`.result` (the result, the
+rollback record, model copies, artifacts), :mod:`.stages` (the runner that names, times and
+dumps the stages), :mod:`.onnxruntime` (the onnxruntime target's fuse), :mod:`.cpu` and
 :mod:`.cpu_engines` (the cpu target and its engine choice on ONNX models),
 :mod:`.ort_kernels` (generated kernels as onnxruntime custom operators),
 :mod:`.weights` (compressed weights), :mod:`.progressive` (fusion in stages).
 """
 
-from graph_autofusion.pipeline.onnxruntime import (
-    MAX_ROUNDS,
+from graph_autofusion.pipeline.onnxruntime import MAX_ROUNDS, _e2e_passed, fuse_model
+from graph_autofusion.pipeline.plan import add_other_targets, plan_for_target
+from graph_autofusion.pipeline.result import (
     FuseResult,
     RolledBack,
-    _e2e_passed,
-    add_other_targets,
     clone_model,
     dump_artifact,
-    fuse_model,
-    plan_for_target,
     to_json,
     to_onnx_bytes,
 )

@@ -30,9 +30,7 @@ the original again (the folding is deterministic).
 from __future__ import annotations
 
 import gc
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -41,7 +39,6 @@ from graph_autofusion import reasons
 from graph_autofusion.codegen.attention_layout import absorb_layout
 from graph_autofusion.codegen.gemm_reshape import flatten_gemms
 from graph_autofusion.codegen.onnxruntime import (
-    Lowered,
     Lowering,
     NotLowered,
     candidate_key,
@@ -52,259 +49,17 @@ from graph_autofusion.codegen.onnxruntime import (
 from graph_autofusion.ir.core import Model
 from graph_autofusion.patterns.candidates import match_rules
 from graph_autofusion.patterns.rules import RuleSet
-from graph_autofusion.planner.controls import PrecisionGuard, half_precision
+from graph_autofusion.pipeline.plan import plan_for_target
+from graph_autofusion.pipeline.result import (
+    FuseResult,
+    RolledBack,
+    clone_model,
+    to_json,
+    to_onnx_bytes,
+)
+from graph_autofusion.pipeline.stages import Stages
 
 MAX_ROUNDS = 4
-
-
-def clone_model(model: Model) -> Model:
-    """An independent copy of ``model``: its own graph, nodes and values; constant arrays are
-    shared (the pipeline never writes into one). A graph with subgraph attributes (If, Loop)
-    or with untyped values is copied through its ONNX form, whose import infers the types."""
-    import copy
-
-    from graph_autofusion.ir.core import Graph, Node, Value
-
-    g = model.graph
-    subgraphs = any(isinstance(a, Graph) for n in g.nodes for a in _attr_leaves(n.attrs))
-    # The ONNX round trip also runs onnx's shape inference, which a hand-built IR may need. A
-    # torch import is typed from the FX metadata (what stays untyped has symbolic sizes the
-    # inference cannot improve on), and the round trip would copy its weights.
-    from_torch = model.producer_name == "graph-autofusion.torch"
-    untyped = not from_torch and any(
-        v.dtype is None or v.shape is None for n in g.nodes for v in n.outputs
-    )
-    if subgraphs or untyped:
-        from graph_autofusion.frontend.onnx_frontend import load_onnx, to_onnx
-
-        return load_onnx(to_onnx(model))
-    vmap: dict[int, Value] = {}
-
-    def value(v: Value) -> Value:
-        nv = Value(v.name, v.dtype, v.shape, const=v.const)
-        nv.meta, nv.doc = dict(v.meta), v.doc
-        vmap[id(v)] = nv
-        return nv
-
-    ng = Graph(g.name)
-    ng.doc, ng.meta = g.doc, copy.copy(g.meta)
-    for v in g.inputs:
-        ng.add_input(vmap.get(id(v)) or value(v))
-    for name, v in g.initializers.items():
-        nv = vmap.get(id(v)) or value(v)
-        if nv.name not in ng._names:
-            ng._claim_value_name(nv)
-        ng.initializers[name] = nv
-    for n in g.nodes:
-        ins = [vmap[id(v)] if v is not None else None for v in n.inputs]
-        node = Node(
-            n.op_type,
-            ins,
-            copy.deepcopy(n.attrs),
-            domain=n.domain,
-            name=n.name,
-            outputs=[value(o) for o in n.outputs],
-        )
-        node.attr_types, node.meta = dict(n.attr_types), dict(n.meta)
-        node.doc, node.overload = n.doc, n.overload
-        if n.captures:  # outer values a subgraph body reads (an If branch): users too
-            node.set_captures([vmap[id(v)] for v in n.captures])
-        ng.add_node(node)
-    ng.set_outputs([vmap[id(v)] for v in g.outputs])
-    ng.value_info = {k: vmap.get(id(v)) or value(v) for k, v in g.value_info.items()}
-    out = Model(ng, dict(model.opset_imports))
-    for attr in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
-        setattr(out, attr, getattr(model, attr))
-    out.doc = model.doc
-    out.metadata_props = dict(model.metadata_props)
-    out.functions = list(model.functions)
-    out.meta = copy.copy(model.meta)
-    return out
-
-
-def _attr_leaves(attrs: dict[str, Any]) -> list[Any]:
-    out: list[Any] = []
-    for a in attrs.values():
-        out.extend(a if isinstance(a, list | tuple) else [a])
-    return out
-
-
-@dataclass
-class RolledBack:
-    key: str
-    rule: str
-    code: str
-    message: str
-    result: Any = None  # the SafetyResult
-
-
-@dataclass
-class FuseResult:
-    """What the fuse pipeline did, and the fused model."""
-
-    model: Model
-    original: Model
-    analysis: Any
-    lowered: list[Lowered]
-    not_lowered: list[NotLowered]
-    safety: dict[str, Any] = field(default_factory=dict)  # key -> SafetyResult
-    rolled_back: list[RolledBack] = field(default_factory=list)
-    end_to_end: dict[str, Any] | None = None
-    safe_mode: bool = True
-    feeds: dict[str, Any] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    shape_folding: Any = None  # patterns.shape_folding.ShapeFolding, when it ran
-    #: the custom-operator library the fused model needs (codegen.ort_customop), or None
-    custom_ops: Any = None
-    #: F17 controls: size-switch decisions (``size_switches``), ``keep_fp32`` operators
-    controls: dict[str, Any] = field(default_factory=dict)
-    fp32_islands: int = 0  # unfused operators made to compute in float32 (keep_fp32)
-    #: the target asked for, when it is not the pipeline's own (the cpu target's onnxruntime
-    #: engine); "" for the pipeline's
-    target: str = ""
-    #: the cpu target on an ONNX model: the engine that runs it (``pipeline/cpu_engines.py``:
-    #: ``name``, ``why``, measured ``ms`` per engine, ``notes``); empty otherwise
-    engine: dict[str, Any] = field(default_factory=dict)
-    #: compressed weights (``options.weights``): pipeline.weights.WeightsReport, or None (fp32)
-    weights: Any = None
-
-    @property
-    def fused(self) -> list[Lowered]:
-        return self.lowered
-
-    def skipped_by_reason(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for n in self.not_lowered:
-            out[n.code] = out.get(n.code, 0) + 1
-        for r in self.rolled_back:
-            out[f"rolled-back:{r.code}"] = out.get(f"rolled-back:{r.code}", 0) + 1
-        for c in self.analysis.candidates if self.analysis is not None else ():
-            if not c.chosen:
-                out[c.code or reasons.NOT_CHOSEN] = out.get(c.code or reasons.NOT_CHOSEN, 0) + 1
-        return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
-
-    def fused_op_counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for low in self.lowered:
-            for op in low.fused_ops:
-                out[op] = out.get(op, 0) + 1
-        return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
-
-    def summary(self) -> dict[str, Any]:
-        est = self.analysis.performance_improvement if self.analysis is not None else None
-        return {
-            "candidates": len(self.analysis.candidates) if self.analysis is not None else 0,
-            "planned": len(self.analysis.chosen) if self.analysis is not None else 0,
-            "fused": len(self.lowered),
-            "fused_ops": self.fused_op_counts(),
-            "skipped": self.skipped_by_reason(),
-            "rolled_back": len(self.rolled_back),
-            "estimated_improvement": est,
-            "measured_improvement": self.measured_improvement(),
-            "end_to_end": self.end_to_end,
-            "safe_mode": self.safe_mode,
-            **({"weights": self.weights.to_dict()} if self.weights is not None else {}),
-            "shape_folding": (
-                {k: v for k, v in self.shape_folding.to_dict().items() if k != "folded"}
-                if self.shape_folding is not None
-                else None
-            ),
-            **({"engine": self.engine} if self.engine else {}),
-        }
-
-    def measured_improvement(self) -> float | None:
-        """Sum of the unfused / fused subgraph times safe mode measured, minus 1 (None without
-        safe mode's speed check)."""
-        before = after = 0.0
-        for low in self.lowered:
-            r = self.safety.get(low.key)
-            if r is not None and r.details.get("same_optimized_graph"):
-                continue  # onnxruntime runs the same graph either way: not timed
-            if r is None or r.time_unfused_us is None or r.time_fused_us is None:
-                return None
-            before += r.time_unfused_us
-            after += r.time_fused_us
-        return before / after - 1.0 if after > 0 else None
-
-
-def plan_for_target(
-    original: Model,
-    rules: RuleSet,
-    profile: Any,
-    options: Any,
-    feeds: Mapping[str, Any],
-    *,
-    model_name: str | None = None,
-    fold: bool | None = None,
-) -> tuple[Model, Any, Any, Any]:
-    """The planning stages every target shares: a working copy, its folded ``Reshape`` shapes,
-    and the analysis with the target's rules, clustering and executability (what
-    ``GraphAutoFusion.analyze()`` shows and ``fuse()`` carries out).
-
-    Returns ``(work, analysis, folding, target)``; ``original`` is not modified.
-    """
-    from graph_autofusion.codegen.targets import get_target
-    from graph_autofusion.patterns.shape_folding import fold_reshape_shapes
-    from graph_autofusion.planner.analysis import analyze_model
-    from graph_autofusion.report import progress
-
-    opset = int(original.opset_imports.get("", 17))
-    if options.target == "onnxruntime" and getattr(options, "custom_ops", False):
-        from graph_autofusion.codegen.ort_customop import kernel_target, ort_include_dir
-
-        target = kernel_target(opset) if ort_include_dir() else get_target("onnxruntime")
-    else:
-        target = get_target(options.target, opset=opset)
-    work = clone_model(original)
-    folding = None
-    if options.fold_shapes if fold is None else fold:
-        folding = fold_reshape_shapes(work)
-    if hasattr(target, "prefer_native"):
-        target.prefer_native(work.graph, rules)
-    refuser = target if target.name != "onnxruntime" or hasattr(target, "custom_ops") else None
-    keep_fp32 = getattr(options, "keep_fp32", ())
-    if keep_fp32 and half_precision(work):  # F17: fusions that would compute them in half
-        refuser = PrecisionGuard(target, keep_fp32)
-    with progress.task(f"analyze {len(work.graph)} nodes"):
-        analysis = analyze_model(
-            work,
-            target.select_rules(rules),
-            profile,
-            feeds=feeds,
-            benefit_threshold=options.benefit_threshold,
-            strategy=options.strategy,
-            max_cluster_nodes=options.max_cluster_nodes,
-            max_cluster_inputs=options.max_cluster_inputs,
-            clustering=options.clustering and target.clustering,
-            accept_maybe=options.safe_mode and options.check_speed,  # safe mode times close calls
-            native_target=target.native_target,
-            target=refuser,
-            model_name=model_name,
-        )
-    analysis.target = target.name
-    return work, analysis, folding, target
-
-
-def add_other_targets(
-    report: Any,
-    original: Model,
-    rules: RuleSet,
-    profile: Any,
-    options: Any,
-    feeds: Mapping[str, Any],
-) -> None:
-    """Plan for every target but ``options.target`` and list, in ``report.other_targets``,
-    what each would fuse instead (shown apart from the plan ``fuse()`` carries out)."""
-    from graph_autofusion.options import TARGETS
-
-    for name in TARGETS:
-        if name != options.target:
-            alt = plan_for_target(original, rules, profile, options.replace(target=name), feeds)[1]
-            report.other_targets[name] = {
-                "fusions": len(alt.chosen),
-                "performance_improvement": alt.performance_improvement,
-            }
 
 
 def _lower(
@@ -395,15 +150,14 @@ def fuse_model(
         result = _fuse_model(original, rules, profile, options, custom=None, notes=notes, **args)
     if options.weights != "fp32":  # compressed weights: the last stage, each layer verified
         from graph_autofusion.pipeline.weights import compress_weights
-        from graph_autofusion.report import progress as _progress
 
-        t = time.perf_counter()
-        with _progress.task(f"weights: {options.weights}"):
+        stages = Stages(dump_dir, label=f"onnxruntime ({options.weights} weights)")
+        stages.timings = result.timings
+        with stages("weights", f"weights: {options.weights}"):
             report = compress_weights(result, options, only=weight_layers)
-        result.timings["weights"] = time.perf_counter() - t
         if report is not None:
             result.notes.append(report.notes[-1] if report.notes else f"weights {report.form}")
-        dump_artifact(dump_dir, "fused.onnx", lambda: to_onnx_bytes(result.model))
+        stages.dump("fused.onnx", lambda: to_onnx_bytes(result.model))
     return result
 
 
@@ -423,7 +177,7 @@ def _fuse_model(
     from graph_autofusion.verify.inputs import generate_inputs
     from graph_autofusion.verify.sample_inputs import own_copy
 
-    timings: dict[str, float] = {}
+    stages = Stages(dump_dir, label="onnxruntime")
     notes = list(notes)
     native = RuleSet(tuple(r for r in rules if r.rewrite is not None))
     generic_only = RuleSet(tuple(r for r in rules if r.rewrite is None))
@@ -433,39 +187,35 @@ def _fuse_model(
     opts = options.replace(custom_ops=custom is not None)
     safe_mode = opts.safe_mode
     planned = rules if custom is not None else native  # custom: every rule, and clusters
-    from graph_autofusion.report import progress as _progress
 
-    t = time.perf_counter()
-    work, analysis, folding, _target = plan_for_target(original, planned, profile, opts, feeds)
-    if folding is not None and folding.folded and safe_mode:
-        problem = _check_folding(original, work, feeds, opts.e2e_cosine_floor)
-        if problem:
-            notes.append(f"shape folding rolled back: {problem}")
-            work, analysis, folding, _target = plan_for_target(
-                original, planned, profile, opts, feeds, fold=False
+    with stages("plan"):
+        work, analysis, folding, _target = plan_for_target(original, planned, profile, opts, feeds)
+        if folding is not None and folding.folded and safe_mode:
+            problem = _check_folding(original, work, feeds, opts.e2e_cosine_floor)
+            if problem:
+                notes.append(f"shape folding rolled back: {problem}")
+                work, analysis, folding, _target = plan_for_target(
+                    original, planned, profile, opts, feeds, fold=False
+                )
+    stages.dump("plan.json", lambda: to_json(analysis.to_dict()))
+    with stages("lower"):
+        custom_refused = custom.prepare(work, analysis, _target) if custom is not None else []
+        if saved_keys is not None:
+            lowering, keys = _lower(work, native, list(saved_keys), None, custom)
+        else:
+            lowering, keys = _lower(work, native, None, analysis, custom)
+        not_lowered = list(lowering.not_lowered) + custom_refused
+        for rm in match_rules(original.graph, generic_only).kept if custom is None else ():
+            not_lowered.append(
+                NotLowered(
+                    candidate_key(rm.rule.name, rm.match.root),
+                    rm.rule.name,
+                    reasons.NO_NATIVE_FORM,
+                    f"{rm.rule.fuse_pattern} has no onnxruntime-native operator (its generic local "
+                    f"function would be inlined and run unfused)",
+                )
             )
-    timings["analyze"] = time.perf_counter() - t
-    dump_artifact(dump_dir, "plan.json", lambda: to_json(analysis.to_dict()))
-    t = time.perf_counter()
-    custom_refused = custom.prepare(work, analysis, _target) if custom is not None else []
-    if saved_keys is not None:
-        lowering, keys = _lower(work, native, list(saved_keys), None, custom)
-    else:
-        lowering, keys = _lower(work, native, None, analysis, custom)
-    not_lowered = list(lowering.not_lowered) + custom_refused
-    for rm in match_rules(original.graph, generic_only).kept if custom is None else ():
-        not_lowered.append(
-            NotLowered(
-                candidate_key(rm.rule.name, rm.match.root),
-                rm.rule.name,
-                reasons.NO_NATIVE_FORM,
-                f"{rm.rule.fuse_pattern} has no onnxruntime-native operator (its generic local "
-                f"function would be inlined and run unfused)",
-            )
-        )
-    timings["lower"] = time.perf_counter() - t
-    dump_artifact(
-        dump_dir,
+    stages.dump(
         "lowered.txt",
         lambda: "\n".join(f"{low.key}: {' '.join(low.fused_ops)}" for low in lowering.lowered),
     )
@@ -478,11 +228,11 @@ def _fuse_model(
         absorb_layout(result.model)
         flatten_gemms(result.model)
         _keep_fp32(result, opts.keep_fp32, notes)
-        result.timings = timings
+        result.timings = stages.timings
         result.notes = notes
         if custom is not None:
             custom.finish(result)
-        dump_artifact(dump_dir, "fused.onnx", lambda: to_onnx_bytes(result.model))
+        stages.dump("fused.onnx", lambda: to_onnx_bytes(result.model))
         return result
 
     from graph_autofusion.verify.safety import (
@@ -493,105 +243,104 @@ def _fuse_model(
     )
     from graph_autofusion.verify.signature import Repeats
 
-    t = time.perf_counter()
-    with _progress.task("safe mode: capture activations"):
+    with stages("capture", "safe mode: capture activations"):
         acts = _capture_original(original, feeds, capture_activations)
-    timings["capture"] = time.perf_counter() - t
-    t = time.perf_counter()
-    originals = {n.name: n for n in original.graph.nodes}
-    checked: dict[str, Any] = {}
-    failed: dict[str, Any] = {}
-    repeats = Repeats()  # per fusion signature: repeated layers time once
-    check_speed = opts.check_speed and not _same_after_ort(original, result, notes)
-    for _round in range(MAX_ROUNDS):
-        todo = [low for low in result.lowered if low.key not in checked]
-        for i, low in enumerate(todo):
-            if progress is not None:
-                progress("verify", i, len(todo))
-            record = FusionRecord(
-                low.key,
-                low.rule,
-                [originals[n] for n in low.original_node_names if n in originals],
-                low.new_nodes,
-                low.inputs,
-                low.outputs,
-                low.tolerance,
-            )
-            checked[low.key] = check_fusion(
-                original,
-                result.model,
-                record,
-                acts,
-                cosine_floor=opts.cosine_floor,
-                mc_samples=opts.mc_samples,
-                check_speed=check_speed,
-                speed_margin=opts.speed_margin,
-                repeats=repeats,
-            )
-            if check_speed != opts.check_speed:  # not timed: see _same_after_ort
-                checked[low.key].details["same_optimized_graph"] = True
-        bad = [low for low in result.lowered if not checked[low.key].passed]
-        if not bad:
-            break
-        for low in bad:
-            failed[low.key] = checked[low.key]
-            r = checked[low.key]
-            result.rolled_back.append(RolledBack(low.key, low.rule, r.code, r.message, r))
-        keys = [k for k in keys if k not in failed]
-        fresh = clone_model(original)
-        if folding is not None and folding.folded:
-            fold_reshape_shapes(fresh)  # deterministic: the same folds as the first time
-        lowering, keys = _lower(fresh, native, keys, None, custom)
-        result.model = fresh
-        result.lowered = lowering.lowered
-        for low in result.lowered:
-            checked.pop(low.key, None)  # new node objects: check them again on the new model
-    else:
-        notes.append(f"safe mode stopped after {MAX_ROUNDS} rounds")
-    result.safety = {k: v for k, v in checked.items()}
-    share_created(result.model, result.lowered)  # each fusion was verified on its own nodes
-    relayout = any(n.op_type in ("Attention", "Gemm") for n in result.model.graph.nodes)
-    before_layout = clone_model(result.model) if relayout else None
-    absorbed = absorb_layout(result.model)  # both checked end to end below
-    flattened = flatten_gemms(result.model)
-    timings["verify"] = time.perf_counter() - t
-    t = time.perf_counter()
-    with _progress.task("safe mode: end-to-end check"):
+    with stages("verify"):
+        originals = {n.name: n for n in original.graph.nodes}
+        checked: dict[str, Any] = {}
+        failed: dict[str, Any] = {}
+        repeats = Repeats()  # per fusion signature: repeated layers time once
+        check_speed = opts.check_speed and not _same_after_ort(original, result, notes)
+        for _round in range(MAX_ROUNDS):
+            todo = [low for low in result.lowered if low.key not in checked]
+            for i, low in enumerate(todo):
+                if progress is not None:
+                    progress("verify", i, len(todo))
+                record = FusionRecord(
+                    low.key,
+                    low.rule,
+                    [originals[n] for n in low.original_node_names if n in originals],
+                    low.new_nodes,
+                    low.inputs,
+                    low.outputs,
+                    low.tolerance,
+                )
+                checked[low.key] = check_fusion(
+                    original,
+                    result.model,
+                    record,
+                    acts,
+                    cosine_floor=opts.cosine_floor,
+                    mc_samples=opts.mc_samples,
+                    check_speed=check_speed,
+                    speed_margin=opts.speed_margin,
+                    repeats=repeats,
+                )
+                if check_speed != opts.check_speed:  # not timed: see _same_after_ort
+                    checked[low.key].details["same_optimized_graph"] = True
+            bad = [low for low in result.lowered if not checked[low.key].passed]
+            if not bad:
+                break
+            for low in bad:
+                failed[low.key] = checked[low.key]
+                r = checked[low.key]
+                result.rolled_back.append(RolledBack(low.key, low.rule, r.code, r.message, r))
+            keys = [k for k in keys if k not in failed]
+            fresh = clone_model(original)
+            if folding is not None and folding.folded:
+                fold_reshape_shapes(fresh)  # deterministic: the same folds as the first time
+            lowering, keys = _lower(fresh, native, keys, None, custom)
+            result.model = fresh
+            result.lowered = lowering.lowered
+            for low in result.lowered:
+                checked.pop(low.key, None)  # new node objects: check them again on the new model
+        else:
+            notes.append(f"safe mode stopped after {MAX_ROUNDS} rounds")
+        result.safety = {k: v for k, v in checked.items()}
+        share_created(result.model, result.lowered)  # each fusion was verified on its own nodes
+        relayout = any(n.op_type in ("Attention", "Gemm") for n in result.model.graph.nodes)
+        before_layout = clone_model(result.model) if relayout else None
+        absorbed = absorb_layout(result.model)  # both checked end to end below
+        flattened = flatten_gemms(result.model)
+    with stages("end_to_end", "safe mode: end-to-end check"):
         e2e = end_to_end(original, result.model, feeds, cosine_floor=opts.e2e_cosine_floor)
-    if (absorbed or flattened) and not _e2e_passed(e2e):
-        notes.append(
-            f"layout clean-up ({absorbed} attentions, {flattened} flattened Gemms) rolled back: "
-            f"it differs"
-        )
-        result.model = before_layout
-        e2e = end_to_end(original, result.model, feeds, cosine_floor=opts.e2e_cosine_floor)
-    else:
-        if absorbed:
-            notes.append(f"{absorbed} attentions take the heads and the KV cache themselves (3-D)")
-        if flattened:
+        if (absorbed or flattened) and not _e2e_passed(e2e):
             notes.append(
-                f"{flattened} flattened Gemms are batched MatMuls again (shape programs gone)"
+                f"layout clean-up ({absorbed} attentions, {flattened} flattened Gemms) rolled back: "
+                f"it differs"
             )
-    if _keep_fp32(result, opts.keep_fp32, notes):
-        e2e = end_to_end(original, result.model, feeds, cosine_floor=opts.e2e_cosine_floor)
-    result.end_to_end = e2e
-    if not _e2e_passed(e2e):
-        notes.append(
-            "the end-to-end comparison failed: every fusion (and the shape folding) rolled back"
-        )
-        for low in result.lowered:
-            result.rolled_back.append(
-                RolledBack(low.key, low.rule, reasons.END_TO_END, "the whole fused model differs")
+            result.model = before_layout
+            e2e = end_to_end(original, result.model, feeds, cosine_floor=opts.e2e_cosine_floor)
+        else:
+            if absorbed:
+                notes.append(
+                    f"{absorbed} attentions take the heads and the KV cache themselves (3-D)"
+                )
+            if flattened:
+                notes.append(
+                    f"{flattened} flattened Gemms are batched MatMuls again (shape programs gone)"
+                )
+        if _keep_fp32(result, opts.keep_fp32, notes):
+            e2e = end_to_end(original, result.model, feeds, cosine_floor=opts.e2e_cosine_floor)
+        result.end_to_end = e2e
+        if not _e2e_passed(e2e):
+            notes.append(
+                "the end-to-end comparison failed: every fusion (and the shape folding) rolled back"
             )
-        result.model = clone_model(original)
-        result.lowered = []
-        result.shape_folding = None
-    timings["end_to_end"] = time.perf_counter() - t
-    result.timings = timings
+            for low in result.lowered:
+                result.rolled_back.append(
+                    RolledBack(
+                        low.key, low.rule, reasons.END_TO_END, "the whole fused model differs"
+                    )
+                )
+            result.model = clone_model(original)
+            result.lowered = []
+            result.shape_folding = None
+    result.timings = stages.timings
     result.notes = notes
     if custom is not None:
         custom.finish(result)
-    dump_artifact(dump_dir, "fused.onnx", lambda: to_onnx_bytes(result.model))
+    stages.dump("fused.onnx", lambda: to_onnx_bytes(result.model))
     return result
 
 
@@ -632,31 +381,6 @@ def _capture_original(original: Model, feeds: Mapping[str, Any], capture: Callab
             f"onnxruntime, which cannot run it: {' '.join(str(exc).split())[:300]}; fuse with "
             f"safe_mode=False (--unsafe) or for the cpu target (torch runs it)"
         ) from exc
-
-
-def to_onnx_bytes(model: Model) -> bytes:
-    from graph_autofusion.frontend.onnx_frontend import to_onnx
-
-    return to_onnx(model).SerializeToString()
-
-
-def to_json(data: Any) -> str:
-    import json
-
-    return json.dumps(data, indent=1, default=str)
-
-
-def dump_artifact(dump_dir: Any, name: str, make: Callable[[], Any]) -> None:
-    """Write one stage's artifact to ``dump_dir`` (nothing when it is None)."""
-    if dump_dir is None:
-        return
-    import os
-
-    os.makedirs(dump_dir, exist_ok=True)
-    data = make()
-    mode = "wb" if isinstance(data, bytes) else "w"
-    with open(os.path.join(dump_dir, name), mode) as f:
-        f.write(data)
 
 
 def _check_folding(

@@ -307,7 +307,7 @@ def _apply(
     """A copy of ``model`` with the sites named ``names`` as ``MatMulNBits`` and the tables
     named so as ``GatherBlockQuantized``."""
     from graph_autofusion.codegen.onnxruntime import drop_dead_initializers
-    from graph_autofusion.pipeline.onnxruntime import clone_model
+    from graph_autofusion.pipeline.result import clone_model
 
     work = clone_model(model)
     wanted = set(names)

@@ -21,7 +21,7 @@ def profile_kernel(result: Any, key: str | int, hardware: Any, *, runs: int = 20
     import torch
 
     from graph_autofusion.cost.hardware import load_profile
-    from graph_autofusion.pipeline.cpu import kernel_and_operators
+    from graph_autofusion.pipeline.cpu_kernels import kernel_and_operators
     from graph_autofusion.runtime.timing import median_us
     from graph_autofusion.runtime.torch_runtime import TorchRunner
 

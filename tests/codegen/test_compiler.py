@@ -20,7 +20,7 @@ from graph_autofusion.codegen.compiler import (
     compile_library,
 )
 from graph_autofusion.codegen.lower import lower_group
-from graph_autofusion.pipeline.cpu import finalize_kernel
+from graph_autofusion.pipeline.cpu_kernels import finalize_kernel
 from graph_autofusion.testing.fused_groups import RngChooser, random_group
 
 

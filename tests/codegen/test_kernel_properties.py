@@ -19,7 +19,7 @@ from graph_autofusion.codegen.compiler import compile_library
 from graph_autofusion.codegen.lower import lower_group
 from graph_autofusion.codegen.reference import run_reference
 from graph_autofusion.ir.dtypes import DType
-from graph_autofusion.pipeline.cpu import finalize_kernel
+from graph_autofusion.pipeline.cpu_kernels import finalize_kernel
 from graph_autofusion.runtime.kernels import load_library
 from graph_autofusion.runtime.torch_runtime import TorchRunner
 from graph_autofusion.testing.fused_groups import HypothesisChooser, random_group
