@@ -1,4 +1,4 @@
-"""The cpu target on ONNX models the torch runner cannot run (GRU, If) or can (LSTM): the
+"""The cpu target on ONNX models the torch runner cannot run (GRU, If, Loop) or can (LSTM): the
 onnxruntime engine with generated kernels as custom operators, the engine chosen by
 measurement (pinned here with ``use_timer``) and reported; outputs equal onnxruntime's on the
 original model."""
@@ -25,6 +25,7 @@ from graph_autofusion.testing.engine_models import (  # noqa: E402
     IN,
     SEQ,
     if_model,
+    loop_model,
     recurrent_model,
 )
 
@@ -41,7 +42,7 @@ def _save(tmp_path, name, model):
 
 def _feeds(name):
     rng = np.random.default_rng(1)
-    shape = (BATCH, HIDDEN) if name == "if" else (SEQ, BATCH, IN)
+    shape = (BATCH, HIDDEN) if name in ("if", "loop") else (SEQ, BATCH, IN)
     return {"x": rng.standard_normal(shape).astype(np.float32)}
 
 
@@ -74,9 +75,12 @@ def _check_outputs(gaf, path, feeds):
         np.testing.assert_allclose(got[k], w, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["gru", "if"])
+MODELS = {"gru": lambda: recurrent_model("GRU"), "if": if_model, "loop": loop_model}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
 def test_a_model_the_torch_runner_cannot_run_gets_the_onnxruntime_engine(tmp_path, name):
-    model = if_model() if name == "if" else recurrent_model("GRU")
+    model = MODELS[name]()
     path = _save(tmp_path, name, model)
     feeds = _feeds(name)
     gaf = GraphAutoFusion(path, target="cpu", sample_inputs=feeds)
@@ -86,7 +90,7 @@ def test_a_model_the_torch_runner_cannot_run_gets_the_onnxruntime_engine(tmp_pat
     r = gaf.result
     assert r.engine["name"] == "onnxruntime" and seen == []
     assert "torch runner cannot run" in r.engine["why"]
-    assert ("GRU" if name == "gru" else "If") in r.engine["notes"]["torch"]
+    assert {"gru": "GRU", "if": "If", "loop": "Loop"}[name] in r.engine["notes"]["torch"]
     assert r.target == "cpu" and _passed(r)
     text = gaf.safe_fusion_report().to_text()
     assert "target cpu" in text and "engine: onnxruntime" in text

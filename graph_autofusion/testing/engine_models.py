@@ -1,4 +1,4 @@
-"""Small ONNX models the torch runner cannot run (GRU, If) or can (LSTM), each with an
+"""Small ONNX models the torch runner cannot run (GRU, If, Loop) or can (LSTM), each with an
 elementwise chain onnxruntime has no fused operator for: what the cpu target's onnxruntime
 engine runs with a generated kernel as a custom operator (``tests/test_cpu_engines.py``)."""
 
@@ -82,6 +82,49 @@ def if_model() -> onnx.ModelProto:
     graph = h.make_graph(
         nodes,
         "if_model",
+        [h.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, HIDDEN])],
+        [h.make_tensor_value_info("out", TensorProto.FLOAT, [BATCH, HIDDEN])],
+        consts,
+    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return model
+
+
+def loop_model(trips: int = 3) -> onnx.ModelProto:
+    """``x [BATCH, HIDDEN]`` -> the chain -> ``Loop`` (``trips`` times ``h = tanh(h) * 0.5``)
+    -> the chain."""
+    body = h.make_graph(
+        [
+            h.make_node("Identity", ["cond_in"], ["cond_out"], name="body_cond"),
+            h.make_node("Tanh", ["h_in"], ["t"], name="body_tanh"),
+            h.make_node("Mul", ["t", "half"], ["h_out"], name="body_mul"),
+        ],
+        "body",
+        [
+            h.make_tensor_value_info("i", TensorProto.INT64, []),
+            h.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            h.make_tensor_value_info("h_in", TensorProto.FLOAT, [BATCH, HIDDEN]),
+        ],
+        [
+            h.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            h.make_tensor_value_info("h_out", TensorProto.FLOAT, [BATCH, HIDDEN]),
+        ],
+    )
+    nodes = [
+        *_chain("x", "h0", "pre"),
+        h.make_node("Loop", ["trips", "true", "h0"], ["looped"], body=body, name="loop"),
+        *_chain("looped", "out", "post"),
+    ]
+    consts = _consts(np.random.default_rng(0), 3)[3:5]
+    consts += [
+        nh.from_array(np.array(trips, np.int64), "trips"),
+        nh.from_array(np.array(True), "true"),
+        nh.from_array(np.array(0.5, np.float32), "half"),
+    ]
+    graph = h.make_graph(
+        nodes,
+        "loop_model",
         [h.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, HIDDEN])],
         [h.make_tensor_value_info("out", TensorProto.FLOAT, [BATCH, HIDDEN])],
         consts,
