@@ -37,6 +37,7 @@ import torch
 
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.options import FuseOptions
+from graph_autofusion.torch_outputs import SizeOutputs, give_back_memory, same_as_eager, tolerance
 
 #: The engines a graph may run on, in order of preference when no timing decides; ``auto``
 #: builds the first two and keeps the fastest (``eager`` when both are slower than eager).
@@ -45,13 +46,6 @@ ENGINES = ("onnxruntime", "torch", "eager")
 ENGINE_TIMING_ROUNDS = 5
 #: Weight sets one graph compiles for (other modules of the same class) before eager.
 MAX_WEIGHT_SETS = 4
-#: Largest relative L2 error of an output against eager's, per dtype.
-REL_TOLERANCE = {
-    torch.float32: 1e-3,
-    torch.float64: 1e-6,
-    torch.float16: 1e-2,
-    torch.bfloat16: 3e-2,
-}
 
 
 class AutofusionWarning(UserWarning):
@@ -175,7 +169,7 @@ class CompiledGraph:
         (each checked against eager), time them against eager and keep the fastest."""
         from graph_autofusion.frontend.torch_frontend import import_fx
 
-        split = _SizeOutputs.of(self.gm)
+        split = SizeOutputs.of(self.gm)
         core = split.core if split is not None else self.gm
         self.core_gm = core
         # the import has no side effects and refuses graphs that write into their inputs,
@@ -215,7 +209,7 @@ class CompiledGraph:
         built.clear()  # the engines not chosen, and what they hold (derived weights), go
         if engine != "torch" and self.result is not None:
             self.result.program = None  # its kernels stay (reports, the kernel folder)
-        _give_back_memory()
+        give_back_memory()
         if "onnxruntime" in self.engine_notes and engine != "onnxruntime":
             warnings.warn(
                 f"autofusion: graph {self.index} runs on the {engine} engine, not onnxruntime "
@@ -226,7 +220,7 @@ class CompiledGraph:
         with torch.no_grad():
             got = program(*args)
         if engine != "eager":
-            _same_as_eager(got, outs, *_tolerance(self.config.options))
+            same_as_eager(got, outs, *tolerance(self.config.options))
         # this call returns the program's outputs, as every later call will: their layouts
         # feed Dynamo's guards on the next frame (a decode step's cache), and eager's may differ
         wrap = list if isinstance(expected, list) else tuple
@@ -265,7 +259,7 @@ class CompiledGraph:
             program = self._torch_program(imported, args, outs)
         with torch.no_grad():
             got = program(*args)
-        _same_as_eager(got, outs, *_tolerance(self.config.options))
+        same_as_eager(got, outs, *tolerance(self.config.options))
         return _OrtCall(program, self) if engine == "onnxruntime" else program
 
     def _torch_program(self, imported: Any, args: Sequence[Any], outs: tuple) -> Any:
@@ -382,107 +376,6 @@ class _OrtCall:
                 )
             out = g.core_gm.forward(*args)
             return tuple(out) if isinstance(out, tuple | list) else (out,)
-
-
-def _tolerance(options: FuseOptions) -> tuple[float, float | None]:
-    """The cosine floor and relative-error cap of a program's outputs against eager's: the
-    end-to-end floor, or with compressed weights (lossy by design) their own."""
-    if options.weights in ("int8", "int4"):
-        from graph_autofusion import defaults
-
-        w = options.weights
-        return defaults.WEIGHTS_E2E_COSINE[w], defaults.WEIGHTS_E2E_REL_ERR[w]
-    return options.e2e_cosine_floor, None
-
-
-def _same_as_eager(
-    got: Sequence[Any], want: Sequence[Any], floor: float, rel_cap: float | None = None
-) -> None:
-    """Raise unless every output matches eager's (cosine, and relative error: a scaled
-    answer has cosine 1; ``rel_cap``: that error's cap instead of the dtype's)."""
-    from graph_autofusion.verify.compare import compare_tensors
-
-    if len(got) != len(want):
-        raise GraphAutoFusionError(f"the program returns {len(got)} outputs, eager {len(want)}")
-    for i, (g, w) in enumerate(zip(got, want)):
-        if tuple(g.shape) != tuple(w.shape) or g.dtype != w.dtype:
-            raise GraphAutoFusionError(
-                f"output {i}: {tuple(g.shape)} {g.dtype} where eager gives {tuple(w.shape)} "
-                f"{w.dtype}"
-            )
-        if g.numel() == 0:
-            continue
-        if not w.dtype.is_floating_point:
-            if not torch.equal(g, w):
-                raise GraphAutoFusionError(f"output {i} differs from eager's")
-            continue
-        cmp = compare_tensors(g.detach().float().numpy(), w.detach().float().numpy())
-        scale = float(w.detach().float().norm())
-        rel = float((g.detach().float() - w.detach().float()).norm()) / max(scale, 1e-30)
-        if cmp["cosine"] < floor or rel > (
-            rel_cap if rel_cap is not None else REL_TOLERANCE[w.dtype]
-        ):
-            raise GraphAutoFusionError(
-                f"output {i} differs from eager's (cosine {cmp['cosine']:.6f}, relative "
-                f"error {rel:.2e})"
-            )
-
-
-def _give_back_memory() -> None:
-    """Return the compile's freed transient memory (sessions, serialized models) to the
-    system: glibc keeps freed heap pages otherwise, and the process's resident size stays at
-    the compile's peak."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
-
-
-class _SizeOutputs:
-    """A graph that returns sizes (``SymInt``), plain numbers or ``None`` besides tensors
-    (Gemma2's decode graphs): the engines run ``core``, the graph with only its tensor outputs,
-    and ``sizes``, the graph with only the others (size arithmetic on the inputs, no tensor
-    work), runs in Python on each call; :meth:`merge` puts the outputs back in order."""
-
-    def __init__(self, core: torch.fx.GraphModule, sizes: torch.fx.GraphModule, kinds: list[bool]):
-        self.core, self.sizes, self.kinds = core, sizes, kinds
-
-    @staticmethod
-    def of(gm: torch.fx.GraphModule) -> _SizeOutputs | None:
-        """The split of ``gm``, or ``None`` when it returns only tensors."""
-        import copy
-
-        out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-        outs = out.args[0]
-        if not isinstance(outs, tuple | list):
-            outs = (outs,)
-        kinds = []
-        for a in outs:
-            val = a.meta.get("example_value") if isinstance(a, torch.fx.Node) else a
-            kinds.append(isinstance(val, torch.Tensor))
-        if all(kinds):
-            return None
-        if not any(kinds):
-            raise GraphAutoFusionError("the graph returns no tensor, only sizes")
-
-        def keep(which: bool) -> torch.fx.GraphModule:
-            g = copy.deepcopy(gm.graph)
-            o = next(n for n in reversed(g.nodes) if n.op == "output")
-            picked = tuple(a for a, k in zip(o.args[0], kinds) if k == which)
-            o.args = (picked,)
-            g.eliminate_dead_code()
-            return torch.fx.GraphModule(gm, g)
-
-        return _SizeOutputs(keep(True), keep(False), kinds)
-
-    def merge(self, tensors: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
-        others = iter(self.sizes(*args))
-        it = iter(tensors)
-        return tuple(next(it) if k else next(others) for k in self.kinds)
 
 
 def make_backend(

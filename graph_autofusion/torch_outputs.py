@@ -1,0 +1,123 @@
+"""What a compiled graph's engines must give: eager's outputs (within a tolerance per dtype,
+or the compressed weights' own), graphs that also return sizes split from their tensor work,
+and the compile's transient memory given back to the system.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from graph_autofusion.errors import GraphAutoFusionError
+from graph_autofusion.options import FuseOptions
+
+#: Largest relative L2 error of an output against eager's, per dtype.
+REL_TOLERANCE = {
+    torch.float32: 1e-3,
+    torch.float64: 1e-6,
+    torch.float16: 1e-2,
+    torch.bfloat16: 3e-2,
+}
+
+
+def tolerance(options: FuseOptions) -> tuple[float, float | None]:
+    """The cosine floor and relative-error cap of a program's outputs against eager's: the
+    end-to-end floor, or with compressed weights (lossy by design) their own."""
+    if options.weights in ("int8", "int4"):
+        from graph_autofusion import defaults
+
+        w = options.weights
+        return defaults.WEIGHTS_E2E_COSINE[w], defaults.WEIGHTS_E2E_REL_ERR[w]
+    return options.e2e_cosine_floor, None
+
+
+def same_as_eager(
+    got: Sequence[Any], want: Sequence[Any], floor: float, rel_cap: float | None = None
+) -> None:
+    """Raise unless every output matches eager's (cosine, and relative error: a scaled
+    answer has cosine 1; ``rel_cap``: that error's cap instead of the dtype's)."""
+    from graph_autofusion.verify.compare import compare_tensors
+
+    if len(got) != len(want):
+        raise GraphAutoFusionError(f"the program returns {len(got)} outputs, eager {len(want)}")
+    for i, (g, w) in enumerate(zip(got, want)):
+        if tuple(g.shape) != tuple(w.shape) or g.dtype != w.dtype:
+            raise GraphAutoFusionError(
+                f"output {i}: {tuple(g.shape)} {g.dtype} where eager gives {tuple(w.shape)} "
+                f"{w.dtype}"
+            )
+        if g.numel() == 0:
+            continue
+        if not w.dtype.is_floating_point:
+            if not torch.equal(g, w):
+                raise GraphAutoFusionError(f"output {i} differs from eager's")
+            continue
+        cmp = compare_tensors(g.detach().float().numpy(), w.detach().float().numpy())
+        scale = float(w.detach().float().norm())
+        rel = float((g.detach().float() - w.detach().float()).norm()) / max(scale, 1e-30)
+        if cmp["cosine"] < floor or rel > (
+            rel_cap if rel_cap is not None else REL_TOLERANCE[w.dtype]
+        ):
+            raise GraphAutoFusionError(
+                f"output {i} differs from eager's (cosine {cmp['cosine']:.6f}, relative "
+                f"error {rel:.2e})"
+            )
+
+
+def give_back_memory() -> None:
+    """Return the compile's freed transient memory (sessions, serialized models) to the
+    system: glibc keeps freed heap pages otherwise, and the process's resident size stays at
+    the compile's peak."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+class SizeOutputs:
+    """A graph that returns sizes (``SymInt``), plain numbers or ``None`` besides tensors
+    (Gemma2's decode graphs): the engines run ``core``, the graph with only its tensor outputs,
+    and ``sizes``, the graph with only the others (size arithmetic on the inputs, no tensor
+    work), runs in Python on each call; :meth:`merge` puts the outputs back in order."""
+
+    def __init__(self, core: torch.fx.GraphModule, sizes: torch.fx.GraphModule, kinds: list[bool]):
+        self.core, self.sizes, self.kinds = core, sizes, kinds
+
+    @staticmethod
+    def of(gm: torch.fx.GraphModule) -> SizeOutputs | None:
+        """The split of ``gm``, or ``None`` when it returns only tensors."""
+        import copy
+
+        out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+        outs = out.args[0]
+        if not isinstance(outs, tuple | list):
+            outs = (outs,)
+        kinds = []
+        for a in outs:
+            val = a.meta.get("example_value") if isinstance(a, torch.fx.Node) else a
+            kinds.append(isinstance(val, torch.Tensor))
+        if all(kinds):
+            return None
+        if not any(kinds):
+            raise GraphAutoFusionError("the graph returns no tensor, only sizes")
+
+        def keep(which: bool) -> torch.fx.GraphModule:
+            g = copy.deepcopy(gm.graph)
+            o = next(n for n in reversed(g.nodes) if n.op == "output")
+            picked = tuple(a for a, k in zip(o.args[0], kinds) if k == which)
+            o.args = (picked,)
+            g.eliminate_dead_code()
+            return torch.fx.GraphModule(gm, g)
+
+        return SizeOutputs(keep(True), keep(False), kinds)
+
+    def merge(self, tensors: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
+        others = iter(self.sizes(*args))
+        it = iter(tensors)
+        return tuple(next(it) if k else next(others) for k in self.kinds)
