@@ -113,9 +113,11 @@ def fuse_onnx_cpu(
     from graph_autofusion.pipeline.cpu import fuse_model_cpu
     from graph_autofusion.report import progress as _progress
     from graph_autofusion.verify.inputs import generate_inputs
+    from graph_autofusion.verify.sample_inputs import own_copy
 
     options = options.replace(target="cpu")
-    feeds = dict(feeds) if feeds is not None else generate_inputs(original)
+    # own_copy: generated inputs stay marked as such (an error about them says so)
+    feeds = own_copy(feeds) if feeds is not None else generate_inputs(original)
     missing = torch_unsupported(original)
     notes: dict[str, str] = {}
     if missing:
