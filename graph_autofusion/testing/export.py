@@ -350,3 +350,22 @@ def minilm_onnx_embeddings(
     feeds = {k: v.numpy() for k, v in enc.items()}
     hidden = ort_outputs(model, feeds, threads=2)["last_hidden_state"]
     return minilm_sentence_embeddings(torch.from_numpy(hidden), enc["attention_mask"]).numpy()
+
+
+def minilm_cosines(
+    model: Any,
+    reference: Any = None,
+    sentences: tuple[str, ...] = MINILM_CHECK_SENTENCES,
+    *,
+    seq_len: int = 16,
+) -> np.ndarray:
+    """Per-sentence cosine of the MiniLM sentence embeddings (:func:`minilm_onnx_embeddings`)
+    of ``model`` (a fused or compressed MiniLM) against those of ``reference`` (default: the
+    zoo's fp32 ``minilm`` export)."""
+    from graph_autofusion.verify.lm_metrics import row_cosines
+
+    ref = reference if reference is not None else export_onnx("minilm")
+    return row_cosines(
+        minilm_onnx_embeddings(ref, sentences, seq_len=seq_len),
+        minilm_onnx_embeddings(model, sentences, seq_len=seq_len),
+    )
