@@ -262,7 +262,7 @@ class FusedResults:
         """Time one fused kernel of the last ``fuse()`` (by candidate key or index) against its
         unfused operators on the sample shapes; report the achieved bandwidth against the
         profile's measured streaming bandwidth."""
-        from graph_autofusion.runtime.kernel_profile import profile_kernel
+        from graph_autofusion.kernel_profile import profile_kernel
 
         return profile_kernel(self._need_result(), key, self.hardware, runs=runs)
 

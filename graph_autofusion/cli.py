@@ -156,10 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=_cmd_rules_list)
 
+    from graph_autofusion.cli_analyze import add_analyze_command
     from graph_autofusion.cost.hardware_cli import add_hardware_commands
     from graph_autofusion.options import WEIGHT_FORMS, WEIGHT_POLICIES
     from graph_autofusion.planner.plan import STRATEGIES
-    from graph_autofusion.report.analysis_cli import add_analyze_command
 
     add_hardware_commands(sub)
     add_analyze_command(sub)

@@ -4,7 +4,7 @@
 
 :func:`add_analyze_command` registers the command on the CLI's subparsers (it sets ``func``,
 returning the exit status, like the other commands of ``cli.py``). :func:`main` runs it on its
-own parser (tests, ``python -m graph_autofusion.report.analysis_cli``).
+own parser (tests, ``python -m graph_autofusion.cli_analyze``).
 """
 
 from __future__ import annotations
@@ -23,8 +23,15 @@ from graph_autofusion.cli_args import (
     positive_int,
     print_error,
 )
+from graph_autofusion.cost.hardware import load_profile
 from graph_autofusion.errors import GraphAutoFusionError
+from graph_autofusion.options import FuseOptions
+from graph_autofusion.patterns.library import builtin_rules
+from graph_autofusion.patterns.yaml_rules import load_rule_file
+from graph_autofusion.pipeline import add_other_targets, plan_for_target
+from graph_autofusion.planner.analysis import analyze_model, default_feeds
 from graph_autofusion.planner.plan import STRATEGIES
+from graph_autofusion.report.analysis_report import write_atomic
 
 __all__ = ["add_analyze_command", "build_parser", "main", "run_analyze"]
 
@@ -38,12 +45,7 @@ def _dim(text: str) -> tuple[str, int]:
 
 def run_analyze(args: argparse.Namespace) -> int:
     """The ``analyze`` command: load, analyze, print text or JSON, optionally write HTML."""
-    from graph_autofusion.cost.hardware import load_profile
     from graph_autofusion.frontend.loader import load_model
-    from graph_autofusion.patterns.library import builtin_rules
-    from graph_autofusion.patterns.yaml_rules import load_rule_file
-    from graph_autofusion.planner.analysis import analyze_model, default_feeds
-    from graph_autofusion.report.analysis_report import write_atomic
 
     check_input_file(args.model, "model")
     if args.html:  # before the work, not after it
@@ -54,9 +56,6 @@ def run_analyze(args: argparse.Namespace) -> int:
         rules = rules + load_rule_file(path)
     model = load_model(args.model)
     if args.target:
-        from graph_autofusion.options import FuseOptions
-        from graph_autofusion.pipeline import add_other_targets, plan_for_target
-
         opts = FuseOptions(
             target=args.target,
             benefit_threshold=args.benefit_threshold,

@@ -58,3 +58,7 @@ class MissingInputError(GraphAutoFusionError, KeyError):
 
     def __str__(self) -> str:  # KeyError would print the message quoted
         return str(self.args[0]) if self.args else ""
+
+
+class OptionsError(GraphAutoFusionError, ValueError):
+    """An option has a value outside the accepted ones (the message lists them)."""

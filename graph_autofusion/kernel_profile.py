@@ -13,17 +13,17 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from graph_autofusion.cost.hardware import load_profile
 from graph_autofusion.errors import GraphAutoFusionError
+from graph_autofusion.pipeline.cpu_kernels import kernel_and_operators
+from graph_autofusion.runtime.timing import median_us
 
 
 def profile_kernel(result: Any, key: str | int, hardware: Any, *, runs: int = 20) -> dict[str, Any]:
     """Profile one fused group of a cpu-target result (by candidate key or index)."""
     import torch
 
-    from graph_autofusion.cost.hardware import load_profile
-    from graph_autofusion.pipeline.cpu_kernels import kernel_and_operators
-    from graph_autofusion.runtime.timing import median_us
-    from graph_autofusion.runtime.torch_runtime import TorchRunner
+    from graph_autofusion.runtime.torch_runtime import TorchRunner  # torch: optional, heavy
 
     if getattr(result, "program", None) is None:
         raise GraphAutoFusionError(

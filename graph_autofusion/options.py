@@ -16,22 +16,21 @@ from typing import Any
 
 from graph_autofusion import defaults
 from graph_autofusion.codegen.compiler import CodegenOptions
-from graph_autofusion.errors import GraphAutoFusionError
+from graph_autofusion.codegen.targets import TARGET_NAMES
+from graph_autofusion.errors import OptionsError
+from graph_autofusion.planner.controls import parse_keep_fp32, parse_size_switch
+from graph_autofusion.planner.plan import STRATEGIES
 
 DEFAULT_BENEFIT_THRESHOLD = defaults.BENEFIT_THRESHOLD
 DEFAULT_E2E_COSINE = defaults.E2E_COSINE
 DEFAULT_MAX_CLUSTER_NODES = defaults.MAX_CLUSTER_NODES
 DEFAULT_MAX_CLUSTER_INPUTS = defaults.MAX_CLUSTER_INPUTS
-TARGETS = ("onnxruntime", "cpu")
+TARGETS = TARGET_NAMES
 #: The weight forms of ``FuseOptions.weights`` (:mod:`graph_autofusion.pipeline.weights`).
 WEIGHT_FORMS = ("fp32", "fp16", "int8", "int4")
 #: ``FuseOptions.weights_policy``: ``default`` keeps the LM head and the embedding tables fp32;
 #: ``all`` compresses them too (the head at int8 at most, the tables at int8), still verified.
 WEIGHT_POLICIES = ("default", "all")
-
-
-class OptionsError(GraphAutoFusionError, ValueError):
-    """An option has a value outside the accepted ones (the message lists them)."""
 
 
 @dataclass(frozen=True)
@@ -100,9 +99,6 @@ class FuseOptions:
     weights_policy: str = "default"
 
     def __post_init__(self) -> None:
-        from graph_autofusion.planner.controls import parse_keep_fp32, parse_size_switch
-        from graph_autofusion.planner.plan import STRATEGIES
-
         switches = (
             (self.size_switches,) if isinstance(self.size_switches, str) else self.size_switches
         )

@@ -29,7 +29,7 @@ from graph_autofusion.planner.analysis import (
     find_candidates,
 )
 from graph_autofusion.planner.plan import STRATEGIES, plan
-from graph_autofusion.report.analysis_cli import main as cli_main
+from graph_autofusion.cli_analyze import main as cli_main
 
 
 def profile(

@@ -23,7 +23,7 @@ from graph_autofusion.errors import GraphAutoFusionError
 USER_INPUT_MODULES = (
     "graph_autofusion.cli",
     "graph_autofusion.cli_args",
-    "graph_autofusion.report.analysis_cli",
+    "graph_autofusion.cli_analyze",
     "graph_autofusion.cost.hardware_cli",
     "graph_autofusion.cost.hardware",
     "graph_autofusion.cost.shapes",

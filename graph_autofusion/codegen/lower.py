@@ -40,6 +40,7 @@ from graph_autofusion.codegen.kernel_ir import (
     KernelOutput,
     View,
 )
+from graph_autofusion.codegen.views import apply_views
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.ir.core import Node, Value, const_value
 from graph_autofusion.ir.dtypes import DType
@@ -228,7 +229,6 @@ class _Builder:
         return self.emit("load", (), STORAGE_COMPUTE[storage], shape, input=self.input_index[key])
 
     def view_shape(self, source: Value, views: tuple[View, ...]) -> tuple[int, ...]:
-        from graph_autofusion.codegen.views import apply_views
 
         return tuple(apply_views(np.empty(self.shape(source), np.uint8), views).shape)
 

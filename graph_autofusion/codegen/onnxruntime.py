@@ -69,7 +69,7 @@ def candidate_key(rule_name: str, root: Node) -> str:
     return f"{rule_name}@{root.name}"
 
 
-def _external_inputs(nodes: Sequence[Node]) -> list[str]:
+def external_inputs(nodes: Sequence[Node]) -> list[str]:
     produced = {id(o) for n in nodes for o in n.outputs}
     seen: dict[str, None] = {}
     for n in nodes:
@@ -216,7 +216,7 @@ def lower_onnxruntime(work: Model, chosen: Sequence[Any]) -> Lowering:
                 rule.name,
                 names,
                 new_nodes,
-                _external_inputs(new_nodes),
+                external_inputs(new_nodes),
                 outputs,
                 [n.qualified_op for n in new_nodes],
                 rule.tolerance,

@@ -28,8 +28,25 @@ from pathlib import Path
 from typing import Any
 
 from graph_autofusion import reasons
-from graph_autofusion.codegen.compiler import BuiltSource, CodegenOptions, compile_source
+from graph_autofusion.codegen.call_plan import finalize_kernel, sample_shape
+from graph_autofusion.codegen.compiler import (
+    BuiltSource,
+    CodegenOptions,
+    CompilerNotFoundError,
+    KernelCompileError,
+    compile_source,
+    compiler_version,
+    write_atomic,
+)
 from graph_autofusion.codegen.kernel_ir import Kernel
+from graph_autofusion.codegen.lower import (
+    CONTRACTIONS,
+    GroupLowering,
+    KernelReason,
+    KernelRefused,
+    lower_group,
+)
+from graph_autofusion.codegen.onnxruntime import Lowered, external_inputs
 from graph_autofusion.codegen.ort_customop_c import (
     DOMAIN,
     customop_library_source,
@@ -37,7 +54,13 @@ from graph_autofusion.codegen.ort_customop_c import (
     wrapper_refusal,
 )
 from graph_autofusion.codegen.ort_gemv import OP as GEMV_OP
-from graph_autofusion.errors import GraphAutoFusionError
+from graph_autofusion.codegen.targets import CpuTarget, candidate_nodes_outputs
+from graph_autofusion.errors import GraphAutoFusionError, ModelWriteError
+from graph_autofusion.ir.core import RawAttribute
+from graph_autofusion.patterns.candidates import match_rules
+from graph_autofusion.patterns.matcher import Match
+from graph_autofusion.patterns.rewrite import fuse_match
+from graph_autofusion.patterns.rules import RuleMatch, RuleSet
 
 #: Model metadata keys of a fused model that needs the library.
 META_LIBRARY = "graph_autofusion.custom_ops_library"  # path relative to the model file
@@ -147,7 +170,6 @@ def build_library(
     Raises:
         CustomOpBuildError: no header, no compiler, or the compiler failed.
     """
-    from graph_autofusion.codegen.compiler import CompilerNotFoundError, KernelCompileError
 
     opts = customop_options(base)
     unique = list({op_name(k): k for k in kernels}.values())
@@ -267,11 +289,6 @@ def plan_groups(
     """The analysis' chosen candidates that have no native rewrite, each as a
     :class:`CustomOpGroup` (kernel finalized on the sample shapes). Returns the groups and
     ``(key, rule, code, message)`` of the chosen ones that cannot be one."""
-    from graph_autofusion.codegen.lower import KernelRefused
-    from graph_autofusion.codegen.targets import candidate_nodes_outputs
-    from graph_autofusion.patterns.rules import RuleMatch
-    from graph_autofusion.pipeline.cpu import _sample_shape
-    from graph_autofusion.pipeline.cpu_kernels import finalize_kernel
 
     skip = set(skip)
     groups: list[CustomOpGroup] = []
@@ -290,7 +307,7 @@ def plan_groups(
             if why:
                 refused.append((ca.key, rule, CustomOpReason.WRAPPER, why))
                 continue
-            shapes = [_sample_shape(work, analysis.binding, i.name) for i in low.kernel.inputs]
+            shapes = [sample_shape(work, analysis.binding, i.name) for i in low.kernel.inputs]
             kernel = finalize_kernel(low.kernel, shapes)
         except KernelRefused as exc:
             refused.append((ca.key, rule, exc.code, exc.message))
@@ -317,9 +334,6 @@ def apply_groups(model: Any, groups: Sequence[CustomOpGroup]) -> list[Any]:
     """Rewrite each group on ``model`` into one ``ai.graph_autofusion`` node reading the
     kernel's inputs (a prologue's nodes stay in the graph). Returns ``Lowered`` records; a
     group whose nodes are gone (rewritten by another fusion) is skipped."""
-    from graph_autofusion.codegen.onnxruntime import Lowered, _external_inputs
-    from graph_autofusion.patterns.matcher import Match
-    from graph_autofusion.patterns.rewrite import fuse_match
 
     g = model.graph
     done: list[Any] = []
@@ -350,7 +364,7 @@ def apply_groups(model: Any, groups: Sequence[CustomOpGroup]) -> list[Any]:
                 grp.rule,
                 list(grp.original_nodes),
                 new_nodes,
-                _external_inputs(new_nodes),
+                external_inputs(new_nodes),
                 list(grp.output_names),
                 [f"{DOMAIN}::{grp.op}"],
                 grp.tolerance,
@@ -364,7 +378,6 @@ def apply_groups(model: Any, groups: Sequence[CustomOpGroup]) -> list[Any]:
 
 def library_ops(model: Any) -> list[str]:
     """The custom operators the IR ``model`` uses (inside ``If`` branches too: ``Gemv``)."""
-    from graph_autofusion.ir.core import RawAttribute
 
     out = {n.op_type for n in model.graph.nodes if n.domain == DOMAIN}
     for n in model.graph.nodes:
@@ -390,7 +403,6 @@ def kernel_target(opset: int = 17) -> Any:
     """The onnxruntime target with custom operators: rule matches with a native rewrite
     become contrib operators as before; every other rule match and automatic cluster is
     planned when the kernel generator and the custom-operator wrapper can hold it."""
-    from graph_autofusion.codegen.targets import CpuTarget, candidate_nodes_outputs
 
     @dataclass
     class OnnxruntimeKernelTarget(CpuTarget):
@@ -403,8 +415,6 @@ def kernel_target(opset: int = 17) -> Any:
         native_nodes: set = field(default_factory=set)
 
         def prefer_native(self, graph: Any, rules: Any) -> None:
-            from graph_autofusion.patterns.candidates import match_rules
-            from graph_autofusion.patterns.rules import RuleSet
 
             native = RuleSet(tuple(r for r in rules if r.rewrite is not None))
             self.native_nodes = {
@@ -414,13 +424,6 @@ def kernel_target(opset: int = 17) -> Any:
         def lower_uncached(self, candidate: Any, binding: Any) -> Any:
             """The group's kernel; contractions reading only values from outside the group
             (SwiGLU's gate and up projections) stay onnxruntime nodes before it."""
-            from graph_autofusion.codegen.lower import (
-                CONTRACTIONS,
-                GroupLowering,
-                KernelReason,
-                KernelRefused,
-                lower_group,
-            )
 
             nodes, outputs = candidate_nodes_outputs(candidate)
             try:
@@ -441,13 +444,9 @@ def kernel_target(opset: int = 17) -> Any:
             return GroupLowering(low.kernel, lead + list(low.prologue))
 
         def refusal(self, candidate: Any, binding: Any) -> tuple[str, str] | None:
-            from graph_autofusion.codegen.lower import KernelRefused
-            from graph_autofusion.codegen.targets import candidate_nodes_outputs
-            from graph_autofusion.patterns.rules import RuleMatch
 
             if isinstance(candidate, RuleMatch) and candidate.rule.rewrite is not None:
                 return None
-            from graph_autofusion.codegen.lower import CONTRACTIONS
 
             nodes, _outs = candidate_nodes_outputs(candidate)
             # the kernel's own nodes (a leading contraction stays an onnxruntime node)
@@ -505,8 +504,6 @@ def write_kernel_dir(library: CustomOpLibrary, directory: str, groups: Sequence[
     import json
     import shutil
     import tempfile
-
-    from graph_autofusion.codegen.compiler import compiler_version, write_atomic
 
     os.makedirs(directory, exist_ok=True)
     with open(library.source_path, "rb") as f:
@@ -577,8 +574,7 @@ def save_with_library(model: Any, dest: str, library: CustomOpLibrary | None, gr
     """Save the fused IR ``model`` to ``dest``; with custom operators, first its kernel folder
     (:func:`kernel_dir_for`) and the metadata naming the library relative to the model.
     Returns the folder (``""`` without custom operators)."""
-    from graph_autofusion.errors import ModelWriteError
-    from graph_autofusion.frontend.onnx_frontend import save_onnx
+    from graph_autofusion.frontend.onnx_frontend import save_onnx  # onnx: optional, heavy
 
     dest = os.path.abspath(dest)
     folder_of = os.path.dirname(dest)

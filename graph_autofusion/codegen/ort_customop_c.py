@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from graph_autofusion.codegen import ort_gemv
 from graph_autofusion.codegen.c_backend import library_source
 from graph_autofusion.codegen.kernel_ir import ROW, Kernel
 
@@ -529,7 +530,6 @@ def customop_library_source(
     ``gemv``: the library also defines the few-row ``Gemv`` operator
     (:mod:`graph_autofusion.codegen.ort_gemv`).
     """
-    from graph_autofusion.codegen import ort_gemv
 
     unique = list({op_name(k): k for k in kernels}.values())
     parts = [

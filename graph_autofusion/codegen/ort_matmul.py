@@ -45,8 +45,11 @@ from typing import Any
 
 import numpy as np
 
+from graph_autofusion.codegen.onnxruntime import Lowered
 from graph_autofusion.codegen.ort_customop_c import DOMAIN
 from graph_autofusion.codegen.ort_gemv import MAX_ROWS, OP
+from graph_autofusion.ir.core import Node, RawAttribute, Value
+from graph_autofusion.ir.dtypes import DType
 
 RULE = "gemv_matmul"
 MS_DOMAIN = "com.microsoft"
@@ -72,7 +75,6 @@ def _key(node_name: str) -> str:
 
 def _site_refusal(node: Any, g: Any) -> str | None:
     """Why ``node`` (a MatMul) is no site (``None``: it is one)."""
-    from graph_autofusion.ir.dtypes import DType
 
     if len(node.inputs) != 2 or any(v is None for v in node.inputs):
         return "not two inputs"
@@ -154,10 +156,6 @@ def apply_sites(
     of them keeps is rewritten inside it (its ``new_nodes`` get the ``If`` and the condition,
     its ``fused_ops`` ``Gemv``). Returns the sites' own ``Lowered`` records."""
     from onnx import helper
-
-    from graph_autofusion.codegen.onnxruntime import Lowered
-    from graph_autofusion.ir.core import Node, RawAttribute, Value
-    from graph_autofusion.ir.dtypes import DType
 
     g = model.graph
     sites, _ = plan_sites(model)

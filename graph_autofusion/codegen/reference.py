@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from graph_autofusion.catalog.definitions.elementwise import erf
+from graph_autofusion.codegen.call_plan import NP_DTYPES, concat_lengths, loop_shape, output_shapes
 from graph_autofusion.codegen.kernel_ir import ROW, Kernel
 from graph_autofusion.codegen.views import apply_views, view_inputs
 
@@ -92,7 +93,6 @@ def _binary(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def run_reference(kernel: Kernel, inputs: Sequence[Any]) -> list[np.ndarray]:
     """Execute ``kernel`` on NumPy arrays; returns the outputs as arrays."""
-    from graph_autofusion.runtime.kernels import _NP, loop_shape, output_shapes
 
     xs = view_inputs(kernel, [np.asarray(x) for x in inputs])
     loop = loop_shape(kernel, [tuple(x.shape) for x in xs])
@@ -128,8 +128,6 @@ def run_reference(kernel: Kernel, inputs: Sequence[Any]) -> list[np.ndarray]:
                 v = (v != 0) if b.attr("to") == "bool" else v.astype(_CT[b.attr("to")])
                 v = _round_to(v, b.attr("round", "")) if b.attr("round") else v
             elif b.op == "concat":
-                from graph_autofusion.runtime.kernels import concat_lengths
-
                 lengths = concat_lengths(kernel, [tuple(x.shape) for x in xs])
                 parts = [
                     np.broadcast_to(
@@ -151,7 +149,7 @@ def run_reference(kernel: Kernel, inputs: Sequence[Any]) -> list[np.ndarray]:
         full = _row(loop, red) if o.level == ROW else loop
         v = np.broadcast_to(env[o.instr], full)
         v = _round_to(v.astype(np.float32), o.dtype) if o.dtype in ("f16", "bf16") else v
-        storage = np.float32 if o.dtype == "bf16" else _NP[o.dtype]
+        storage = np.float32 if o.dtype == "bf16" else NP_DTYPES[o.dtype]
         out = np.array(v, dtype=storage, order="C").reshape(shape)
         outs.append(apply_views(out, o.views) if o.views else out)
     return outs

@@ -44,6 +44,13 @@ from pathlib import Path
 import numpy as np
 
 from graph_autofusion.cost.hardware import HardwareProfile
+from graph_autofusion.cost.model import (
+    CONTRACTION_HALF_TIME_S,
+    CONTRACTION_MAX_EFFICIENCY,
+    interpolate_rate,
+)
+from graph_autofusion.cost.model import ROW_CALIBRATION_LENGTH as cols
+from graph_autofusion.report import progress
 
 __all__ = [
     "calibrate_host",
@@ -477,7 +484,6 @@ def measure_gemm_overlap(
         import onnxruntime as ort
     except ImportError:
         return None
-    from graph_autofusion.cost.model import CONTRACTION_HALF_TIME_S, CONTRACTION_MAX_EFFICIENCY
 
     rng = np.random.default_rng(0)
     m_, k_, n_ = 16, 2048, 8192
@@ -678,8 +684,6 @@ def measure_op_throughput(
         import onnxruntime as ort
     except ImportError:
         return None
-    from graph_autofusion.cost.model import ROW_CALIBRATION_LENGTH as cols
-    from graph_autofusion.cost.model import interpolate_rate
 
     copies = 12
     repeats = 7 if quick else 25
@@ -741,7 +745,6 @@ def calibrate_host(quick: bool = True) -> HardwareProfile:
         quick: smaller arrays, fewer sizes and repeats (a few seconds); otherwise about half a
             minute and a bf16 matmul where the CPU has bf16 instructions.
     """
-    from graph_autofusion.report import progress
 
     with progress.task("calibrate host", total=7) as tick:
         return _calibrate(quick, tick)

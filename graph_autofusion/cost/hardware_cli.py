@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+from graph_autofusion.cli_args import check_output_path
+from graph_autofusion.cost.calibrate import calibrate_host
 from graph_autofusion.cost.hardware import (
     HOST,
     HardwareError,
@@ -82,12 +84,9 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from graph_autofusion.cost.calibrate import calibrate_host
 
     out = Path(args.output) if args.output else host_profile_path()
     if args.output:  # before the measurements, not after them
-        from graph_autofusion.cli_args import check_output_path
-
         check_output_path(args.output, "hardware profile", make_folder=True)
     mode = "quick" if args.quick else "full"
     print(f"calibrating this machine ({mode} mode) ...", flush=True)

@@ -39,6 +39,7 @@ from graph_autofusion.frontend.torch_convert import (
 )
 from graph_autofusion.ir.core import Graph, Model, Value
 from graph_autofusion.ir.dtypes import DType
+from graph_autofusion.report import progress
 from graph_autofusion.runtime.torch_runtime import infer_shapes
 
 aten = torch.ops.aten
@@ -122,7 +123,6 @@ def from_torch(
     """
     was_training = module.training
     module.eval()
-    from graph_autofusion.report import progress
 
     try:
         with progress.task(f"torch.export {type(module).__name__}"):

@@ -48,6 +48,7 @@ from graph_autofusion.patterns.pairs import (
     node_class,
     pair_verdict,
 )
+from graph_autofusion.patterns.rewrite import fuse_match
 
 #: Merge phases in order; a fusible pair's code decides its phase.
 PHASES: dict[str, int] = {
@@ -518,7 +519,6 @@ def apply_clusters(model: Model, result: ClusterResult, *, prefix: str = "Cluste
     The function is named after the cluster's kind (``Cluster_elementwise``,
     ``Cluster_matmul_epilogue`` ...); identical bodies share one function.
     """
-    from graph_autofusion.patterns.rewrite import fuse_match
 
     fused: list[Node] = []
     for c in result.clusters:

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from graph_autofusion.errors import GraphAutoFusionError
+from graph_autofusion.ir.dtypes import DType
 from graph_autofusion.patterns.constraints import CONSTRAINTS
 from graph_autofusion.patterns.matcher import root_op_types
 from graph_autofusion.patterns.pattern import Pattern, PatternBuilder
@@ -134,8 +135,6 @@ class _PatternParser:
                 if problem:
                     raise self.fail(f"{fname}({node.args[0].id}, {key}=...): {problem}")
             if "dtypes" in kwargs:
-                from graph_autofusion.ir.dtypes import DType
-
                 try:
                     kwargs["dtypes"] = [DType.from_short(d) for d in kwargs["dtypes"]]
                 except ValueError as e:

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from graph_autofusion import reasons
+from graph_autofusion.codegen.call_plan import sample_shape
 from graph_autofusion.codegen.lower import KernelReason, KernelRefused
 from graph_autofusion.codegen.onnxruntime import Lowered, NotLowered
 from graph_autofusion.codegen.targets import candidate_nodes_outputs, native_form
@@ -81,18 +82,6 @@ class CpuFuseResult(FuseResult):
 
 def _is_live(result: CpuFuseResult, g: KernelGroup) -> bool:
     return any(low.key == g.key for low in result.lowered)
-
-
-def _sample_shape(model: Model, binding: Any, name: str) -> tuple[int, ...]:
-    t = binding.types.get(name) if binding is not None else None
-    if t is not None and t[1] is not None:
-        return tuple(int(d) for d in t[1])
-    v = model.graph.value_map().get(name)
-    if v is not None and v.const is not None:
-        return tuple(v.const.shape)
-    if v is not None and v.shape is not None and all(isinstance(d, int) for d in v.shape):
-        return tuple(v.shape)
-    raise KernelRefused(KernelReason.UNKNOWN_SHAPE, f"no sample shape for {name!r}")
 
 
 def _lowerable(target: Any, ca: Any, binding: Any) -> bool:
@@ -176,7 +165,7 @@ def fuse_model_cpu(
                 )
                 continue
             nodes, outputs = candidate_nodes_outputs(ca.payload)
-            shapes = [_sample_shape(work, analysis.binding, i.name) for i in low.kernel.inputs]
+            shapes = [sample_shape(work, analysis.binding, i.name) for i in low.kernel.inputs]
             kernel = finalize_kernel(low.kernel, shapes)
             rule = ca.source.split(":", 1)[1] if ca.source.startswith("rule:") else ca.source
             tol = getattr(getattr(ca.payload, "rule", None), "tolerance", 0.999)

@@ -7,12 +7,13 @@ verdict on one kernel (:func:`check_kernel`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from graph_autofusion import defaults, reasons
+from graph_autofusion.codegen.call_plan import finalize_kernel  # noqa: F401 - its public name here
 from graph_autofusion.codegen.kernel_ir import Kernel
 from graph_autofusion.codegen.onnxruntime import Lowered
 from graph_autofusion.options import FuseOptions
@@ -198,12 +199,3 @@ def check_kernel(
                 f"kernel {res.time_fused_us:.1f} us vs unfused {res.time_unfused_us:.1f} us"
             )
     return res
-
-
-def finalize_kernel(kernel: Kernel, input_shapes: list[tuple[int, ...]]) -> Kernel:
-    """Fix the fast path's stride classes from the sample shapes and name the kernel by its
-    structure (identical groups share one compiled function)."""
-    from graph_autofusion.runtime.kernels import inner_classes
-
-    k = replace(kernel, inner_classes=inner_classes(kernel, input_shapes))
-    return replace(k, name=f"gaf_{k.digest()}")

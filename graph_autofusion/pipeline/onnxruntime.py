@@ -389,8 +389,8 @@ def _check_folding(
     """Safe mode's check of the shape folding: the folded model against the original on the
     sample inputs and on inputs with other symbolic dims (batch 2, sequence 7), where the
     original runs on them. Returns what failed, or ``""``."""
+    from graph_autofusion.runtime.ort_session import ort_session as _session
     from graph_autofusion.verify.inputs import generate_inputs
-    from graph_autofusion.verify.subgraph import _session
 
     sets = [("the sample inputs", dict(feeds))]
     other = generate_inputs(original, seed=1, batch=2, seq_len=7)
@@ -411,7 +411,7 @@ def _check_folding(
 
 def _compare_folding(a: Any, b: Any, sets: list, cosine_floor: float) -> str:
     from graph_autofusion.verify.safety import compare_outputs
-    from graph_autofusion.verify.subgraph import _run
+    from graph_autofusion.verify.subgraph import run_session as _run
 
     for what, arrays in sets:
         try:

@@ -54,6 +54,7 @@ from graph_autofusion.cost.model import (
     kernel_cost,
 )
 from graph_autofusion.cost.shapes import ShapeBinding, bind_shapes, bind_symbols
+from graph_autofusion.errors import OptionsError
 from graph_autofusion.ir.core import Graph, Model, Node, Value
 from graph_autofusion.patterns.candidates import match_rules
 from graph_autofusion.patterns.clustering import Cluster, cluster
@@ -398,11 +399,11 @@ def find_candidates(
             cluster(graph, max_nodes=max_cluster_nodes, max_inputs=max_cluster_inputs).clusters
         )
     pos = {n: i for i, n in enumerate(graph.nodes)}
-    kept.sort(key=lambda c: (_first_position(_nodes_of(c), pos), isinstance(c, Cluster)))
+    kept.sort(key=lambda c: (_first_position(nodes_of(c), pos), isinstance(c, Cluster)))
     return kept
 
 
-def _nodes_of(c: RuleMatch | Cluster) -> list[Node]:
+def nodes_of(c: RuleMatch | Cluster) -> list[Node]:
     return list(c.match.nodes) if isinstance(c, RuleMatch) else list(c.nodes)
 
 
@@ -437,7 +438,7 @@ def cost_candidates(
         if isinstance(c, RuleMatch)
     }
     for c in found:
-        nodes = _nodes_of(c)
+        nodes = nodes_of(c)
         thr = benefit_threshold
         if isinstance(c, RuleMatch):
             key = f"{c.rule.name}@{c.match.root.name}"
@@ -645,8 +646,6 @@ def analyze_model(
         FusionRuleConflict: two rules of equal priority claim the same nodes.
     """
     if strategy not in STRATEGIES:  # fail before the expensive stages
-        from graph_autofusion.options import OptionsError  # a ValueError
-
         raise OptionsError(f"unknown planner strategy {strategy!r}; known: {list(STRATEGIES)}")
     if isinstance(profile, str | os.PathLike):
         profile = load_profile(profile)

@@ -26,8 +26,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from graph_autofusion import reasons
+from graph_autofusion.catalog.registry import get_schema
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.ir.dtypes import DType
+from graph_autofusion.patterns.rules import RuleSet
 
 __all__ = [
     "DEFAULT_KEEP_FP32",
@@ -125,7 +127,6 @@ def apply_size_switches(
         ControlError: a switch names an unknown rule, input or axis (the message lists the
             known ones).
     """
-    from graph_autofusion.patterns.rules import RuleSet
 
     parsed = [parse_size_switch(s) for s in switches]
     if not parsed:
@@ -177,7 +178,6 @@ def parse_keep_fp32(ops: str | Sequence[str] | None) -> tuple[str, ...]:
     Raises:
         ControlError: an operator the catalog does not know.
     """
-    from graph_autofusion.catalog.registry import get_schema
 
     if ops is None:
         return ()

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graph_autofusion import reasons
+from graph_autofusion.errors import OptionsError
 from graph_autofusion.ir.core import Node
 
 DP_LIMIT = 16
@@ -307,8 +308,6 @@ def plan(
         OptionsError: (a ValueError) unknown strategy.
     """
     if strategy not in STRATEGIES:
-        from graph_autofusion.options import OptionsError  # a ValueError
-
         raise OptionsError(f"unknown planner strategy {strategy!r}; known: {list(STRATEGIES)}")
     t0 = time.perf_counter()
     rejected: list[Rejected] = []

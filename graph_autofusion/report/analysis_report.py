@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from graph_autofusion.errors import PathError
+
 if TYPE_CHECKING:  # pragma: no cover
     from graph_autofusion.planner.analysis import AnalysisReport, CandidateAnalysis
 
@@ -163,7 +165,6 @@ def _totals_lines(r: AnalysisReport) -> list[str]:
 def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``:
     readers never see a partial file, and on failure the old content stays."""
-    from graph_autofusion.errors import PathError
 
     dest = Path(path)
     if dest.exists() and not dest.is_file():  # a directory, a device (/dev/full), a pipe

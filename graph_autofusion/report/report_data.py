@@ -26,6 +26,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from graph_autofusion.cost.hardware import load_profile
 from graph_autofusion.report.fuse_report import SAFETY_KEYS
 from graph_autofusion.report.graph_view import block_of, graph_view
 
@@ -239,8 +240,6 @@ def _timing(groups: list[dict[str, Any]], candidates: list[dict[str, Any]]) -> l
 def _hardware(hardware: Any, analysis: Any) -> dict[str, Any]:
     prof = hardware if hardware is not None else getattr(analysis, "hardware", None)
     if prof is not None and not hasattr(prof, "to_dict"):
-        from graph_autofusion.cost.hardware import load_profile
-
         prof = load_profile(prof)
     if prof is None:
         return {"name": getattr(analysis, "profile", "?")}

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from graph_autofusion.codegen.gemv import MAX_ROWS, load_gemv
+from graph_autofusion.runtime.kernels import default_threads
 
 
 class GemvMatMul:
@@ -96,8 +97,6 @@ class LazyConstMatMul:
                 if loaded is None:
                     self._failed = True
                 else:
-                    from graph_autofusion.runtime.kernels import default_threads
-
                     self._impl = GemvMatMul(w, loaded, self.threads or default_threads())
             self._weight = w
         if self._impl is not None:
@@ -123,7 +122,6 @@ def gemv_candidates(runner: Any) -> list[int]:
 def install_gemv(runner: Any, threads: int | None = None, options: Any = None) -> int:
     """Route every eligible ``MatMul`` of ``runner`` through the gemv kernel; returns how many
     (0 when the kernel or its call shim cannot be built)."""
-    from graph_autofusion.runtime.kernels import default_threads
 
     positions = gemv_candidates(runner)
     if not positions:

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from graph_autofusion.runtime.ort_session import ort_session
+
 _SUFFIX = "_kernel_time"
 
 
@@ -123,7 +125,6 @@ def profile_nodes(
         threads: ``intra_op_num_threads`` (``inter_op_num_threads`` is 1, sequential mode).
         optimization: ``disable_all`` (default), ``basic``, ``extended`` or ``all``.
     """
-    from graph_autofusion.runtime.ort_session import ort_session
 
     level = {"disable_all": "disable", "basic": "basic", "extended": "extended", "all": "all"}
     with tempfile.TemporaryDirectory(prefix="ga_ortprof_") as tmp:

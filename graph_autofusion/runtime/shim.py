@@ -23,6 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from graph_autofusion.codegen.compiler import cache_root
+
 SOURCE = r"""
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -90,7 +92,6 @@ def _load_shim() -> Any:
     include = sysconfig.get_paths().get("include")
     if not include or not os.path.exists(os.path.join(include, "Python.h")):
         return None
-    from graph_autofusion.codegen.compiler import cache_root
 
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     key = hashlib.sha256((SOURCE + include + suffix).encode()).hexdigest()[:16]

@@ -39,7 +39,14 @@ import numpy as np
 import torch
 
 from graph_autofusion.errors import GraphAutoFusionError
-from graph_autofusion.testing.builders import build_model, example_inputs
+from graph_autofusion.report import progress
+from graph_autofusion.runtime.ort_session import ort_session
+from graph_autofusion.testing.builders import (
+    build_model,
+    example_inputs,
+    minilm_sentence_embeddings,
+    minilm_tokenize,
+)
 from graph_autofusion.testing.specs import config_fingerprint, model_spec
 
 EXPORTERS: tuple[str, ...] = ("dynamo", "torchscript")
@@ -82,7 +89,7 @@ def cache_dir() -> Path:
     return path
 
 
-def _versions() -> dict[str, str]:
+def tool_versions() -> dict[str, str]:
     import onnx
     import onnxscript
     import transformers
@@ -107,7 +114,7 @@ def export_path(name: str, exporter: str = "dynamo", *, seq_len: int = 16) -> Pa
     """Where :func:`export_onnx` caches this export (the file may not exist yet)."""
     _check_args(name, exporter, seq_len)
     key = json.dumps(
-        {"fp": config_fingerprint(name), "versions": _versions(), "opset": TORCHSCRIPT_OPSET},
+        {"fp": config_fingerprint(name), "versions": tool_versions(), "opset": TORCHSCRIPT_OPSET},
         sort_keys=True,
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
@@ -121,7 +128,7 @@ def export_info(name: str, exporter: str = "dynamo", *, seq_len: int = 16) -> di
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
+def quiet() -> Iterator[None]:
     """Silence exporter warnings, log records and progress prints."""
     loggers = [logging.getLogger(n) for n in _NOISY_LOGGERS]
     levels = [lg.level for lg in loggers]
@@ -136,12 +143,8 @@ def _quiet() -> Iterator[None]:
             lg.setLevel(level)
 
 
-#: Public name of :func:`_quiet`, for the package's other exporters.
-quiet = _quiet
-
-
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def export_lock(path: Path) -> Iterator[None]:
     try:
         import fcntl
     except ImportError:  # pragma: no cover - non-POSIX: temp names + os.replace still atomic
@@ -235,7 +238,7 @@ def write_cached(path: Path, what: str, produce: Callable[[Path], dict[str, Any]
     """
     if path.is_file():
         return path
-    with _locked(path):
+    with export_lock(path):
         if path.is_file():  # another process exported it while we waited
             return path
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
@@ -244,7 +247,7 @@ def write_cached(path: Path, what: str, produce: Callable[[Path], dict[str, Any]
                 **produce(tmp),
                 "file_bytes": tmp.stat().st_size,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                "versions": _versions(),
+                "versions": tool_versions(),
             }
             side_tmp = tmp.with_suffix(".json.tmp")
             side_tmp.write_text(json.dumps(info, indent=2, sort_keys=True))
@@ -260,7 +263,6 @@ def write_cached(path: Path, what: str, produce: Callable[[Path], dict[str, Any]
 
 def _with_progress(fn: Any, label: str) -> Any:
     def run(*args: Any, **kwargs: Any) -> Any:
-        from graph_autofusion.report import progress
 
         with progress.task(label):
             return fn(*args, **kwargs)
@@ -289,7 +291,7 @@ def export_onnx(name: str, exporter: str = "dynamo", *, seq_len: int = 16) -> Pa
         fn = _export_dynamo if exporter == "dynamo" else _export_torchscript
         fn = _with_progress(fn, f"export {name} ({exporter})")
         start = time.perf_counter()
-        with _quiet(), torch.no_grad():
+        with quiet(), torch.no_grad():
             opset = fn(name, module, inputs, tmp, dyn)
         return {
             "name": name,
@@ -330,7 +332,6 @@ def ort_outputs(
     ``feeds`` may hold more arrays than the model takes: only its inputs are passed.
     ``threads``: intra-op threads (inter-op 1); onnxruntime's defaults when ``None``.
     """
-    from graph_autofusion.runtime.ort_session import ort_session
 
     # threads 0 and spinning workers: onnxruntime's defaults
     sess = ort_session(model, "all", threads if threads is not None else 0, spinning=True)
@@ -344,7 +345,6 @@ def minilm_onnx_embeddings(
 ) -> np.ndarray:
     """MiniLM sentence embeddings (mean pooling, L2 norm) of ``sentences`` computed with an ONNX
     export of MiniLM (``model`` as in :func:`ort_outputs`) in onnxruntime, 2 threads."""
-    from graph_autofusion.testing.builders import minilm_sentence_embeddings, minilm_tokenize
 
     enc = minilm_tokenize(list(sentences), seq_len=seq_len)
     feeds = {k: v.numpy() for k, v in enc.items()}

@@ -22,8 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from graph_autofusion.codegen.reference import bf16_round
 from graph_autofusion.ir.core import Graph, Model, Value
 from graph_autofusion.ir.dtypes import DType
+from graph_autofusion.runtime.torch_runtime import infer_shapes
 
 
 class Chooser:
@@ -95,7 +97,6 @@ def _operand_shape(c: Chooser, full: tuple[int, ...], axes: list[int] | None) ->
 
 def random_group(c: Chooser, *, name: str = "g", max_ops: int = 12) -> RandomGroup:
     """One random fused group (see the module docstring)."""
-    from graph_autofusion.codegen.reference import bf16_round
 
     rank = c.int(1, 4)
     full = tuple(c.choice([1, 2, 3, 5, 8, 16, 33]) for _ in range(rank))
@@ -212,7 +213,6 @@ def random_group(c: Chooser, *, name: str = "g", max_ops: int = 12) -> RandomGro
     outputs = [cur]
     g.set_outputs(outputs)
     model = Model(g, {"": 20})
-    from graph_autofusion.runtime.torch_runtime import infer_shapes
 
     infer_shapes(model)
     outputs = [cur]

@@ -183,11 +183,11 @@ class _Builder:
         return self.add(y, v.shape, 1.0)
 
 
-def _size(shape: tuple[int, ...]) -> int:
+def tensor_size(shape: tuple[int, ...]) -> int:
     return int(np.prod(shape)) if shape else 1
 
 
-def _bcast_shape(c: Chooser, shape: tuple[int, ...]) -> tuple[int, ...]:
+def bcast_shape(c: Chooser, shape: tuple[int, ...]) -> tuple[int, ...]:
     """A shape broadcasting to ``shape``: a suffix of it with some dims set to 1."""
     k = c.int(0, len(shape))
     tail = [1 if c.flag(0.3) else d for d in shape[len(shape) - k :]]
@@ -204,13 +204,13 @@ def build_graph(c: Chooser, *, seed: int | None = None) -> FuzzGraph:
     b = _Builder(c, dtype, symbolic)
     rank = c.int(2, 4)
     shape = tuple(c.choice(DIMS) for _ in range(rank))
-    while _size(shape) > MAX_ELEMENTS // 4:
+    while tensor_size(shape) > MAX_ELEMENTS // 4:
         shape = tuple(max(1, d // 2) for d in shape)
     if c.flag(0.6) and shape[-1] < 4:  # norms and contractions read a real last axis
         shape = (*shape[:-1], c.choice((4, 8, 16)))
     b.input(shape)
     if c.flag(0.5):
-        b.input(shape if c.flag(0.6) else _bcast_shape(c, shape) or (1,))
+        b.input(shape if c.flag(0.6) else bcast_shape(c, shape) or (1,))
     target = c.int(5, 40)
     steps = fuzz_ops.steps_for(dtype)
     names, weights = zip(*steps)

@@ -39,7 +39,22 @@ from typing import Any
 
 import numpy as np
 
+from graph_autofusion.codegen.ort_customop import library_ops
+from graph_autofusion.cost.hardware import load_profile
 from graph_autofusion.errors import GraphAutoFusionError
+from graph_autofusion.frontend.onnx_frontend import load_onnx, to_onnx
+from graph_autofusion.ir.verify import verify_problems
+from graph_autofusion.options import FuseOptions
+from graph_autofusion.patterns.candidates import match_rules
+from graph_autofusion.patterns.clustering import cluster
+from graph_autofusion.patterns.library import builtin_rules
+from graph_autofusion.patterns.pairs import operator_pairs
+from graph_autofusion.pipeline import _e2e_passed, fuse_model, plan_for_target
+from graph_autofusion.pipeline.cpu import fuse_model_cpu
+from graph_autofusion.planner.analysis import nodes_of
+from graph_autofusion.planner.plan import STRATEGIES
+from graph_autofusion.runtime.interpreter import run_model
+from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.testing.fuzz import FuzzGraph, random_graph
 
 PROFILE = "x86_avx2"  # fixed: ``host`` is calibrated per machine
@@ -47,7 +62,6 @@ _CACHE: dict[str, Any] = {}
 
 
 def _profile() -> Any:
-    from graph_autofusion.cost.hardware import load_profile
 
     if "profile" not in _CACHE:
         _CACHE["profile"] = load_profile(PROFILE)
@@ -55,7 +69,6 @@ def _profile() -> Any:
 
 
 def _rules() -> Any:
-    from graph_autofusion.patterns.library import builtin_rules
 
     if "rules" not in _CACHE:
         _CACHE["rules"] = builtin_rules().preset("all")
@@ -146,7 +159,6 @@ def _np(v: Any) -> Any:
 
 
 def _ort_run(proto: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    from graph_autofusion.runtime.ort_session import ort_session
 
     sess = ort_session(proto, "disable", threads=1)
     names = {i.name for i in sess.get_inputs()}
@@ -254,9 +266,6 @@ def run_graph(
     """Run the pipeline on the graph of ``seed`` (or ``graph``) and check the invariants."""
     import onnx
 
-    from graph_autofusion.frontend.onnx_frontend import load_onnx
-    from graph_autofusion.runtime.interpreter import run_model
-
     g = graph if graph is not None else random_graph(seed)
     seed = g.seed if seed is None else seed
     report = GraphReport(seed, g)
@@ -302,7 +311,6 @@ def run_graph(
 
 
 def _strategy(seed: int | None) -> str:
-    from graph_autofusion.planner.plan import STRATEGIES
 
     return STRATEGIES[(seed or 0) % len(STRATEGIES)]
 
@@ -325,9 +333,6 @@ class _Ctx:
         return _rules()
 
     def candidates(self) -> None:
-        from graph_autofusion.patterns.candidates import match_rules
-        from graph_autofusion.patterns.clustering import cluster
-        from graph_autofusion.patterns.pairs import operator_pairs
 
         graph = self.model.graph
         match_rules(graph, self.rules())
@@ -335,9 +340,6 @@ class _Ctx:
         operator_pairs(graph)
 
     def plans(self) -> None:
-        from graph_autofusion.options import FuseOptions
-        from graph_autofusion.pipeline import plan_for_target
-        from graph_autofusion.planner.plan import STRATEGIES
 
         # every strategy for the cpu target (rule matches and clusters: a superset of the
         # onnxruntime target's candidates), the seed's strategy for onnxruntime
@@ -359,10 +361,6 @@ class _Ctx:
         not run generated custom operators (``ai.graph_autofusion``): onnxruntime does."""
         import onnx
 
-        from graph_autofusion.frontend.onnx_frontend import to_onnx
-        from graph_autofusion.ir.verify import verify_problems
-        from graph_autofusion.runtime.interpreter import run_model
-
         problems = verify_problems(fused.graph)
         if problems:
             self.run.fail("ir_verify", stage, "; ".join(problems[:3]))
@@ -373,7 +371,6 @@ class _Ctx:
         except Exception as exc:  # noqa: BLE001
             self.run.fail("onnx_checker", stage, str(exc)[:300])
         dtype = self.g.dtype
-        from graph_autofusion.codegen.ort_customop import library_ops
 
         custom = bool(library_ops(fused))  # also inside If branches (the Gemv lowering)
         got = None
@@ -403,8 +400,6 @@ class _Ctx:
                     self.run.fail("cpu_program", stage, problem)
 
     def fuse_ort(self, strategy: str, *, safe_mode: bool, custom: bool = False) -> None:
-        from graph_autofusion.options import FuseOptions
-        from graph_autofusion.pipeline import fuse_model
 
         stage = "ort_kernels" if custom else "ort_safe" if safe_mode else "ort"
         opts = FuseOptions(
@@ -422,8 +417,6 @@ class _Ctx:
                 self.run.fail("safe", stage, "end to end failed but fusions were kept")
 
     def fuse_cpu(self, strategy: str, backend: str, *, safe_mode: bool) -> None:
-        from graph_autofusion.options import FuseOptions
-        from graph_autofusion.pipeline.cpu import fuse_model_cpu
 
         stage = "cpu_safe" if safe_mode else "cpu"
         opts = FuseOptions(
@@ -440,12 +433,10 @@ class _Ctx:
 
 
 def _group_nodes(payload: Any) -> list[Any]:
-    from graph_autofusion.planner.analysis import _nodes_of
 
-    return list(_nodes_of(payload))
+    return list(nodes_of(payload))
 
 
 def _passed(e2e: Mapping[str, Any]) -> bool:
-    from graph_autofusion.pipeline import _e2e_passed
 
     return _e2e_passed(e2e)

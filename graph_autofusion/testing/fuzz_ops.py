@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto, helper
 
-from graph_autofusion.testing.fuzz import DIMS, MAX_ELEMENTS, _bcast_shape, _size
+from graph_autofusion.testing.fuzz import DIMS, MAX_ELEMENTS, bcast_shape, tensor_size
 
 B = Any  # the builder (kept untyped: a private record of fuzz.py)
 
@@ -105,7 +105,7 @@ def binary(b: B) -> None:
     if other is not None:
         y_name, y_mag = b.tame(other).name, b.tame(other).mag
     else:
-        shape = _bcast_shape(b.c, x.shape)
+        shape = bcast_shape(b.c, x.shape)
         if b.symbolic and shape and len(shape) == len(x.shape):  # no constant dim vs ``batch``
             shape = (1, *shape[1:])
         if b.compute == "int64":
@@ -131,7 +131,7 @@ def cast_int(b: B) -> None:
     x = _x(b)
     if x is None or not _float(b):
         return
-    shape = _bcast_shape(b.c, x.shape)  # may be 0-d: a (1,) would raise a 0-d x's rank
+    shape = bcast_shape(b.c, x.shape)  # may be 0-d: a (1,) would raise a 0-d x's rank
     i = b.input(shape, "int64")
     b.pool.remove(i)
     to = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
@@ -155,7 +155,7 @@ def reduce(b: B) -> None:
     if b.c.flag(0.5):
         axes = [rank - 1]
     keep = b.c.int(0, 1)
-    n = _size(tuple(x.shape[a] for a in axes))
+    n = tensor_size(tuple(x.shape[a] for a in axes))
     mag = {"ReduceSum": x.mag * n, "ReduceL2": x.mag * math.sqrt(n)}.get(op, x.mag)
     mag = x.mag * x.mag * n if op == "ReduceSumSquare" else mag
     if b.compute == "int64" and mag > _INT_LIMIT:
@@ -206,7 +206,7 @@ def concat(b: B) -> None:
     same = [v for v in b.pool if v.dtype == b.compute and v.shape == x.shape and v is not x]
     other = b.c.choice(same) if same and b.c.flag(0.7) else x
     shape = tuple(d * 2 if i == axis else d for i, d in enumerate(x.shape))
-    if _size(shape) > MAX_ELEMENTS:
+    if tensor_size(shape) > MAX_ELEMENTS:
         return
     (y,) = b.node("Concat", [x.name, other.name], axis=axis - len(x.shape) * b.c.int(0, 1))
     b.add(y, shape, max(x.mag, other.mag))
@@ -248,7 +248,7 @@ def expand(b: B) -> None:
     if x is None:
         return
     shape = tuple(b.c.choice(DIMS[1:5]) if d == 1 and b.c.flag(0.7) else d for d in x.shape)
-    if _size(shape) > MAX_ELEMENTS or shape == x.shape:
+    if tensor_size(shape) > MAX_ELEMENTS or shape == x.shape:
         return
     (y,) = b.node("Expand", [x.name, b.ints(list(shape))])
     b.add(y, shape, x.mag)
@@ -282,7 +282,7 @@ def matmul(b: B) -> None:
     k = x.shape[-1]
     if b.c.flag(0.3) and len(x.shape) >= 2:  # two graph values: x @ y^T
         y = b.pick(lambda v: v.shape == x.shape)
-        if y is not None and _size((*x.shape, x.shape[-2])) <= MAX_ELEMENTS:
+        if y is not None and tensor_size((*x.shape, x.shape[-2])) <= MAX_ELEMENTS:
             y = b.tame(y)
             perm = [*range(len(x.shape) - 2), len(x.shape) - 1, len(x.shape) - 2]
             (t,) = b.node("Transpose", [y.name], perm=perm)
@@ -326,7 +326,7 @@ def conv(b: B) -> None:
         return
     cin, cout, ksz = x.shape[1], b.c.choice([2, 4, 8]), b.c.choice([1, 3])
     shape = (x.shape[0], cout, x.shape[2], x.shape[3])
-    if _size(shape) > MAX_ELEMENTS:
+    if tensor_size(shape) > MAX_ELEMENTS:
         return
     w = b.weights((cout, cin, ksz, ksz), 1.0 / math.sqrt(cin * ksz * ksz))
     ins = [x.name, w] + ([b.weights((cout,), 0.5)] if b.c.flag(0.6) else [])

@@ -45,9 +45,9 @@ from graph_autofusion.testing.builders import build_model
 from graph_autofusion.testing.export import (
     EXPORTERS,
     TORCHSCRIPT_OPSET,
-    _quiet,
-    _versions,
     cache_dir,
+    quiet,
+    tool_versions,
     write_cached,
 )
 from graph_autofusion.testing.specs import config_fingerprint, hf_config
@@ -231,7 +231,7 @@ def decoder_export_path(name: str, exporter: str = "dynamo", *, small: bool = Fa
     key = json.dumps(
         {
             "fp": fingerprint,
-            "versions": _versions(),
+            "versions": tool_versions(),
             "opset": TORCHSCRIPT_OPSET,
             "kv": KV_VERSION,
             "trace": [TRACE_PAST, TRACE_SEQ],
@@ -302,7 +302,7 @@ def export_decoder(name: str, exporter: str = "dynamo", *, small: bool = False) 
         module = KVDecoder(decoder_module(name, small=small)).eval()
         args = _trace_inputs(name, small)
         start = time.perf_counter()
-        with _quiet(), torch.no_grad():
+        with quiet(), torch.no_grad():
             opset = _export(name, exporter, module, args, tmp, small)
         return {
             "name": name,

@@ -36,7 +36,7 @@ from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.testing.builders import build_model
-from graph_autofusion.testing.export import _locked, _quiet, _versions, cache_dir
+from graph_autofusion.testing.export import cache_dir, export_lock, quiet, tool_versions
 from graph_autofusion.testing.specs import config_fingerprint, model_spec
 
 __all__ = ["LEGACY_OPSET", "LEGACY_VERSION", "legacy_form", "legacy_resnet50_bn"]
@@ -50,7 +50,7 @@ LEGACY_VERSION = 1
 def legacy_path() -> Path:
     """Where :func:`legacy_resnet50_bn` caches its file (it may not exist yet)."""
     key = json.dumps(
-        {"fp": config_fingerprint("resnet50_bn"), "versions": _versions(), "v": LEGACY_VERSION},
+        {"fp": config_fingerprint("resnet50_bn"), "versions": tool_versions(), "v": LEGACY_VERSION},
         sort_keys=True,
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
@@ -67,7 +67,7 @@ def legacy_resnet50_bn() -> Path:
     path = legacy_path()
     if path.is_file():
         return path
-    with _locked(path):
+    with export_lock(path):
         if path.is_file():
             return path
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
@@ -93,7 +93,7 @@ def _export_opset9() -> ModelProto:
                 m.running_var.fill_(float(m.running_var.mean()))
     tmp = cache_dir() / f".legacy-export-{os.getpid()}-{uuid.uuid4().hex[:8]}.onnx"
     try:
-        with _quiet(), torch.no_grad():
+        with quiet(), torch.no_grad():
             torch.onnx.export(
                 module,
                 tuple(inputs[n] for n in spec.input_names),

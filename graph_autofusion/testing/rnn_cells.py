@@ -96,10 +96,10 @@ def cell_model(module: nn.Module, args: tuple[torch.Tensor, ...], source: str, d
 
         return from_torch(module, args, {})
     from graph_autofusion.frontend.onnx_frontend import load_onnx
-    from graph_autofusion.testing.export import TORCHSCRIPT_OPSET, _quiet
+    from graph_autofusion.testing.export import TORCHSCRIPT_OPSET, quiet
 
     path = Path(directory) / f"{type(module).__name__}-{source}.onnx"
-    with _quiet(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+    with quiet(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         with torch.no_grad():
             if source == "dynamo":

@@ -18,13 +18,18 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from graph_autofusion.frontend.onnx_frontend import load_onnx
+from graph_autofusion.frontend.torch_frontend import from_torch
 from graph_autofusion.ir.core import Graph, Model
 from graph_autofusion.ir.text import parse_model
 from graph_autofusion.ir.verify import verify
 from graph_autofusion.patterns.candidates import apply_matches, match_rules
+from graph_autofusion.patterns.library import builtin_rules
 from graph_autofusion.patterns.rewrite import FUSED_DOMAIN
 from graph_autofusion.patterns.rules import FusionRule, RuleSet
 from graph_autofusion.runtime.interpreter import run_model
+from graph_autofusion.runtime.ort_session import ort_session
+from graph_autofusion.testing import build_model, example_feeds, export_onnx
 
 
 def random_feeds(graph: Graph, seed: int = 0, *, int_high: int = 8) -> dict[str, np.ndarray]:
@@ -127,13 +132,8 @@ def zoo_model(name: str, source: str) -> Model:
     ``source`` is an exporter (the cached ONNX file is loaded) or ``torch`` (``from_torch``).
     """
     if source == "torch":
-        from graph_autofusion.frontend.torch_frontend import from_torch
-        from graph_autofusion.testing import build_model
-
         module, inputs = build_model(name)
         return from_torch(module, (), dict(inputs))
-    from graph_autofusion.frontend.onnx_frontend import load_onnx
-    from graph_autofusion.testing import export_onnx
 
     return load_onnx(export_onnx(name, source))
 
@@ -150,10 +150,6 @@ def zoo_native_rewrite(
 ) -> dict[str, int]:
     """Rewrite a zoo ONNX export with ``rule_names`` (native forms), check that onnxruntime
     gives the original's outputs, and return the rewritten graph's operator histogram."""
-    from graph_autofusion.frontend.onnx_frontend import load_onnx
-    from graph_autofusion.patterns.library import builtin_rules
-    from graph_autofusion.runtime.ort_session import ort_session
-    from graph_autofusion.testing import example_feeds, export_onnx
 
     original = load_onnx(export_onnx(name, source))
     model = load_onnx(export_onnx(name, source))
@@ -180,7 +176,6 @@ def native_runs_in_onnxruntime(
     """Rewrite ``text`` with ``rule``'s native form, check that ``expect_op`` appears, and that
     onnxruntime (contrib-operator conventions) computes what the reference interpreter computes
     on the original graph."""
-    from graph_autofusion.runtime.ort_session import ort_session
 
     model = parse_model(text)
     feeds = random_feeds(model.graph, 0)

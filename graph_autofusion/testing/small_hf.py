@@ -25,7 +25,7 @@ import torch
 import transformers
 
 from graph_autofusion.errors import GraphAutoFusionError
-from graph_autofusion.testing.export import _quiet
+from graph_autofusion.testing.export import quiet
 
 SEQ = 12
 
@@ -238,7 +238,7 @@ def _export_seeded(name: str, exporter: str, path: str) -> tuple[dict[str, np.nd
     try:
         # the zoo exporter's silencing (warnings, noisy loggers, stdout), and stderr: the
         # TorchScript exporter prints its whole IR there when it fails
-        with _quiet(), contextlib.redirect_stderr(io.StringIO()):
+        with quiet(), contextlib.redirect_stderr(io.StringIO()):
             if exporter == "dynamo":
                 torch.onnx.export(
                     wrapped, args, path, dynamo=True, input_names=names, output_names=["out"]

@@ -27,6 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from graph_autofusion.ir.dtypes import DType
+from graph_autofusion.verify.compare import compare_tensors
+
 __all__ = ["FloatCheckReport", "GroupDrift", "float_check"]
 
 
@@ -88,8 +91,6 @@ class FloatCheckReport:
 
 
 def _precision(model: Any) -> str:
-    from graph_autofusion.ir.dtypes import DType
-
     kinds = {
         v.dtype
         for v in model.graph.values()
@@ -110,8 +111,8 @@ def _widen(feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
 def float_check(result: Any, feeds: Mapping[str, Any] | None = None) -> FloatCheckReport:
     """The drift of each fused group of ``result`` (a ``FuseResult``; see the module
     docstring). ``feeds``: the inputs (default: the ones the fuse run used)."""
+    # onnx and onnxruntime (optional, heavy) load with these
     from graph_autofusion.frontend.onnx_frontend import to_onnx
-    from graph_autofusion.verify.compare import compare_tensors
     from graph_autofusion.verify.fp16 import to_fp32
     from graph_autofusion.verify.subgraph import capture_activations, capture_proto
 

@@ -13,7 +13,8 @@ from onnx import TensorProto, numpy_helper
 
 from graph_autofusion.ir.core import Model
 from graph_autofusion.ir.dtypes import DType
-from graph_autofusion.verify.subgraph import _flat_ops, _run, _session
+from graph_autofusion.runtime.ort_session import ort_session
+from graph_autofusion.verify.subgraph import flat_ops, run_session
 
 FP16_MAX = 65504.0
 #: Ops whose onnxruntime kernels accumulate in float32 even on float16 tensors.
@@ -80,10 +81,10 @@ def fp16_analysis(
     upcasts = any(
         (op == "Cast" and attrs.get("to") in (TensorProto.FLOAT, TensorProto.DOUBLE))
         or op in FP32_ACCUMULATING
-        for _, op, attrs in _flat_ops(fused, record.new_nodes)
+        for _, op, attrs in flat_ops(fused, record.new_nodes)
     )
     feeds32 = {k: (v.astype(np.float32) if v.dtype == np.float16 else v) for k, v in feeds.items()}
-    ref = _run(_session(to_fp32(orig_proto)), feeds32)
+    ref = run_session(ort_session(to_fp32(orig_proto)), feeds32)
     if fp16_fused and not upcasts:  # the fused op holds every intermediate in float16
         checked = [*record.outputs, *internal]
         where = "the fused operator computes in float16"

@@ -29,8 +29,12 @@ from typing import Any
 
 import numpy as np
 
+from graph_autofusion.errors import SampleInputError
 from graph_autofusion.ir.core import Model, Node, Value
 from graph_autofusion.ir.dtypes import DType
+from graph_autofusion.verify import kv_inputs
+from graph_autofusion.verify import sample_inputs as si
+from graph_autofusion.verify.sample_inputs import check_input_size, source_of
 
 _PASS_THROUGH = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand"}
 
@@ -44,8 +48,6 @@ def generate_inputs(
     vocab_size: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Seeded sample feeds for every graph input of ``model`` (initializers excluded)."""
-    from graph_autofusion.verify import kv_inputs
-    from graph_autofusion.verify import sample_inputs as si
 
     rng = np.random.default_rng(seed)
     graph = model.graph
@@ -94,9 +96,7 @@ def _non_tensor(
     model: Model, v: Value, raw: Any, rng: np.random.Generator, batch: int, seq_len: int
 ) -> Any:
     """Two tensors for a sequence-of-tensors input; any other non-tensor type is refused."""
-    from graph_autofusion.errors import SampleInputError
     from graph_autofusion.frontend.onnx_types import dtype_of, shape_of
-    from graph_autofusion.verify.sample_inputs import check_input_size, source_of
 
     kind = raw.WhichOneof("value")
     elem = raw.sequence_type.elem_type if kind == "sequence_type" else None

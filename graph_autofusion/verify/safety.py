@@ -39,6 +39,7 @@ import numpy as np
 from graph_autofusion import defaults, reasons
 from graph_autofusion.ir.core import Model, Node, Value
 from graph_autofusion.patterns.matcher import const_value
+from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.runtime.timing import Timer, current_timer
 from graph_autofusion.verify.compare import compare_tensors
 from graph_autofusion.verify.fp16 import FP16_MAX, fp16_analysis
@@ -46,9 +47,8 @@ from graph_autofusion.verify.inputs import generate_inputs
 from graph_autofusion.verify.signature import Repeats, fusion_signature
 from graph_autofusion.verify.subgraph import (
     SafetyCheckError,
-    _run,
-    _session,
     capture_activations,
+    run_session,
     subgraph_model,
 )
 
@@ -213,8 +213,8 @@ def _speed(
     # run that the small unfused operators, each below the pool's cut-off, do not, and
     # an isolated fused RMSNorm at 16 x 512 times 17 us against 11 us unfused (9 us
     # fused with spinning). Only these two sessions run while they are timed.
-    a = _session(timed_orig, ort_level, threads, spinning=True)
-    b = _session(fused_proto, ort_level, threads, spinning=True)
+    a = ort_session(timed_orig, ort_level, threads, spinning=True)
+    b = ort_session(fused_proto, ort_level, threads, spinning=True)
     fa, fb = _feeds_for(a, feeds), _feeds_for(b, feeds)
 
     def clear(ta: list, tb: list) -> bool:
@@ -342,8 +342,8 @@ def check_fusion(
         fused_proto = subgraph_model(
             fused, record.new_nodes, record.inputs, record.outputs, arrays=activations
         )
-        orig_sess = _session(orig_proto, "disable", threads)
-        fused_sess = _session(fused_proto, "disable", threads)
+        orig_sess = ort_session(orig_proto, "disable", threads)
+        fused_sess = ort_session(fused_proto, "disable", threads)
         wanted = [i.name for s in (orig_sess, fused_sess) for i in s.get_inputs()]
         feeds = {k: np.asarray(activations[k]) for k in wanted if k in activations}
         missing = [k for k in wanted if k not in feeds]
@@ -351,8 +351,8 @@ def check_fusion(
             return fail(
                 reasons.ERROR, f"activations not captured: %{', %'.join(sorted(set(missing)))}"
             )
-        ref = _run(orig_sess, feeds)
-        got = _run(fused_sess, feeds)
+        ref = run_session(orig_sess, feeds)
+        got = run_session(fused_sess, feeds)
     except Exception as exc:  # a subgraph ORT rejects is a fusion we cannot vouch for
         return fail(reasons.ERROR, f"{type(exc).__name__}: {exc}")
 
@@ -396,7 +396,7 @@ def check_fusion(
         cosines = []
         for _ in range(mc_samples):
             pert = {k: a if k in fixed else _perturb(a, rng, mc_scale) for k, a in feeds.items()}
-            o, f = _run(orig_sess, pert), _run(fused_sess, pert)
+            o, f = run_session(orig_sess, pert), run_session(fused_sess, pert)
             cosines.append(min(compare_tensors(f[k], o[k])["cosine"] for k in record.outputs))
         res.mc_spread = float(max(cosines) - min(cosines))
         res.details["mc_cosines"] = cosines
@@ -449,9 +449,9 @@ def end_to_end(
         Output name -> ``{"cosine", "max_abs", "max_rel", "passed"}``; an output the fused
         model lacks is reported with cosine 0 and ``passed=False``.
     """
-    a = _session(original_path_or_proto, "disable", threads, lean=True)
-    b = _session(fused_proto, "disable", threads, lean=True)
-    return compare_outputs(_run(a, feeds), _run(b, feeds), cosine_floor=cosine_floor)
+    a = ort_session(original_path_or_proto, "disable", threads, lean=True)
+    b = ort_session(fused_proto, "disable", threads, lean=True)
+    return compare_outputs(run_session(a, feeds), run_session(b, feeds), cosine_floor=cosine_floor)
 
 
 def compare_outputs(

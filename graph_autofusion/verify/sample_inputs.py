@@ -29,6 +29,7 @@ import numpy as np
 
 from graph_autofusion.errors import SampleInputError
 from graph_autofusion.ir.core import Model, Node, Value
+from graph_autofusion.verify import kv_inputs
 
 #: One sample input larger than this is refused (an absurd declared dim, e.g. 2**40).
 MAX_INPUT_BYTES = 1 << 30
@@ -541,7 +542,6 @@ def derive_shape_inputs(
     was derived: input name -> ``"<op> 'node' <operand>"`` (or what a KV-cache decoder's input
     is). A KV-cache decoder whose relations cannot be derived adds a note to ``feeds.notes``
     (:class:`SampleInputs`)."""
-    from graph_autofusion.verify import kv_inputs
 
     derived: dict[str, str] = {}
     kv = kv_inputs.plan(model)

@@ -16,7 +16,7 @@ from graph_autofusion.frontend.onnx_export import node_to_proto
 from graph_autofusion.frontend.onnx_frontend import to_onnx
 from graph_autofusion.frontend.onnx_types import make_value_info, tensor_for_value
 from graph_autofusion.ir.core import Model, Node, Value
-from graph_autofusion.runtime.ort_session import _LEVELS, ort_session  # noqa: F401
+from graph_autofusion.runtime.ort_session import model_weights, ort_session
 
 
 class SafetyCheckError(GraphAutoFusionError, RuntimeError):
@@ -24,11 +24,7 @@ class SafetyCheckError(GraphAutoFusionError, RuntimeError):
 
 
 # ----------------------------------------------------------------------------- ORT plumbing
-#: Public name: an onnxruntime CPU session (``level``: disable, basic, extended, all).
-_session = ort_session
-
-
-def _run(
+def run_session(
     sess: Any, arrays: Mapping[str, np.ndarray], *, quiet: bool = False
 ) -> dict[str, np.ndarray]:
     """Run ``sess`` on the arrays it takes. ``quiet``: a failure is expected to be possible
@@ -60,7 +56,6 @@ def capture_activations(
         graph outputs. Intermediates are added untyped (onnxruntime infers their types), so
         values the IR has no type for are captured too.
     """
-    from graph_autofusion.runtime.ort_session import model_weights
 
     arrays = model_weights(model)
     proto = to_onnx(model, without_data=set(arrays))
@@ -83,10 +78,10 @@ def capture_proto(
             if name and name not in taken:
                 proto.graph.output.append(onnx.ValueInfoProto(name=name))
                 taken.add(name)
-    sess = _session(proto, "disable", threads, lean=True, in_place=in_place)
+    sess = ort_session(proto, "disable", threads, lean=True, in_place=in_place)
     given = {i.name for i in sess.get_inputs()}
     out = {k: np.asarray(v) for k, v in feeds.items() if k in given}
-    out.update(_run(sess, feeds, quiet=True))  # a failure is the caller's one clear error
+    out.update(run_session(sess, feeds, quiet=True))  # a failure is the caller's one clear error
     return out
 
 
@@ -163,7 +158,7 @@ def _called_functions(model: Model, nodes: Sequence[Node]) -> list[Any]:
     return list(found.values())
 
 
-def _flat_ops(model: Model, nodes: Sequence[Node]) -> list[tuple[str, str, dict[str, Any]]]:
+def flat_ops(model: Model, nodes: Sequence[Node]) -> list[tuple[str, str, dict[str, Any]]]:
     """(domain, op_type, attrs) of ``nodes`` and of every node inside the functions they call."""
     out = [(n.domain, n.op_type, dict(n.attrs)) for n in nodes]
     for fn in _called_functions(model, nodes):

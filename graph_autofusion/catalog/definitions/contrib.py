@@ -13,7 +13,7 @@ from graph_autofusion.catalog.definitions._util import (
     per_element,
     upcast,
 )
-from graph_autofusion.catalog.definitions.conv import _conv_params, conv_flops, conv_nd
+from graph_autofusion.catalog.definitions.conv import conv_flops, conv_nd, conv_params
 from graph_autofusion.catalog.definitions.elementwise import gelu, sigmoid
 from graph_autofusion.catalog.definitions.nn import gemm, gemm_flops, matmul_flops
 from graph_autofusion.catalog.registry import FusionKind, OpContext, op
@@ -153,7 +153,7 @@ def fused_gemm(ctx: OpContext, a: np.ndarray, b: np.ndarray, c: np.ndarray | Non
 @upcast
 def fused_conv(ctx: OpContext, x, w, b=None, z=None):
     """Conv (+ Z) followed by ``activation`` with ``activation_params``."""
-    strides, dil, pads = _conv_params(ctx, x, w)
+    strides, dil, pads = conv_params(ctx, x, w)
     y = conv_nd(x, w, b, strides, dil, pads, int(ctx.attr("group", 1)))
     if z is not None:
         y = y + z

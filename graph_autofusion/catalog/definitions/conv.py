@@ -98,7 +98,7 @@ def conv_flops(node: Node) -> int | None:
     return 2 * n * int(w[1]) * int(np.prod(w[2:], dtype=np.int64))
 
 
-def _conv_params(ctx: OpContext, x: np.ndarray, w: np.ndarray) -> tuple[list[int], ...]:
+def conv_params(ctx: OpContext, x: np.ndarray, w: np.ndarray) -> tuple[list[int], ...]:
     nd = w.ndim - 2
     kernel = attr_ints(ctx, "kernel_shape") or list(w.shape[2:])
     strides = attr_ints(ctx, "strides", [1] * nd) or [1] * nd
@@ -111,7 +111,7 @@ def _conv_params(ctx: OpContext, x: np.ndarray, w: np.ndarray) -> tuple[list[int
 @upcast
 def conv(ctx: OpContext, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
     """N-D convolution (NCHW, weights M x C/group x k...), pads/strides/dilations/group."""
-    strides, dil, pads = _conv_params(ctx, x, w)
+    strides, dil, pads = conv_params(ctx, x, w)
     return conv_nd(x, w, b, strides, dil, pads, int(ctx.attr("group", 1)))
 
 

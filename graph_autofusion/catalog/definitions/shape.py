@@ -9,6 +9,7 @@ from graph_autofusion.catalog.definitions._util import (
     attr_str,
     attr_tensor,
     axes_of,
+    dtype_attr,
     norm_axis,
     zero_flops,
 )
@@ -224,7 +225,6 @@ def range_(ctx: OpContext, start: np.ndarray, limit: np.ndarray, delta: np.ndarr
 def eye_like(ctx: OpContext, x: np.ndarray) -> np.ndarray:
     """2-D identity-like matrix of ``x``'s shape, diagonal offset ``k``."""
     dt = ctx.attr("dtype", None)
-    from graph_autofusion.catalog.definitions._util import dtype_attr
 
     dtype = x.dtype if dt is None else dtype_attr(dt)
     return np.eye(x.shape[0], x.shape[1], int(ctx.attr("k", 0)), dtype=dtype)

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from graph_autofusion.codegen.opset_upgrade import ATTENTION_OPSET, upgrade_opset, upgrade_problem
 from graph_autofusion.ir.core import Value, producer_of
 from graph_autofusion.ir.dtypes import DType
+from graph_autofusion.ir.opset_upgrade import ATTENTION_OPSET, upgrade_opset, upgrade_problem
 from graph_autofusion.patterns.library._norm_common import reduce_axes
 from graph_autofusion.patterns.rewrite import RewriteContext, RewriteError
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from graph_autofusion.ir.core import Node, Value
+from graph_autofusion.ir.dtypes import DType
 from graph_autofusion.patterns.matcher import const_value
 from graph_autofusion.patterns.pattern import MatchContext, Pattern, PatternBuilder
 from graph_autofusion.patterns.rewrite import RewriteContext, RewriteError
@@ -165,7 +166,6 @@ def outputs_unread(node: Node, first: int, why: str) -> None:
 def casts_widen(ctx: RewriteContext) -> None:
     """Decline when the optional input Cast (label ``cast_in``) narrows the computation: the
     native ops compute in float32, so only a no-op Cast or one to float32 is exact."""
-    from graph_autofusion.ir.dtypes import DType
 
     node = ctx.match.labels.get("cast_in")
     if node is None:

@@ -11,7 +11,7 @@ float32: ``Cast(x)`` before, ``Cast`` back to the input type before the weight) 
 the match; an input Cast whose output is also read elsewhere stays outside. The weight is a
 1-D vector. Native form, when input, weight and output share one element type and the input
 Cast, if any, only widens to float32: the standard ``RMSNormalization`` of opset 23 when the
-model is at opset 23 or can be raised to it unchanged (``codegen/opset_upgrade``; onnxruntime's
+model is at opset 23 or can be raised to it unchanged (``ir/opset_upgrade``; onnxruntime's
 kernel is also ~3x faster than the skip form at 128x512); otherwise
 ``com.microsoft.SkipSimplifiedLayerNormalization(x, x, weight, epsilon=4 * eps)``, which is the
 same function (RMSNorm is scale invariant and both scalings are powers of two) and, unlike
@@ -21,7 +21,7 @@ onnxruntime's ``SimplifiedLayerNormalization`` (registered in the ONNX domain), 
 
 from __future__ import annotations
 
-from graph_autofusion.codegen.opset_upgrade import ATTENTION_OPSET, upgrade_opset, upgrade_problem
+from graph_autofusion.ir.opset_upgrade import ATTENTION_OPSET, upgrade_opset, upgrade_problem
 from graph_autofusion.patterns.library._norm_common import (
     bound,
     casts_widen,

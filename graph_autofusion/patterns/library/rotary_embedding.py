@@ -10,7 +10,7 @@ two equal halves. ``cos`` and ``sin`` (gathered and unsqueezed from cache tables
 are bound as variables; the rule is applied separately to q and to k.
 
 Native form: the standard ``RotaryEmbedding`` of opset 23 (after a checked opset upgrade, see
-``codegen/opset_upgrade``) without position ids, which takes ``[batch, seq, head / 2]`` tables.
+``ir/opset_upgrade``) without position ids, which takes ``[batch, seq, head / 2]`` tables.
 The full-width tables of the match are ``concat(t, t)`` (possibly through ``Cos``/``Sin``, a
 scalar scale, a Cast and the head-axis Unsqueeze), so their first half is the table; that is
 proved from the graph (or from the data of a constant table) before the lowering, which slices
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from graph_autofusion.codegen.opset_upgrade import ATTENTION_OPSET, upgrade_opset, upgrade_problem
 from graph_autofusion.ir.core import Node, Value
+from graph_autofusion.ir.opset_upgrade import ATTENTION_OPSET, upgrade_opset, upgrade_problem
 from graph_autofusion.patterns.library._norm_common import reduce_axes
 from graph_autofusion.patterns.matcher import const_value
 from graph_autofusion.patterns.pattern import MatchContext, Pattern, PatternBuilder
