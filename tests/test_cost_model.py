@@ -508,7 +508,7 @@ def test_measured_per_element_rate_prices_operators_apart():
     assert kernel_cost(sin, rated).compute_s == pytest.approx(256 * 1024 * 1.2e-9)
     assert kernel_cost(add, rated).compute_s == pytest.approx(256 * 1024 * 0.1e-9)
     # a fused kernel pays the same measured rates for its members
-    fused = cm._fused_kernel(cm.group_io([sin, add]), rated)[0]
+    fused = cm.fused_kernel(cm.group_io([sin, add]), rated)[0]
     assert fused.compute_s == pytest.approx(256 * 1024 * 1.3e-9)
 
 
@@ -552,7 +552,7 @@ def test_element_rate_follows_the_measured_size_curve():
     assert kernel_cost(small, p).compute_s == pytest.approx(t_small * 1e-9)
     assert kernel_cost(large, p).compute_s == pytest.approx(65536 * 0.12e-9)
     # the size a fused kernel is priced at is its largest output's
-    fused = cm._fused_kernel(cm.group_io([small]), p, native_op="Sigmoid")[0]
+    fused = cm.fused_kernel(cm.group_io([small]), p, native_op="Sigmoid")[0]
     assert fused.compute_s == pytest.approx(t_small * 1e-9)
 
 
@@ -673,7 +673,7 @@ def test_native_kernel_is_priced_at_its_largest_output():
     )
     small, large = nodes_of(model, "small", "large")
     for order in ([small, large], [large, small]):
-        fused = cm._fused_kernel(cm.group_io(order), p, native_op="QuickGelu")[0]
+        fused = cm.fused_kernel(cm.group_io(order), p, native_op="QuickGelu")[0]
         assert fused.compute_s == pytest.approx(65536 * 0.1e-9)
     # no size known: the flat rate, else the curve's largest size
     assert cm.element_rate_ns(p, "QuickGelu") == pytest.approx(0.1)
@@ -706,8 +706,8 @@ def test_cast_to_its_own_dtype_is_free_only_in_place():
     d = kernel_cost(convert, p)
     assert d.bytes == 64 * 1024 * (8 + 4) and d.time_s > d.overhead_s + 1e-6
     # inside a fused kernel a value-preserving cast costs nothing either way
-    alone = cm._fused_kernel(cm.group_io(nodes_of(model, "relu2")), p)[0]
-    with_cast = cm._fused_kernel(cm.group_io(nodes_of(model, "relu2", "lives")), p)[0]
+    alone = cm.fused_kernel(cm.group_io(nodes_of(model, "relu2")), p)[0]
+    with_cast = cm.fused_kernel(cm.group_io(nodes_of(model, "relu2", "lives")), p)[0]
     assert with_cast.compute_s == pytest.approx(alone.compute_s)
 
 
