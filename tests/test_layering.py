@@ -86,7 +86,7 @@ HEAVY = frozenset(
 EDGE_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("codegen", "runtime"): "codegen/gemv.py loads the GEMV library it compiles with "
     "runtime/shim.py's loader (the loading belongs in runtime/gemv.py)",
-    ("cost", "runtime"): "cost/calibrate.py measures the host through runtime/ort_session.py: "
+    ("cost", "runtime"): "cost/measure_ort.py measures the host through runtime/ort_session.py: "
     "calibration is a measuring tool above the cost model it writes profiles for",
     ("frontend", "patterns"): "frontend/onnx_legacy.py normalises shape programs with "
     "patterns/shape_folding.py's helpers (they belong in ir)",
@@ -135,7 +135,7 @@ FUNCTION_IMPORT_EXCEPTIONS: dict[str, str] = {
     "fuse_report",
     f"{PKG}.report.html_report": _CYCLE + "as report.fuse_report",
     f"{PKG}.cost.hardware": _CYCLE + "cost.calibrate (the host profile) imports cost.hardware",
-    f"{PKG}.cost.calibrate": "the upward import of EDGE_EXCEPTIONS (cost -> runtime)",
+    f"{PKG}.cost.measure_ort": "the upward import of EDGE_EXCEPTIONS (cost -> runtime)",
     f"{PKG}.codegen.gemv": "the upward import of EDGE_EXCEPTIONS (codegen -> runtime); its "
     "compiler import waits for the first GEMV build",
     f"{PKG}.frontend.onnx_legacy": "the cycle of EDGE_EXCEPTIONS (frontend <-> patterns)",

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from graph_autofusion.cli_args import check_output_path
-from graph_autofusion.cost.calibrate import calibrate_host
+from graph_autofusion.cost import calibrate
 from graph_autofusion.cost.hardware import (
     HOST,
     HardwareError,
@@ -90,7 +90,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         check_output_path(args.output, "hardware profile", make_folder=True)
     mode = "quick" if args.quick else "full"
     print(f"calibrating this machine ({mode} mode) ...", flush=True)
-    p = calibrate_host(quick=args.quick)
+    p = calibrate.calibrate_host(quick=args.quick)  # looked up per call (tests replace it)
     previous = _previous(out)
     save_profile(p, out)
     print("\n".join(p.summary_lines()))
