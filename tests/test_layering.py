@@ -94,8 +94,9 @@ EDGE_EXCEPTIONS: dict[tuple[str, str], str] = {
     "ONNX frontend (symbolic shape inference, function bodies)",
     ("planner", "codegen"): "planner/controls.py (keep_fp32) asks codegen/precision.py which "
     "float type a node computes in",
-    ("planner", "report"): "AnalysisReport.to_text/to_html delegate to report/, which renders it",
-    ("planner", "verify"): "planner/analysis.py's default_feeds builds sample inputs with "
+    ("planner", "report"): "AnalysisReport.to_text/to_html (planner/records.py) delegate to "
+    "report/, which renders it",
+    ("planner", "verify"): "planner/binding.py's default_feeds builds sample inputs with "
     "verify/sample_inputs.py; planner/controls.py reads verify/fp16.py's FP32_ACCUMULATING",
     ("torch_compile", "torch_module"): "the torch backend and the drop-in module call each "
     "other; both move onto the one pipeline (issue 23, another change)",
@@ -139,7 +140,8 @@ FUNCTION_IMPORT_EXCEPTIONS: dict[str, str] = {
     f"{PKG}.codegen.gemv": "the upward import of EDGE_EXCEPTIONS (codegen -> runtime); its "
     "compiler import waits for the first GEMV build",
     f"{PKG}.frontend.onnx_legacy": "the cycle of EDGE_EXCEPTIONS (frontend <-> patterns)",
-    f"{PKG}.planner.analysis": "the upward imports of EDGE_EXCEPTIONS (planner -> report, verify)",
+    f"{PKG}.planner.records": "the upward import of EDGE_EXCEPTIONS (planner -> report)",
+    f"{PKG}.planner.binding": "the upward import of EDGE_EXCEPTIONS (planner -> verify)",
     f"{PKG}.planner.controls": "the upward import of EDGE_EXCEPTIONS (planner -> codegen)",
 }
 
