@@ -1,0 +1,112 @@
+"""Messages about sample inputs: where the model came from (:func:`source_of`), and a run
+on them that failed, explained: the node onnxruntime or torch names and the inputs that may
+have caused it (:func:`run_failure`)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from graph_autofusion.errors import SampleInputError
+from graph_autofusion.ir.core import Model, Node
+
+
+def source_of(model: Model) -> str:
+    """The file the model was read from (or its graph name), for messages."""
+    return str(model.meta.get("onnx_source") or f"graph {model.graph.name!r}")
+
+
+_ORT_NODE = re.compile(r"running (\w+) node\. Name:'([^']*)'(?: Status Message: (.*))?", re.S)
+
+
+_TORCH_NODE = re.compile(r"failed at node '([^']*)' \(([^)]*)\): (.*)", re.S)
+
+
+_ORT_INPUT = re.compile(r"(?:for input|input name|input): ?'?([\w./:-]+)'?")
+
+
+_RUN_MARKERS = (
+    "while running",
+    "invalid dimensions for input",
+    "Unexpected input data type",
+    "Invalid rank for input",
+    "Got invalid",
+    "failed at node",
+)
+
+
+def run_failure(
+    model: Model, feeds: Mapping[str, Any], exc: BaseException, *, runtime: str, generated: bool
+) -> SampleInputError | None:
+    """One clear error for the original model failing on the sample inputs (``None`` when
+    ``exc`` is not such a failure, e.g. the runtime refused the model itself)."""
+    text = " ".join(str(exc).split())
+    if not any(m in text for m in _RUN_MARKERS):
+        return None
+    node_name, op, detail = "", "", text
+    m = _ORT_NODE.search(text) or None
+    if m:
+        op, node_name, detail = m.group(1), m.group(2), (m.group(3) or text)
+    else:
+        t = _TORCH_NODE.search(text)
+        if t:
+            node_name, op, detail = t.group(1), t.group(2), t.group(3)
+    detail = detail.split("onnxruntime::")[-1].strip()[:240]
+    node = next((n for n in model.graph.nodes if node_name and n.name == node_name), None)
+    suspects = _suspects(model, node, feeds)
+    if not node:
+        named = _ORT_INPUT.search(text)
+        if named and named.group(1) in feeds:
+            suspects = [named.group(1)]
+    derived = getattr(feeds, "derived", {})
+    how = "generated from the input specs" if generated else "given"
+    at = f" at node {node_name!r} ({op})" if node_name else ""
+    parts = []
+    for name in suspects[:3]:
+        arr = np.asarray(feeds[name]) if not isinstance(feeds[name], list) else None
+        desc = "a sequence" if arr is None else f"{arr.dtype} {tuple(arr.shape)}"
+        if arr is not None and arr.dtype.kind in "iub" and arr.size <= 8:
+            desc += f" = {arr.reshape(-1).tolist()}"
+        if name in derived:
+            desc += f", derived as the {derived[name]}"
+        parts.append(f"{name!r} ({desc})")
+    carriers = [n for n in suspects if not _floating(feeds[n])]
+    who = f"; check input{'s' if len(parts) > 1 else ''} {', '.join(parts)}" if parts else ""
+    if not carriers:  # nothing shape- or index-like reaches it: maybe the model itself
+        who += "; the model itself may be invalid, or it needs other inputs"
+    for note in getattr(feeds, "notes", ()):
+        who += f"; {note}"
+    return SampleInputError(
+        f"{source_of(model)}: the sample inputs {how} make the original model fail in "
+        f"{runtime}{at}: {detail}{who}; pass inputs the model accepts with --inputs FILE.npz "
+        f"(API: sample_inputs={{name: array}})"
+    )
+
+
+def _floating(arr: Any) -> bool:
+    return not isinstance(arr, list) and np.asarray(arr).dtype.kind in "fc"
+
+
+def _suspects(model: Model, node: Node | None, feeds: Mapping[str, Any]) -> list[str]:
+    """Graph inputs reaching ``node`` (all of them without one), shape- or index-carrying
+    (non-float) ones first."""
+    graph = model.graph
+    inputs = [v for v in graph.inputs if v.name not in graph.initializers and v.name in feeds]
+    if node is not None:
+        reach: set[int] = set()
+        stack, seen = [node], {id(node)}
+        while stack:
+            n = stack.pop()
+            for v in n.all_inputs():
+                if v.producer is None:
+                    reach.add(id(v))
+                elif id(v.producer) not in seen:
+                    seen.add(id(v.producer))
+                    stack.append(v.producer)
+        inputs = [v for v in inputs if id(v) in reach] or inputs
+
+    carriers = [v.name for v in inputs if not _floating(feeds[v.name])]
+    return carriers or [v.name for v in inputs]
