@@ -21,8 +21,7 @@ onnxruntime's GEMM and then the generated kernel.
 from __future__ import annotations
 
 import os
-import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,8 +34,6 @@ from graph_autofusion.codegen.compiler import (
     CompilerNotFoundError,
     KernelCompileError,
     compile_source,
-    compiler_version,
-    write_atomic,
 )
 from graph_autofusion.codegen.kernel_ir import Kernel
 from graph_autofusion.codegen.lower import (
@@ -53,22 +50,75 @@ from graph_autofusion.codegen.ort_customop_c import (
     op_name,
     wrapper_refusal,
 )
+from graph_autofusion.codegen.ort_customop_registry import (
+    META_DOMAIN,
+    META_LIBRARY,
+    check_loads,
+    custom_ops_of,
+    library_for,
+    library_ops,
+    library_path_from_metadata,
+    meta_for,
+    register_library,
+)
+from graph_autofusion.codegen.ort_customop_save import (
+    KERNEL_DIR_FORMAT,
+    LIBRARY_NAME,
+    kernel_dir_for,
+    load_line,
+    save_with_library,
+    write_kernel_dir,
+)
 from graph_autofusion.codegen.ort_gemv import OP as GEMV_OP
 from graph_autofusion.codegen.targets import CpuTarget, candidate_nodes_outputs
-from graph_autofusion.errors import GraphAutoFusionError, ModelWriteError
-from graph_autofusion.ir.core import RawAttribute
+from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.patterns.candidates import match_rules
 from graph_autofusion.patterns.matcher import Match
 from graph_autofusion.patterns.rewrite import fuse_match
 from graph_autofusion.patterns.rules import RuleMatch, RuleSet
 
-#: Model metadata keys of a fused model that needs the library.
-META_LIBRARY = "graph_autofusion.custom_ops_library"  # path relative to the model file
-META_DOMAIN = "graph_autofusion.custom_ops_domain"
+__all__ = [
+    "CustomOpBuildError",
+    "CustomOpCodegenOptions",
+    "CustomOpGroup",
+    "CustomOpLibrary",
+    "CustomOpReason",
+    "ENV_CFLAGS",
+    "HEADER",
+    "KERNEL_DIR_FORMAT",
+    "LIBRARY_NAME",
+    "META_DOMAIN",
+    "META_LIBRARY",
+    "NO_HEADER",
+    "apply_groups",
+    "build_library",
+    "check_loads",
+    "custom_ops_of",
+    "customop_options",
+    "group_refusal",
+    "kernel_dir_for",
+    "kernel_target",
+    "library_for",
+    "library_ops",
+    "library_path_from_metadata",
+    "load_line",
+    "meta_for",
+    "ort_include_dir",
+    "plan_groups",
+    "register_library",
+    "save_with_library",
+    "write_kernel_dir",
+]
+
+
 #: ``$GRAPH_AUTOFUSION_CUSTOM_OP_CFLAGS``: extra compiler flags for the custom-operator
 #: library only (``-DGAF_BREAK`` style flags to test the fallback of a failing build).
 ENV_CFLAGS = "GRAPH_AUTOFUSION_CUSTOM_OP_CFLAGS"
+
+
 HEADER = "onnxruntime_c_api.h"
+
+
 NO_HEADER = "onnxruntime C API header not available"
 
 
@@ -184,70 +234,6 @@ def build_library(
     )
 
 
-# ----------------------------------------------------------------------------- registry
-_LOCK = threading.Lock()
-_LIBRARIES: list[tuple[str, frozenset[str]]] = []
-
-
-def register_library(path: str, ops: Iterable[str]) -> None:
-    """Make :func:`graph_autofusion.runtime.ort_session.ort_session` register ``path`` for a
-    model using these operators (safe mode's subgraph sessions, the end-to-end check)."""
-    with _LOCK:
-        entry = (os.fspath(path), frozenset(ops))
-        if entry not in _LIBRARIES:
-            _LIBRARIES.append(entry)
-
-
-def library_for(ops: Iterable[str]) -> str | None:
-    """A registered library defining every operator in ``ops`` (the newest first)."""
-    want = set(ops)
-    with _LOCK:
-        for path, have in reversed(_LIBRARIES):
-            if want <= have and os.path.exists(path):
-                return path
-    return None
-
-
-def _graph_ops(g: Any, out: set[str]) -> None:
-    for n in g.node:
-        if n.domain == DOMAIN:
-            out.add(n.op_type)
-        for a in n.attribute:
-            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                _graph_ops(sub, out)
-
-
-def custom_ops_of(proto: Any) -> list[str]:
-    """The ``ai.graph_autofusion`` operators a ``ModelProto`` uses (its subgraphs too)."""
-    out: set[str] = set()
-    _graph_ops(proto.graph, out)
-    return sorted(out)
-
-
-def library_path_from_metadata(proto: Any, model_path: str | None) -> str | None:
-    """The library a saved fused model names in its metadata (resolved next to the file)."""
-    meta = {p.key: p.value for p in proto.metadata_props}
-    rel = meta.get(META_LIBRARY)
-    if not rel:
-        return None
-    if os.path.isabs(rel) or model_path is None:
-        return rel
-    return os.path.join(os.path.dirname(os.path.abspath(model_path)), rel)
-
-
-def check_loads(path: str) -> str:
-    """``""`` when onnxruntime registers the library, else why not."""
-    import onnxruntime as ort
-
-    try:
-        so = ort.SessionOptions()
-        so.register_custom_ops_library(path)
-    except Exception as exc:  # noqa: BLE001 - reported, the model falls back
-        return f"{type(exc).__name__}: {exc}"
-    return ""
-
-
-# ----------------------------------------------------------------------------- groups
 @dataclass
 class CustomOpGroup:
     """One planned group as one custom operator."""
@@ -376,29 +362,6 @@ def apply_groups(model: Any, groups: Sequence[CustomOpGroup]) -> list[Any]:
     return done
 
 
-def library_ops(model: Any) -> list[str]:
-    """The custom operators the IR ``model`` uses (inside ``If`` branches too: ``Gemv``)."""
-
-    out = {n.op_type for n in model.graph.nodes if n.domain == DOMAIN}
-    for n in model.graph.nodes:
-        for a in n.attrs.values():
-            if isinstance(a, RawAttribute):
-                proto = a.proto
-                subs = list(proto) if isinstance(proto, list | tuple) else []
-                if hasattr(proto, "node"):
-                    subs = [proto]
-                elif hasattr(proto, "graphs"):
-                    subs = ([proto.g] if proto.HasField("g") else []) + list(proto.graphs)
-                for sub in subs:
-                    _graph_ops(sub, out)
-    return sorted(out)
-
-
-def meta_for(rel_path: str) -> Mapping[str, str]:
-    return {META_LIBRARY: rel_path, META_DOMAIN: DOMAIN}
-
-
-# ----------------------------------------------------------------------------- the target
 def kernel_target(opset: int = 17) -> Any:
     """The onnxruntime target with custom operators: rule matches with a native rewrite
     become contrib operators as before; every other rule match and automatic cluster is
@@ -468,146 +431,3 @@ def kernel_target(opset: int = 17) -> Any:
             return (CustomOpReason.WRAPPER, f"no custom operator: {why}") if why else None
 
     return OnnxruntimeKernelTarget(opset=opset)
-
-
-# ----------------------------------------------------------------------------- saving
-KERNEL_DIR_FORMAT = "graph-autofusion onnxruntime custom operators 1"
-LIBRARY_NAME = "libgaf_custom_ops.so"
-
-
-def _ours(directory: str) -> bool:
-    import json
-
-    try:
-        with open(os.path.join(directory, "manifest.json")) as f:
-            return json.load(f).get("format") == KERNEL_DIR_FORMAT
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def kernel_dir_for(model_path: str) -> str:
-    """The kernel folder of a fused model: ``<model file>.kernels`` (``fused.onnx.kernels``),
-    or ``.kernels-2``, ``-3`` ... when that name is taken by something that is not one of our
-    kernel folders (the user's files are never touched)."""
-    base = os.path.abspath(model_path) + ".kernels"
-    for i in range(1, 1000):
-        cand = base if i == 1 else f"{base}-{i}"
-        if not os.path.lexists(cand) or (os.path.isdir(cand) and _ours(cand)):
-            return cand
-    raise GraphAutoFusionError(f"no free kernel folder name next to {model_path}")
-
-
-def write_kernel_dir(library: CustomOpLibrary, directory: str, groups: Sequence[Any]) -> dict:
-    """Write ``custom_ops.c``, the library and ``manifest.json`` into ``directory``."""
-    import dataclasses
-    import hashlib
-    import json
-    import shutil
-    import tempfile
-
-    os.makedirs(directory, exist_ok=True)
-    with open(library.source_path, "rb") as f:
-        source = f.read()
-    write_atomic(os.path.join(directory, "custom_ops.c"), source)
-    fd, tmp = tempfile.mkstemp(prefix=".gaf-", dir=directory)
-    os.close(fd)
-    shutil.copyfile(library.path, tmp)
-    os.replace(tmp, os.path.join(directory, LIBRARY_NAME))
-    kernels = {op_name(k): k for k in library.kernels}
-    data = {
-        "format": KERNEL_DIR_FORMAT,
-        "domain": DOMAIN,
-        "library": LIBRARY_NAME,
-        "source": "custom_ops.c",
-        "source_sha256": hashlib.sha256(source).hexdigest(),
-        "compiler": compiler_version(library.options.compiler),
-        "compile_options": json.loads(json.dumps(dataclasses.asdict(library.options))),
-        "load": (
-            "so = onnxruntime.SessionOptions(); "
-            f"so.register_custom_ops_library('<this folder>/{LIBRARY_NAME}')"
-        ),
-        "operators": [
-            {
-                "name": name,
-                "kernel": k.name,
-                "signature": k.signature(),
-                "fused_ops": list(k.fused_ops),
-                "inputs": [i.dtype for i in k.inputs],
-                "outputs": [o.dtype for o in k.outputs],
-            }
-            for name, k in kernels.items()
-        ]
-        + (
-            [
-                {
-                    "name": GEMV_OP,
-                    "kernel": "graph_autofusion/codegen/ort_gemv.py",
-                    "signature": "Gemv(x f32[..., K], Wt f32[N, K]) -> f32[..., N]",
-                    "inputs": ["f32", "f32"],
-                    "outputs": ["f32"],
-                }
-            ]
-            if GEMV_OP in library.ops
-            else []
-        ),
-        "groups": [
-            {
-                "key": g.key,
-                "rule": g.rule,
-                "operator": g.op,
-                "nodes": list(g.original_nodes),
-                "kept_before_it": list(g.prologue),
-                "inputs": list(g.input_names),
-                "outputs": list(g.output_names),
-            }
-            for g in groups
-            if g.op in kernels
-        ],
-    }
-    write_atomic(
-        os.path.join(directory, "manifest.json"), json.dumps(data, indent=2).encode() + b"\n"
-    )
-    return data
-
-
-def save_with_library(model: Any, dest: str, library: CustomOpLibrary | None, groups: Any) -> str:
-    """Save the fused IR ``model`` to ``dest``; with custom operators, first its kernel folder
-    (:func:`kernel_dir_for`) and the metadata naming the library relative to the model.
-    Returns the folder (``""`` without custom operators)."""
-    from graph_autofusion.frontend.onnx_frontend import save_onnx  # onnx: optional, heavy
-
-    dest = os.path.abspath(dest)
-    folder_of = os.path.dirname(dest)
-    if os.path.isdir(dest) or not os.path.isdir(folder_of) or not os.access(folder_of, os.W_OK):
-        raise ModelWriteError(f"{dest}: cannot write the fused model there")
-    meta = dict(model.metadata_props)
-    for k in (META_LIBRARY, META_DOMAIN):
-        meta.pop(k, None)
-    folder = ""
-    if library is not None and library_ops(model):
-        folder = kernel_dir_for(dest)
-        created = not os.path.exists(folder)
-        write_kernel_dir(library, folder, groups)
-        rel = os.path.relpath(os.path.join(folder, LIBRARY_NAME), os.path.dirname(dest))
-        meta.update(meta_for(rel))
-    old = model.metadata_props
-    model.metadata_props = meta
-    try:
-        save_onnx(model, dest)
-    except BaseException:
-        if folder and created:  # no model: no folder of ours left behind
-            import shutil
-
-            shutil.rmtree(folder, ignore_errors=True)
-        raise
-    finally:
-        model.metadata_props = old
-    return folder
-
-
-def load_line(model_path: str) -> str:
-    """The Python a user writes to run a saved fused model that needs the library."""
-    return (
-        "from graph_autofusion.runtime.ort_session import fused_session; "
-        f"sess = fused_session({model_path!r})"
-    )
