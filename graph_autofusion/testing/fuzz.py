@@ -197,7 +197,7 @@ def bcast_shape(c: Chooser, shape: tuple[int, ...]) -> tuple[int, ...]:
 # --------------------------------------------------------------------------- generator
 def build_graph(c: Chooser, *, seed: int | None = None) -> FuzzGraph:
     """One random graph drawn with ``c`` (see the module docstring)."""
-    from graph_autofusion.testing import fuzz_ops
+    from graph_autofusion.testing import fuzz_steps
 
     dtype = c.choice(["float32"] * 5 + ["float16"] * 2 + ["bfloat16"] * 2 + ["int64"])
     symbolic = c.flag(0.35)
@@ -212,14 +212,14 @@ def build_graph(c: Chooser, *, seed: int | None = None) -> FuzzGraph:
     if c.flag(0.5):
         b.input(shape if c.flag(0.6) else bcast_shape(c, shape) or (1,))
     target = c.int(5, 40)
-    steps = fuzz_ops.steps_for(dtype)
+    steps = fuzz_steps.steps_for(dtype)
     names, weights = zip(*steps)
     guard = 0
     while len(b.nodes) < target and guard < 200:
         guard += 1
         step = names[_weighted(c, weights)]
         before = len(b.nodes)
-        fuzz_ops.STEPS[step](b)
+        fuzz_steps.STEPS[step](b)
         if len(b.nodes) > 44:  # a pattern overshot: stop growing
             break
         if len(b.nodes) == before:

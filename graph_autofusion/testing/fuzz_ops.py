@@ -14,33 +14,72 @@ from onnx import TensorProto, helper
 
 from graph_autofusion.testing.fuzz import DIMS, MAX_ELEMENTS, bcast_shape, tensor_size
 
+__all__ = [
+    "ACTS",
+    "B",
+    "BOUNDED",
+    "GROWING",
+    "NO_BF16",
+    "allowed_ops",
+    "binary",
+    "cast_int",
+    "concat",
+    "conv",
+    "expand",
+    "gather",
+    "gemm",
+    "guarded",
+    "if_",
+    "is_float_graph",
+    "matmul",
+    "pick_value",
+    "reduce",
+    "reshape",
+    "slice_",
+    "transpose",
+    "unary",
+    "unsqueeze",
+    "where",
+]
+
+
 B = Any  # the builder (kept untyped: a private record of fuzz.py)
 
+
 BOUNDED = {"Sigmoid": 1.0, "Tanh": 1.0, "Erf": 1.0, "Sin": 1.0, "Cos": 1.0, "Softsign": 1.0}
+
+
 BOUNDED["HardSigmoid"] = 1.0
+
+
 GROWING = ["Relu", "Abs", "Neg", "LeakyRelu", "Elu", "Gelu", "HardSwish", "Softplus", "Identity"]
+
+
 ACTS = ["Relu", "Sigmoid", "Tanh", "LeakyRelu", "Gelu", "HardSigmoid", "Elu", "Softplus"]
+
+
 _INT_LIMIT = 10_000
+
+
 #: operators whose opset-20 schema has no bfloat16
 NO_BF16 = {"Sin", "Cos", "Softsign", "HardSigmoid", "Elu", "HardSwish", "Softplus", "Conv"}
 
 
-def _ops(b: B, ops: list[str]) -> list[str]:
+def allowed_ops(b: B, ops: list[str]) -> list[str]:
     return [o for o in ops if b.compute != "bfloat16" or o not in NO_BF16]
 
 
-def _x(b: B, pred: Callable[[Any], bool] = lambda v: True) -> Any:
+def pick_value(b: B, pred: Callable[[Any], bool] = lambda v: True) -> Any:
     v = b.pick(pred)
     return b.tame(v) if v is not None else None
 
 
-def _float(b: B) -> bool:
+def is_float_graph(b: B) -> bool:
     return b.compute != "int64"
 
 
-# --------------------------------------------------------------------------- elementwise
 def unary(b: B) -> None:
-    x = _x(b)
+    x = pick_value(b)
     if x is None:
         return
     if b.compute == "int64":
@@ -48,7 +87,7 @@ def unary(b: B) -> None:
         (y,) = b.node(op, [x.name])
         b.add(y, x.shape, x.mag)
         return
-    op = b.c.choice(_ops(b, [*BOUNDED, *GROWING, "Clip"]))
+    op = b.c.choice(allowed_ops(b, [*BOUNDED, *GROWING, "Clip"]))
     attrs: dict[str, Any] = {}
     ins = [x.name]
     if op == "LeakyRelu":
@@ -69,8 +108,8 @@ def _abs_plus_one(b: B, x: Any) -> str:
 
 def guarded(b: B) -> None:
     """Operators defined on part of the line, on inputs that keep them there."""
-    x = _x(b)
-    if x is None or not _float(b):
+    x = pick_value(b)
+    if x is None or not is_float_graph(b):
         return
     kind = b.c.choice(["Exp", "Log", "Sqrt", "Reciprocal", "Div", "Pow"])
     if kind == "Exp":
@@ -97,7 +136,7 @@ def _bcast_to(small: tuple[int, ...], full: tuple[int, ...]) -> bool:
 
 
 def binary(b: B) -> None:
-    x = _x(b)
+    x = pick_value(b)
     if x is None:
         return
     op = b.c.choice(["Add", "Sub", "Mul", "Max", "Min", "Add", "Mul"])
@@ -128,8 +167,8 @@ def binary(b: B) -> None:
 
 def cast_int(b: B) -> None:
     """An int64 graph input cast into the float computation (mixed element types)."""
-    x = _x(b)
-    if x is None or not _float(b):
+    x = pick_value(b)
+    if x is None or not is_float_graph(b):
         return
     shape = bcast_shape(b.c, x.shape)  # may be 0-d: a (1,) would raise a 0-d x's rank
     i = b.input(shape, "int64")
@@ -140,9 +179,8 @@ def cast_int(b: B) -> None:
     b.add(z, x.shape, x.mag * 4.0)
 
 
-# --------------------------------------------------------------------------- reductions
 def reduce(b: B) -> None:
-    x = _x(b, lambda v: len(v.shape) >= 1)
+    x = pick_value(b, lambda v: len(v.shape) >= 1)
     if x is None:
         return
     if b.compute == "int64":
@@ -170,9 +208,8 @@ def reduce(b: B) -> None:
     b.add(y, shape, mag)
 
 
-# --------------------------------------------------------------------------- layout
 def transpose(b: B) -> None:
-    x = _x(b, lambda v: len(v.shape) >= 2)
+    x = pick_value(b, lambda v: len(v.shape) >= 2)
     if x is None:
         return
     rank = len(x.shape)
@@ -184,7 +221,7 @@ def transpose(b: B) -> None:
 
 
 def reshape(b: B) -> None:
-    x = _x(b, lambda v: len(v.shape) >= 2 or (len(v.shape) == 1 and v.shape[0] % 2 == 0))
+    x = pick_value(b, lambda v: len(v.shape) >= 2 or (len(v.shape) == 1 and v.shape[0] % 2 == 0))
     if x is None:
         return
     s = x.shape
@@ -199,7 +236,7 @@ def reshape(b: B) -> None:
 
 
 def concat(b: B) -> None:
-    x = _x(b, lambda v: len(v.shape) >= 1)
+    x = pick_value(b, lambda v: len(v.shape) >= 1)
     if x is None:
         return
     axis = b.c.int(0, len(x.shape) - 1)
@@ -213,7 +250,7 @@ def concat(b: B) -> None:
 
 
 def slice_(b: B) -> None:
-    x = _x(b, lambda v: any(d >= 2 for d in v.shape))
+    x = pick_value(b, lambda v: any(d >= 2 for d in v.shape))
     if x is None:
         return
     axis = b.c.choice([i for i, d in enumerate(x.shape) if d >= 2])
@@ -229,7 +266,7 @@ def slice_(b: B) -> None:
 
 
 def unsqueeze(b: B) -> None:
-    x = _x(b)
+    x = pick_value(b)
     if x is None:
         return
     ones = [i for i, d in enumerate(x.shape) if d == 1]
@@ -244,7 +281,7 @@ def unsqueeze(b: B) -> None:
 
 
 def expand(b: B) -> None:
-    x = _x(b, lambda v: 1 in v.shape)
+    x = pick_value(b, lambda v: 1 in v.shape)
     if x is None:
         return
     shape = tuple(b.c.choice(DIMS[1:5]) if d == 1 and b.c.flag(0.7) else d for d in x.shape)
@@ -256,10 +293,10 @@ def expand(b: B) -> None:
 
 def gather(b: B) -> None:
     """A Gather: an embedding table read by int64 ids (float graphs), or constant indices."""
-    x = _x(b, lambda v: len(v.shape) >= 1)
+    x = pick_value(b, lambda v: len(v.shape) >= 1)
     if x is None:
         return
-    if _float(b) and b.c.flag(0.6):
+    if is_float_graph(b) and b.c.flag(0.6):
         rows, h = b.c.choice([5, 16]), x.shape[-1]
         ids = b.input(tuple(b.c.choice(DIMS[:5]) for _ in range(b.c.int(1, 2))), "int64", low=0)
         b.pool.remove(ids)
@@ -274,9 +311,8 @@ def gather(b: B) -> None:
     b.add(y, (*x.shape[:axis], len(idx), *x.shape[axis + 1 :]), x.mag)
 
 
-# --------------------------------------------------------------------------- contraction
 def matmul(b: B) -> None:
-    x = _x(b, lambda v: len(v.shape) >= 1 and v.shape[-1] >= 1)
+    x = pick_value(b, lambda v: len(v.shape) >= 1 and v.shape[-1] >= 1)
     if x is None:
         return
     k = x.shape[-1]
@@ -305,8 +341,8 @@ def matmul(b: B) -> None:
 
 
 def gemm(b: B) -> None:
-    x = _x(b, lambda v: len(v.shape) == 2)
-    if x is None or not _float(b):
+    x = pick_value(b, lambda v: len(v.shape) == 2)
+    if x is None or not is_float_graph(b):
         return
     k, n = x.shape[1], b.c.choice([2, 4, 8])
     trans = b.c.int(0, 1)
@@ -321,7 +357,7 @@ def gemm(b: B) -> None:
 
 def conv(b: B) -> None:
     """Conv (+ BatchNormalization) (+ Relu) on an NCHW float32 value."""
-    x = _x(b, lambda v: len(v.shape) == 4 and v.shape[2] >= 2 and v.shape[3] >= 2)
+    x = pick_value(b, lambda v: len(v.shape) == 4 and v.shape[2] >= 2 and v.shape[3] >= 2)
     if x is None or b.compute != "float32":
         return
     cin, cout, ksz = x.shape[1], b.c.choice([2, 4, 8]), b.c.choice([1, 3])
@@ -343,7 +379,6 @@ def conv(b: B) -> None:
     b.add(y, shape, x.mag * 4 + 4)
 
 
-# --------------------------------------------------------------------------- control flow
 def _condition_input(b: B, shape: tuple[int, ...]) -> str | None:
     """A boolean from a graph input compared with a constant (exact in every executor)."""
     ins = [n for n, a in b.feeds.items() if a.dtype != np.bool_ and _bcast_to(a.shape, shape)]
@@ -359,7 +394,7 @@ def _condition_input(b: B, shape: tuple[int, ...]) -> str | None:
 
 
 def where(b: B) -> None:
-    x = _x(b)
+    x = pick_value(b)
     if x is None:
         return
     cond = _condition_input(b, x.shape)
@@ -373,7 +408,7 @@ def where(b: B) -> None:
 
 def if_(b: B) -> None:
     """If on a boolean graph input; the branches read an outer value."""
-    x = _x(b)
+    x = pick_value(b)
     if x is None or any(n.op_type == "If" for n in b.nodes) or b.c.flag(0.6):
         return
     flag = "flag"
@@ -392,207 +427,3 @@ def if_(b: B) -> None:
         branches.append(helper.make_graph(nodes, f"{which}_branch", [], [out_info]))
     (y,) = b.node("If", [flag], then_branch=branches[0], else_branch=branches[1])
     b.add(y, x.shape, x.mag)
-
-
-# --------------------------------------------------------------------------- rule patterns
-def _last_axis(b: B, lo: int = 2) -> Any:
-    x = _x(b, lambda v: len(v.shape) >= 1 and v.shape[-1] >= lo)
-    return x if x is not None and _float(b) else None
-
-
-def _spread(b: B, x: Any) -> Any:
-    """``x`` plus a constant ramp over the last axis: a row of equal values (an ``Expand``, a
-    saturated ``Relu``) would make a normalization divide rounding noise by ``sqrt(eps)``,
-    which no two correct implementations agree on; real activations are not constant rows."""
-    d = x.shape[-1]
-    ramp = b.const(np.linspace(-2.0, 2.0, d) + b.rng.uniform(-0.1, 0.1, d), share="ramp")
-    (y,) = b.node("Add", [x.name, ramp])
-    return b.add(y, x.shape, x.mag + 2.1)
-
-
-def layernorm(b: B) -> None:
-    x = _last_axis(b)
-    if x is None:
-        return
-    x = _spread(b, x)
-    d = x.shape[-1]
-    gamma, beta = b.weights((d,), 1.0), b.weights((d,), 1.0)
-    if b.c.flag(0.4):  # skip + LayerNormalization
-        y = b.pick(lambda v: v.shape == x.shape and v is not x)
-        src = x.name
-        if y is not None:
-            (src,) = b.node("Add", [x.name, b.tame(y).name])
-        (out,) = b.node("LayerNormalization", [src, gamma, beta], axis=-1, epsilon=1e-5)
-        b.patterns.append("skip_layernorm" if y is not None else "layernorm")
-    else:
-        axes = b.ints([-1])
-        (mean,) = b.node("ReduceMean", [x.name, axes], keepdims=1)
-        (dev,) = b.node("Sub", [x.name, mean])
-        if b.c.flag(0.5):
-            (sq,) = b.node("Pow", [dev, b.scalar(2.0)])
-        else:
-            (sq,) = b.node("Mul", [dev, dev])
-        (var,) = b.node("ReduceMean", [sq, axes], keepdims=1)
-        (ve,) = b.node("Add", [var, b.scalar(1e-5)])
-        (sd,) = b.node("Sqrt", [ve])
-        (nrm,) = b.node("Div", [dev, sd])
-        (sc,) = b.node("Mul", [nrm, gamma])
-        (out,) = b.node("Add", [sc, beta])
-        b.patterns.append("layernorm_decomposed")
-    b.add(out, x.shape, 4.0 * math.sqrt(d) + 4)
-
-
-def rmsnorm(b: B) -> None:
-    x = _last_axis(b)
-    if x is None:
-        return
-    x = _spread(b, x)
-    (sq,) = b.node("Pow", [x.name, b.scalar(2.0)])
-    (ms,) = b.node("ReduceMean", [sq, b.ints([-1])], keepdims=1)
-    (me,) = b.node("Add", [ms, b.scalar(1e-6)])
-    (sd,) = b.node("Sqrt", [me])
-    (inv,) = b.node("Reciprocal", [sd])
-    (nrm,) = b.node("Mul", [x.name, inv])
-    (out,) = b.node("Mul", [b.weights((x.shape[-1],), 1.0), nrm])
-    b.patterns.append("rmsnorm")
-    b.add(out, x.shape, 4.0 * math.sqrt(x.shape[-1]) + 4)
-
-
-def gelu(b: B) -> None:
-    x = _x(b)
-    if x is None or not _float(b):
-        return
-    if b.c.flag(0.5):
-        (s,) = b.node("Div", [x.name, b.scalar(1.4142135381698608)])
-        (e,) = b.node("Erf", [s])
-        b.patterns.append("gelu_erf")
-    else:
-        (cube,) = b.node("Pow", [x.name, b.scalar(3.0)])
-        (m,) = b.node("Mul", [cube, b.scalar(0.044715)])
-        (a,) = b.node("Add", [x.name, m])
-        (s,) = b.node("Mul", [a, b.scalar(0.7978845834732056)])
-        (e,) = b.node("Tanh", [s])
-        b.patterns.append("gelu_tanh")
-    (p,) = b.node("Add", [e, b.scalar(1.0)])
-    (m1,) = b.node("Mul", [x.name, p])
-    (out,) = b.node("Mul", [m1, b.scalar(0.5)])
-    b.add(out, x.shape, x.mag + 1)
-
-
-def silu(b: B) -> None:
-    x = _x(b)
-    if x is None or not _float(b):
-        return
-    src = x.name
-    if b.c.flag(0.4):
-        (src,) = b.node("Mul", [x.name, b.scalar(1.702)])
-        b.patterns.append("quick_gelu")
-    else:
-        b.patterns.append("silu")
-    (sg,) = b.node("Sigmoid", [src])
-    (out,) = b.node("Mul", [x.name, sg] if b.c.flag(0.5) else [sg, x.name])
-    b.add(out, x.shape, x.mag)
-
-
-def swiglu(b: B) -> None:
-    x = _last_axis(b)
-    if x is None:
-        return
-    k, n = x.shape[-1], b.c.choice([4, 8, 16])
-    (g,) = b.node("MatMul", [x.name, b.weights((k, n), 1 / math.sqrt(k))])
-    (u,) = b.node("MatMul", [x.name, b.weights((k, n), 1 / math.sqrt(k))])
-    (sg,) = b.node("Sigmoid", [g])
-    (si,) = b.node("Mul", [g, sg])
-    (out,) = b.node("Mul", [si, u])
-    b.patterns.append("swiglu")
-    b.add(out, (*x.shape[:-1], n), (x.mag * math.sqrt(k)) ** 2)
-
-
-def softmax(b: B) -> None:
-    x = _last_axis(b)
-    if x is None:
-        return
-    if b.c.flag(0.5):
-        axis = b.c.choice([-1, len(x.shape) - 1, 0])
-        (out,) = b.node("Softmax", [x.name], axis=axis)
-        b.patterns.append("softmax")
-    else:
-        axes = b.ints([-1])
-        (mx,) = b.node("ReduceMax", [x.name, axes], keepdims=1)
-        (sh,) = b.node("Sub", [x.name, mx])
-        (e,) = b.node("Exp", [sh])
-        (s,) = b.node("ReduceSum", [e, axes], keepdims=1)
-        (out,) = b.node("Div", [e, s])
-        b.patterns.append("softmax_decomposed")
-    b.add(out, x.shape, 1.0)
-
-
-def bias_act(b: B) -> None:
-    x = _last_axis(b, 1)
-    if x is None:
-        return
-    k, n = x.shape[-1], b.c.choice([4, 8, 16])
-    (m,) = b.node("MatMul", [x.name, b.weights((k, n), 1 / math.sqrt(k))])
-    (a,) = b.node("Add", [m, b.weights((n,), 1.0)])
-    act = b.c.choice(_ops(b, ACTS))
-    (out,) = b.node(act, [a])
-    b.patterns.append(f"bias_{act.lower()}")
-    b.add(out, (*x.shape[:-1], n), x.mag * math.sqrt(k) + 3)
-
-
-def attention(b: B) -> None:
-    x = _last_axis(b, 2)
-    if x is None or len(x.shape) != 3:
-        return
-    d = x.shape[-1]
-    q, k, v = (b.node("MatMul", [x.name, b.weights((d, d), 1 / math.sqrt(d))])[0] for _ in range(3))
-    (kt,) = b.node("Transpose", [k], perm=[0, 2, 1])
-    (s,) = b.node("MatMul", [q, kt])
-    (sc,) = b.node("Div", [s, b.scalar(float(math.sqrt(d)))])
-    (p,) = b.node("Softmax", [sc], axis=-1)
-    (out,) = b.node("MatMul", [p, v])
-    b.patterns.append("attention")
-    b.add(out, x.shape, x.mag * math.sqrt(d))
-
-
-STEPS: dict[str, Callable[[B], None]] = {
-    "unary": unary,
-    "guarded": guarded,
-    "binary": binary,
-    "cast_int": cast_int,
-    "reduce": reduce,
-    "transpose": transpose,
-    "reshape": reshape,
-    "concat": concat,
-    "slice": slice_,
-    "unsqueeze": unsqueeze,
-    "expand": expand,
-    "gather": gather,
-    "matmul": matmul,
-    "gemm": gemm,
-    "conv": conv,
-    "where": where,
-    "if": if_,
-    "layernorm": layernorm,
-    "rmsnorm": rmsnorm,
-    "gelu": gelu,
-    "silu": silu,
-    "swiglu": swiglu,
-    "softmax": softmax,
-    "bias_act": bias_act,
-    "attention": attention,
-}
-_FLOAT_WEIGHTS = {"unary": 8, "binary": 10, "guarded": 3, "reduce": 4, "matmul": 4}
-_FLOAT_WEIGHTS |= {"cast_int": 1, "transpose": 3, "reshape": 2, "concat": 2, "slice": 2}
-_FLOAT_WEIGHTS |= {"unsqueeze": 2, "expand": 1, "gather": 2, "gemm": 2, "conv": 2, "where": 2}
-_FLOAT_WEIGHTS |= {"if": 1, "layernorm": 3, "rmsnorm": 2, "gelu": 3, "silu": 2, "swiglu": 1}
-_FLOAT_WEIGHTS |= {"softmax": 2, "bias_act": 3, "attention": 1}
-_INT_STEPS = ("unary", "binary", "reduce", "transpose", "reshape", "concat", "slice")
-_INT_STEPS += ("unsqueeze", "expand", "gather", "matmul", "where", "if")
-
-
-def steps_for(dtype: str) -> list[tuple[str, int]]:
-    """The steps a graph of ``dtype`` draws from, with their weights."""
-    if dtype == "int64":
-        return [(s, _FLOAT_WEIGHTS[s]) for s in _INT_STEPS]
-    return list(_FLOAT_WEIGHTS.items())
