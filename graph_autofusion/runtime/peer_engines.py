@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from graph_autofusion.errors import GraphAutoFusionError
+from graph_autofusion.runtime.timing import round_robin, summarize
 
 THREADS = 2
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16")
@@ -109,7 +110,6 @@ def time_engines(
     calls each, then ``runs`` rounds of one call each, every round in its own seeded shuffled
     order (:func:`~graph_autofusion.runtime.timing.round_robin` with ``rotate``). Returns each
     name's median, 10th and 90th percentile in ms."""
-    from graph_autofusion.runtime.timing import round_robin, summarize
 
     fns = {}
     for name, sess in sessions.items():

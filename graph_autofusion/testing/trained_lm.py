@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from graph_autofusion.errors import GraphAutoFusionError
+from graph_autofusion.report import progress
 from graph_autofusion.testing.export import cache_dir, write_cached
 
 #: Bump when the training code changes in a way the recipe does not capture.
@@ -296,7 +297,6 @@ def ensure_trained(recipe: Recipe = RECIPE) -> tuple[Path, bool]:
 
     def produce(tmp: Path) -> dict[str, Any]:
         nonlocal trained
-        from graph_autofusion.report import progress
 
         with progress.task(f"train the test LM ({recipe.steps} steps)"):
             state, info = _train(recipe)

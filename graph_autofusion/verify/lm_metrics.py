@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from graph_autofusion.errors import GraphAutoFusionError
+from graph_autofusion.runtime.ort_session import ort_session
 
 #: ``(1, T)`` int64 token ids -> ``(1, T, V)`` logits.
 LogitsRunner = Callable[[np.ndarray], np.ndarray]
@@ -160,7 +161,6 @@ def ort_logits_runner(model: Any, *, threads: int = 2, level: str = "all") -> Lo
     model declares them, and an empty past to a KV-cache decoder's ``past_key_values.*``;
     returns the ``logits`` output (the first output when none is named so).
     """
-    from graph_autofusion.runtime.ort_session import ort_session
 
     sess = ort_session(model, level, threads)
     inputs = sess.get_inputs()
