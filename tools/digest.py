@@ -24,6 +24,12 @@ Recorded per run, as SHA-256 digests:
   as sorted-key JSON; floats are kept as Python writes them (the numerics are deterministic
   on one machine: onnxruntime runs with a fixed thread count and seeded inputs).
 
+Determinism: two runs of one commit on one machine give equal digests (checked on a9d04da,
+``benchmarks/results/digest_a9d04da.json``): the fused models, kernels and safe mode's
+numerics do not depend on timing, thread counts or the machine's load. The script measures
+the ``graph_autofusion`` beside it (the file records which), never an installed copy: an
+earlier version imported the installed package and so measured whatever that checkout held.
+
 Each row also keeps a few plain facts (fused count, rolled back codes) to make a difference
 readable. The digests describe one machine: compare runs made on the same machine (the
 kernels' compile options and onnxruntime's numerics depend on the CPU). A run that raises is
@@ -43,6 +49,12 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+#: the repository this script belongs to: its graph_autofusion is the one measured (not an
+#: installed copy, which ``python tools/digest.py`` would otherwise import)
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 TARGETS = ("onnxruntime", "cpu")
 
@@ -64,7 +76,7 @@ DROP_KEYS = frozenset(
         "source_path",
     }
 )
-_TIME_SUFFIX = re.compile(r"(_s|_ms|_us|_ns|seconds|_time|_date)$")
+_TIME_SUFFIX = re.compile(r"(^|_)(s|ms|us|ns|seconds|time|date)$")
 #: a path into a temporary or cache folder, inside a message or note (host-dependent)
 _PATH = re.compile(r"(/tmp/|/var/folders/|\.cache/)\S*")
 
@@ -109,7 +121,9 @@ def kernel_source(result: Any) -> str:
     return ""
 
 
-def digest_one(name: str, exporter: str, target: str, hardware: str) -> dict[str, Any]:
+def digest_one(
+    name: str, exporter: str, target: str, hardware: str, dump: str | None = None
+) -> dict[str, Any]:
     from graph_autofusion import GraphAutoFusion
     from graph_autofusion.frontend.onnx_frontend import to_onnx
     from graph_autofusion.report.fuse_report import SafeFusionReport
@@ -121,6 +135,12 @@ def digest_one(name: str, exporter: str, target: str, hardware: str) -> dict[str
     )
     gaf.fuse(check_speed=False, progress=lambda *a, **k: None)
     res = gaf.result
+    report = canonical_json(SafeFusionReport(res, name).to_dict())
+    if dump:  # what was digested, to diff two runs
+        Path(dump).mkdir(parents=True, exist_ok=True)
+        stem = Path(dump) / f"{name}-{exporter}-{target}"
+        stem.with_suffix(".report.json").write_text(json.dumps(json.loads(report), indent=1))
+        stem.with_suffix(".c").write_text(kernel_source(res))
     row: dict[str, Any] = {
         "model": name,
         "exporter": exporter,
@@ -129,7 +149,7 @@ def digest_one(name: str, exporter: str, target: str, hardware: str) -> dict[str
         "rolled_back": sorted(f"{b.key}:{b.code}" for b in res.rolled_back),
         "onnx": sha(to_onnx(res.model).SerializeToString(deterministic=True)),
         "kernels": sha(kernel_source(res)),
-        "report": sha(canonical_json(SafeFusionReport(res, name).to_dict())),
+        "report": sha(report),
     }
     if getattr(res, "kernels", None) is not None:
         from graph_autofusion.codegen.manifest import manifest
@@ -138,7 +158,9 @@ def digest_one(name: str, exporter: str, target: str, hardware: str) -> dict[str
     return row
 
 
-def run(models: list[str], hardware: str, *, verbose: bool = True) -> list[dict[str, Any]]:
+def run(
+    models: list[str], hardware: str, *, verbose: bool = True, dump: str | None = None
+) -> list[dict[str, Any]]:
     import onnxruntime as ort  # heavy: only when fusing
 
     from graph_autofusion.testing import EXPORTERS
@@ -150,7 +172,7 @@ def run(models: list[str], hardware: str, *, verbose: bool = True) -> list[dict[
             for target in TARGETS:
                 t = time.perf_counter()
                 try:
-                    row = digest_one(name, exporter, target, hardware)
+                    row = digest_one(name, exporter, target, hardware, dump)
                 except Exception as exc:  # recorded, not dropped: a crash is a difference too
                     text = f"{type(exc).__name__}: {exc}"
                     row = {"model": name, "exporter": exporter, "target": target}
@@ -192,11 +214,11 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 def _commit() -> str:
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "graph_autofusion"], **_quiet())
-        return head + ("-dirty" if dirty.stdout.strip() else "")
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, **_quiet())
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "graph_autofusion"], cwd=ROOT, **_quiet()
+        )
+        return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -210,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="write the digests to this JSON file")
     ap.add_argument("--models", help="comma-separated subset of the zoo (default: every model)")
     ap.add_argument("--hardware", default="x86_avx2", help="a shipped hardware profile")
+    ap.add_argument("--dump", help="also write the digested reports and sources to this folder")
     ap.add_argument("--commit", help="the commit to record (default: git's HEAD here)")
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"), help="print the differences")
     args = ap.parse_args(argv)
@@ -229,9 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(models) - set(ALL_NAMES))
     if unknown:
         ap.error(f"unknown model(s) {unknown}; the zoo has {list(ALL_NAMES)}")
-    rows = run(models, args.hardware)
+    rows = run(models, args.hardware, dump=args.dump)
+    import graph_autofusion
+
     data = {
         "commit": args.commit or _commit(),
+        "package": str(Path(graph_autofusion.__file__).parent),
         "hardware": args.hardware,
         "models": models,
         "all_models": sorted(models) == sorted(ALL_NAMES),
