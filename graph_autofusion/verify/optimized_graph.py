@@ -25,6 +25,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from graph_autofusion.runtime.ort_session import ort_session
+
 
 def canonical_graph(path: str) -> tuple[Any, ...] | None:
     """The name-free form of the ONNX graph at ``path`` (``None`` when it cannot be read)."""
@@ -72,8 +74,6 @@ def same_model_after_optimization(a: Any, b: Any, level: str = "all", threads: i
     what onnxruntime runs at that level, and timing the fusions one by one only measures
     noise. A model onnxruntime cannot open is not the same."""
     import tempfile
-
-    from graph_autofusion.runtime.ort_session import ort_session
 
     with tempfile.TemporaryDirectory(prefix="gaf-optimized-") as tmp:
         paths = [f"{tmp}/a.onnx", f"{tmp}/b.onnx"]
