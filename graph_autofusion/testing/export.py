@@ -48,6 +48,7 @@ from graph_autofusion.testing.builders import (
     minilm_tokenize,
 )
 from graph_autofusion.testing.specs import config_fingerprint, model_spec
+from graph_autofusion.verify.lm_metrics import row_cosines
 
 EXPORTERS: tuple[str, ...] = ("dynamo", "torchscript")
 
@@ -362,7 +363,6 @@ def minilm_cosines(
     """Per-sentence cosine of the MiniLM sentence embeddings (:func:`minilm_onnx_embeddings`)
     of ``model`` (a fused or compressed MiniLM) against those of ``reference`` (default: the
     zoo's fp32 ``minilm`` export)."""
-    from graph_autofusion.verify.lm_metrics import row_cosines
 
     ref = reference if reference is not None else export_onnx("minilm")
     return row_cosines(
