@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from graph_autofusion.cli_analyze import main as cli_main
 from graph_autofusion.cost.hardware import (
     HardwareError,
     HardwareProfile,
@@ -29,7 +30,6 @@ from graph_autofusion.planner.analysis import (
     find_candidates,
 )
 from graph_autofusion.planner.plan import STRATEGIES, plan
-from graph_autofusion.cli_analyze import main as cli_main
 
 
 def profile(

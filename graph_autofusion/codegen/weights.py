@@ -296,10 +296,26 @@ def nbits_attrs(packed: Packed, accuracy_level: int) -> dict[str, int]:
     }
 
 
+def _replace(model: Model, node: Node, new: Node) -> None:
+    """``new`` (already in the graph, before ``node``) takes over ``node``'s output, by its
+    name too; ``node`` goes, and so do the initializers only it read."""
+    from graph_autofusion.codegen.onnxruntime import prune_dead_feeders
+
+    graph = model.graph
+    out, y = new.outputs[0], node.outputs[0]
+    out.dtype, out.shape = y.dtype, y.shape
+    name = y.name
+    graph.replace_all_uses_with(y, out)
+    feeders = [v for v in node.inputs if v is not None]
+    graph.remove_nodes([node])
+    prune_dead_feeders(model, feeders)
+    if not graph.has_value_name(name):
+        graph.rename_value(out, name)
+
+
 def compress_site(model: Model, site: Site, packed: Packed, accuracy_level: int) -> Node:
     """Replace ``site``'s node in ``model`` by one ``MatMulNBits`` over ``packed`` (the old
     weight initializer goes when nothing else reads it). Returns the new node."""
-    from graph_autofusion.codegen.onnxruntime import prune_dead_feeders
 
     graph = model.graph
     node = site.node
@@ -313,16 +329,7 @@ def compress_site(model: Model, site: Site, packed: Packed, accuracy_level: int)
         name=f"{site.name}/MatMulNBits" if site.name else "MatMulNBits",
         before=node,
     )
-    out = new.outputs[0]
-    y = node.outputs[0]
-    out.dtype, out.shape = y.dtype, y.shape
-    name = y.name
-    graph.replace_all_uses_with(y, out)
-    feeders = [v for v in node.inputs if v is not None]
-    graph.remove_nodes([node])
-    prune_dead_feeders(model, feeders)
-    if not graph.has_value_name(name):
-        graph.rename_value(out, name)
+    _replace(model, node, new)
     model.opset_imports.setdefault("com.microsoft", 1)
     return new
 
@@ -429,7 +436,6 @@ def compress_embedding(model: Model, emb: Embedding, packed: Packed) -> list[Nod
     """Every ``Gather`` of ``emb`` becomes ``com.microsoft.GatherBlockQuantized`` over the
     8-bit table ``packed`` (:func:`quantize` of the table's transpose: blocks along the
     columns; no zero point: 128)."""
-    from graph_autofusion.codegen.onnxruntime import prune_dead_feeders
 
     if packed.bits != 8 or packed.zero_points is not None:
         raise ValueError("embeddings are quantized to 8 bits, symmetric")
@@ -449,15 +455,7 @@ def compress_embedding(model: Model, emb: Embedding, packed: Packed) -> list[Nod
             name=f"{node.name}/GatherBlockQuantized" if node.name else "GatherBlockQuantized",
             before=node,
         )
-        out, y = new.outputs[0], node.outputs[0]
-        out.dtype, out.shape = y.dtype, y.shape
-        name = y.name
-        graph.replace_all_uses_with(y, out)
-        feeders = [v for v in node.inputs if v is not None]
-        graph.remove_nodes([node])
-        prune_dead_feeders(model, feeders)
-        if not graph.has_value_name(name):
-            graph.rename_value(out, name)
+        _replace(model, node, new)
         new_nodes.append(new)
     model.opset_imports.setdefault("com.microsoft", 1)
     return new_nodes
