@@ -35,6 +35,22 @@ def _consts(rng: np.random.Generator, gates: int) -> list[onnx.TensorProto]:
     ]
 
 
+def _checked_model(
+    nodes: list, name: str, x_shape: list, out_shape: list, consts: list
+) -> onnx.ModelProto:
+    """An opset-17 model of ``nodes`` from float input ``x`` to float output ``out``, checked."""
+    graph = h.make_graph(
+        nodes,
+        name,
+        [h.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [h.make_tensor_value_info("out", TensorProto.FLOAT, out_shape)],
+        consts,
+    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return model
+
+
 def recurrent_model(op: str) -> onnx.ModelProto:
     """``x [SEQ, BATCH, IN]`` -> ``op`` (GRU or LSTM, one direction) -> the chain."""
     gates = {"GRU": 3, "LSTM": 4}[op]
@@ -44,16 +60,13 @@ def recurrent_model(op: str) -> onnx.ModelProto:
         h.make_node("Squeeze", ["y", "axis1"], ["ys"], name="squeeze"),
         *_chain("ys", "out", "c"),
     ]
-    graph = h.make_graph(
+    return _checked_model(
         nodes,
         op.lower(),
-        [h.make_tensor_value_info("x", TensorProto.FLOAT, [SEQ, BATCH, IN])],
-        [h.make_tensor_value_info("out", TensorProto.FLOAT, [SEQ, BATCH, HIDDEN])],
+        [SEQ, BATCH, IN],
+        [SEQ, BATCH, HIDDEN],
         _consts(np.random.default_rng(0), gates),
     )
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
-    onnx.checker.check_model(model)
-    return model
 
 
 def if_model() -> onnx.ModelProto:
@@ -79,16 +92,7 @@ def if_model() -> onnx.ModelProto:
     ]
     consts = _consts(np.random.default_rng(0), 3)[3:5]
     consts.append(nh.from_array(np.array(0.0, np.float32), "zero"))
-    graph = h.make_graph(
-        nodes,
-        "if_model",
-        [h.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, HIDDEN])],
-        [h.make_tensor_value_info("out", TensorProto.FLOAT, [BATCH, HIDDEN])],
-        consts,
-    )
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
-    onnx.checker.check_model(model)
-    return model
+    return _checked_model(nodes, "if_model", [BATCH, HIDDEN], [BATCH, HIDDEN], consts)
 
 
 def loop_model(trips: int = 3) -> onnx.ModelProto:
@@ -122,13 +126,4 @@ def loop_model(trips: int = 3) -> onnx.ModelProto:
         nh.from_array(np.array(True), "true"),
         nh.from_array(np.array(0.5, np.float32), "half"),
     ]
-    graph = h.make_graph(
-        nodes,
-        "loop_model",
-        [h.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, HIDDEN])],
-        [h.make_tensor_value_info("out", TensorProto.FLOAT, [BATCH, HIDDEN])],
-        consts,
-    )
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
-    onnx.checker.check_model(model)
-    return model
+    return _checked_model(nodes, "loop_model", [BATCH, HIDDEN], [BATCH, HIDDEN], consts)
