@@ -73,14 +73,18 @@ def test_top1_agreement_self_and_perturbed(lm, tokens) -> None:
     assert top1_agreement(run, run, tokens[:256], WINDOW) == 1.0
     noisy = tl.trained_lm()[0]
     gen = torch.Generator().manual_seed(0)
+    # noise of 3 standard deviations in every layer's down projection: a clear loss on every
+    # machine (perplexity +8% here; one layer at 1 std moved it by -0.2% on one machine and
+    # +0.2% on another: the trained weights differ in the last bits between ISAs)
     with torch.no_grad():
-        w = noisy.model.layers[1].mlp.down_proj.weight
-        w.add_(torch.randn(w.shape, generator=gen) * w.std())
+        for layer in noisy.model.layers:
+            w = layer.mlp.down_proj.weight
+            w.add_(torch.randn(w.shape, generator=gen) * w.std() * 3.0)
     half = tokens[:512]
     agree = top1_agreement(run, torch_logits_runner(noisy), half, WINDOW)
-    assert 0.3 < agree < 1.0, agree
+    assert 0.3 < agree < 0.97, agree
     cmp = compare_lm(run, torch_logits_runner(noisy), half, WINDOW)
-    assert cmp["top1_agreement"] == agree and cmp["ppl_rel_change"] > 0.0
+    assert cmp["top1_agreement"] == agree and cmp["ppl_rel_change"] > 0.01, cmp
     assert cmp["predictions"] == half.size - half.size // WINDOW
 
 
