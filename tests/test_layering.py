@@ -87,8 +87,6 @@ HEAVY = frozenset(
 
 #: (importing part, imported part): an upward or cyclic edge still in the code, and why
 EDGE_EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("codegen", "runtime"): "codegen/gemv.py loads the GEMV library it compiles with "
-    "runtime/shim.py's loader (the loading belongs in runtime/gemv.py)",
     ("cost", "runtime"): "cost/measure_ort.py measures the host through runtime/ort_session.py: "
     "calibration is a measuring tool above the cost model it writes profiles for",
     ("frontend", "patterns"): "frontend/onnx_legacy.py normalises shape programs with "
@@ -152,8 +150,6 @@ FUNCTION_IMPORT_EXCEPTIONS: dict[str, str] = {
     f"{PKG}.report.html_report": _CYCLE + "as report.fuse_report",
     f"{PKG}.cost.hardware": _CYCLE + "cost.calibrate (the host profile) imports cost.hardware",
     f"{PKG}.cost.measure_ort": "the upward import of EDGE_EXCEPTIONS (cost -> runtime)",
-    f"{PKG}.codegen.gemv": "the upward import of EDGE_EXCEPTIONS (codegen -> runtime); its "
-    "compiler import waits for the first GEMV build",
     f"{PKG}.frontend.onnx_legacy": "the cycle of EDGE_EXCEPTIONS (frontend <-> patterns)",
     f"{PKG}.planner.records": "the upward import of EDGE_EXCEPTIONS (planner -> report)",
     f"{PKG}.planner.binding": "the upward import of EDGE_EXCEPTIONS (planner -> verify)",

@@ -12,12 +12,12 @@ threads by column blocks.
 
 ABI, as every generated kernel's: ``gaf_gemv_f32(sizes, ptrs, strides, threads)`` with
 ``sizes = [M, N, K]``, ``ptrs = [x, w, y]`` and ``strides = [x row, w row, y row]`` (elements).
+
+This module only generates: :func:`graph_autofusion.runtime.gemv.load_gemv` compiles
+:data:`SOURCE` and loads it with the call shim.
 """
 
 from __future__ import annotations
-
-import functools
-from typing import Any
 
 #: The most activation rows the kernel is used for (more rows: a GEMM, torch's kernel).
 MAX_ROWS = 8
@@ -83,21 +83,3 @@ void gaf_gemv_f32(const int64_t *sizes, void *const *ptrs, const int64_t *stride
     }
 }
 """
-
-
-@functools.lru_cache(maxsize=4)
-def load_gemv(options: Any = None) -> Any:
-    """The compiled kernel's address and the call shim (``None`` when either cannot be built:
-    the matrix products then stay on torch's kernels)."""
-    import ctypes
-
-    from graph_autofusion.codegen.compiler import compile_source
-    from graph_autofusion.runtime.shim import load_shim
-
-    shim = load_shim()
-    if shim is None:
-        return None
-    built = compile_source(SOURCE, options, what="the gemv kernel")
-    lib = ctypes.CDLL(built.path)
-    fn = lib.gaf_gemv_f32
-    return lib, ctypes.cast(fn, ctypes.c_void_p).value, shim

@@ -18,13 +18,31 @@ prints the GEMV floors of each).
 
 from __future__ import annotations
 
+import ctypes
+import functools
 from typing import Any
 
 import numpy as np
 import torch
 
-from graph_autofusion.codegen.gemv import MAX_ROWS, load_gemv
+from graph_autofusion.codegen.compiler import compile_source
+from graph_autofusion.codegen.gemv import MAX_ROWS, SOURCE
 from graph_autofusion.runtime.kernels import default_threads
+from graph_autofusion.runtime.shim import load_shim
+
+
+@functools.lru_cache(maxsize=4)
+def load_gemv(options: Any = None) -> Any:
+    """The compiled kernel of :data:`graph_autofusion.codegen.gemv.SOURCE` (its library, its
+    address) and the call shim (``None`` when either cannot be built: the matrix products then
+    stay on torch's kernels)."""
+    shim = load_shim()
+    if shim is None:
+        return None
+    built = compile_source(SOURCE, options, what="the gemv kernel")
+    lib = ctypes.CDLL(built.path)
+    fn = lib.gaf_gemv_f32
+    return lib, ctypes.cast(fn, ctypes.c_void_p).value, shim
 
 
 class GemvMatMul:

@@ -9,8 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from graph_autofusion.codegen.gemv import load_gemv  # noqa: E402
-from graph_autofusion.runtime.gemv import GemvMatMul, LazyConstMatMul  # noqa: E402
+from graph_autofusion.runtime.gemv import GemvMatMul, LazyConstMatMul, load_gemv  # noqa: E402
 
 
 @functools.cache
