@@ -89,10 +89,6 @@ HEAVY = frozenset(
 EDGE_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("cost", "runtime"): "cost/measure_ort.py measures the host through runtime/ort_session.py: "
     "calibration is a measuring tool above the cost model it writes profiles for",
-    ("frontend", "patterns"): "frontend/onnx_legacy.py normalises shape programs with "
-    "patterns/shape_folding.py's helpers (they belong in ir)",
-    ("patterns", "frontend"): "patterns/shape_folding.py and rewrite.py export nodes with the "
-    "ONNX frontend (symbolic shape inference, function bodies)",
     ("planner", "codegen"): "planner/controls.py (keep_fp32) asks codegen/precision.py which "
     "float type a node computes in",
     ("planner", "report"): "AnalysisReport.to_text/to_html (planner/records.py) delegate to "
@@ -150,7 +146,6 @@ FUNCTION_IMPORT_EXCEPTIONS: dict[str, str] = {
     f"{PKG}.report.html_report": _CYCLE + "as report.fuse_report",
     f"{PKG}.cost.hardware": _CYCLE + "cost.calibrate (the host profile) imports cost.hardware",
     f"{PKG}.cost.measure_ort": "the upward import of EDGE_EXCEPTIONS (cost -> runtime)",
-    f"{PKG}.frontend.onnx_legacy": "the cycle of EDGE_EXCEPTIONS (frontend <-> patterns)",
     f"{PKG}.planner.records": "the upward import of EDGE_EXCEPTIONS (planner -> report)",
     f"{PKG}.planner.binding": "the upward import of EDGE_EXCEPTIONS (planner -> verify)",
     f"{PKG}.planner.controls": "the upward import of EDGE_EXCEPTIONS (planner -> codegen)",

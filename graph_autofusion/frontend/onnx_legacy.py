@@ -19,7 +19,7 @@ its reason in the report, never guessed.
   ``value_int(s)`` (int64) or ``sparse_value``. ``value_string(s)`` and other attributes are
   left alone (reported).
 * **ConstantOfShape of a constant shape** (an initializer, a Constant, or a shape program
-  over static shapes, evaluated by :func:`~graph_autofusion.patterns.shape_folding.static_ints`)
+  over static shapes, evaluated by :func:`~graph_autofusion.ir.shape_programs.static_ints`)
   becomes the filled initializer, up to :data:`MAX_FOLDED_ELEMENTS` elements.
 * **Two-input Sum** becomes ``Add`` (the residual sum of old exporters; Sum-8 broadcasts
   as Add does, and Sum-6's equal shapes are a case of Add's broadcast).
@@ -41,6 +41,11 @@ from onnx import AttributeProto
 from graph_autofusion.frontend.onnx_types import dtype_of, sparse_to_dense
 from graph_autofusion.ir.core import Graph, Model, Node, RawAttribute, Value, const_value
 from graph_autofusion.ir.dtypes import DType
+from graph_autofusion.ir.shape_programs import (
+    remove_dead_shape_nodes,
+    shape_program_nodes,
+    static_ints,
+)
 
 __all__ = [
     "MAX_FOLDED_ELEMENTS",
@@ -91,12 +96,6 @@ def normalize_legacy(model: Model) -> LegacyNormalization:
     """Normalise ``model``'s main graph in place (see the module docstring); returns what it
     did, also kept in ``model.meta["legacy_normalization"]``. Never raises for a node it
     cannot fold: the node stays and the reason is reported."""
-    from graph_autofusion.patterns.shape_folding import (
-        remove_dead_shape_nodes,
-        shape_program_nodes,
-        static_ints,
-    )
-
     graph = model.graph
     report = LegacyNormalization()
     ir_before = model.ir_version
@@ -112,7 +111,7 @@ def normalize_legacy(model: Model) -> LegacyNormalization:
             _fold_constant(graph, node, report)
         elif node.op_type == "ConstantOfShape":
             shape = node.inputs[0] if node.inputs else None
-            got = None if shape is None else _shape_value(shape, overridable, static_ints)
+            got = None if shape is None else _shape_value(shape, overridable)
             if got is None:
                 report.skipped.append((node.name, "ConstantOfShape: shape not provably constant"))
                 continue
@@ -141,7 +140,7 @@ def initializer_inputs_as_constants(model: Model) -> int:
     return len(listed)
 
 
-def _shape_value(shape: Value, overridable: frozenset[str], static_ints: Any) -> list[int] | None:
+def _shape_value(shape: Value, overridable: frozenset[str]) -> list[int] | None:
     """``shape``'s entries when provably constant: a constant 1-D integer tensor (not one a
     feed may override) or a shape program over static shapes."""
     if shape.name in overridable:
