@@ -89,12 +89,10 @@ HEAVY = frozenset(
 EDGE_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("cost", "runtime"): "cost/measure_ort.py measures the host through runtime/ort_session.py: "
     "calibration is a measuring tool above the cost model it writes profiles for",
-    ("planner", "codegen"): "planner/controls.py (keep_fp32) asks codegen/precision.py which "
-    "float type a node computes in",
     ("planner", "report"): "AnalysisReport.to_text/to_html (planner/records.py) delegate to "
     "report/, which renders it",
     ("planner", "verify"): "planner/binding.py's default_feeds builds sample inputs with "
-    "verify/sample_inputs.py; planner/controls.py reads verify/fp16.py's FP32_ACCUMULATING",
+    "verify/sample_inputs.py",
     ("torch_compile", "torch_module"): "the torch backend and the drop-in module call each "
     "other; both move onto the one pipeline (issue 23, another change)",
     ("torch_module", "torch_compile"): "as torch_compile -> torch_module",
@@ -148,7 +146,6 @@ FUNCTION_IMPORT_EXCEPTIONS: dict[str, str] = {
     f"{PKG}.cost.measure_ort": "the upward import of EDGE_EXCEPTIONS (cost -> runtime)",
     f"{PKG}.planner.records": "the upward import of EDGE_EXCEPTIONS (planner -> report)",
     f"{PKG}.planner.binding": "the upward import of EDGE_EXCEPTIONS (planner -> verify)",
-    f"{PKG}.planner.controls": "the upward import of EDGE_EXCEPTIONS (planner -> codegen)",
 }
 
 

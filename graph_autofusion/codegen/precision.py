@@ -19,24 +19,11 @@ import numpy as np
 
 from graph_autofusion.ir.core import Model, Node, Value
 from graph_autofusion.ir.dtypes import DType
+from graph_autofusion.ir.node import float_dtype  # re-exported: the query lives with the IR
 
 HALF = (DType.FLOAT16, DType.BFLOAT16)
 
 __all__ = ["float_dtype", "fp32_island_nodes", "keep_fp32_islands"]
-
-
-def float_dtype(v: Value | None, depth: int = 16) -> DType | None:
-    """``v``'s element type; an untyped value computed by a node takes the first float type
-    among its producer's inputs (what elementwise operators and reductions keep)."""
-    while v is not None and depth > 0:
-        if v.dtype is not None or v.producer is None:
-            return v.dtype
-        ins = [u for u in v.producer.inputs if u is not None]
-        typed = [float_dtype(u, depth - 1) for u in ins[:1]]
-        if typed and typed[0] is not None and typed[0].is_float:
-            return typed[0]
-        return None
-    return None
 
 
 def fp32_island_nodes(model: Model, ops: Iterable[str], exclude: Iterable[str] = ()) -> list[Node]:

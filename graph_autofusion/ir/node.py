@@ -294,3 +294,17 @@ def const_value(value: Value) -> np.ndarray | None:
             return None
         value = p.inputs[0]
     return None
+
+
+def float_dtype(v: Value | None, depth: int = 16) -> DType | None:
+    """``v``'s element type; an untyped value computed by a node takes the first float type
+    among its producer's inputs (what elementwise operators and reductions keep)."""
+    while v is not None and depth > 0:
+        if v.dtype is not None or v.producer is None:
+            return v.dtype
+        ins = [u for u in v.producer.inputs if u is not None]
+        typed = [float_dtype(u, depth - 1) for u in ins[:1]]
+        if typed and typed[0] is not None and typed[0].is_float:
+            return typed[0]
+        return None
+    return None

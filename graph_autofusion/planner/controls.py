@@ -26,9 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from graph_autofusion import reasons
+from graph_autofusion.catalog.precision import FP32_ACCUMULATING
 from graph_autofusion.catalog.registry import get_schema
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.ir.dtypes import DType
+from graph_autofusion.ir.node import float_dtype
 from graph_autofusion.patterns.rules import RuleSet
 
 __all__ = [
@@ -205,21 +207,17 @@ def half_precision(model: Any) -> bool:
 
 
 def _half_nodes(nodes: Iterable[Any], keep: frozenset[str]) -> list[Any]:
-    from graph_autofusion.codegen.precision import float_dtype
-
     return [n for n in nodes if n.op_type in keep and any(float_dtype(v) in HALF for v in n.inputs)]
 
 
 def computes_in_fp32(candidate: Any, kernel: bool) -> bool:
     """Whether ``candidate``'s fused form computes in float32: a generated kernel always
     does (half values are widened on load); an onnxruntime operator only when it is one of
-    :data:`graph_autofusion.verify.fp16.FP32_ACCUMULATING` or ``RMSNormalization``."""
+    :data:`graph_autofusion.catalog.precision.FP32_ACCUMULATING` or ``RMSNormalization``."""
     if kernel:
         return True
     rule = getattr(candidate, "rule", None)
     native = getattr(rule, "native_op", None) or getattr(rule, "fuse_pattern", "")
-    from graph_autofusion.verify.fp16 import FP32_ACCUMULATING
-
     # onnxruntime's normalizations, and the opset-23 RMSNormalization (stash_type float32)
     return str(native).split(".")[-1] in FP32_ACCUMULATING | {"RMSNormalization"}
 

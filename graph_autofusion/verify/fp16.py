@@ -11,19 +11,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
+from graph_autofusion.catalog.precision import FP32_ACCUMULATING  # re-exported
 from graph_autofusion.ir.core import Model
 from graph_autofusion.ir.dtypes import DType
 from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.verify.subgraph import flat_ops, run_session
 
 FP16_MAX = 65504.0
-#: Ops whose onnxruntime kernels accumulate in float32 even on float16 tensors.
-FP32_ACCUMULATING = {
-    "LayerNormalization",
-    "SimplifiedLayerNormalization",
-    "SkipLayerNormalization",
-    "SkipSimplifiedLayerNormalization",
-}
 
 
 def to_fp32(proto: onnx.ModelProto) -> onnx.ModelProto:
