@@ -103,9 +103,6 @@ _OWNED = "in a file the pipeline/API restructuring (issue 23, another change) re
 PRIVATE_EXCEPTIONS: dict[tuple[str, str, str], str] = {
     (f"{PKG}.api", f"{PKG}.torch_module", "_example"): _OWNED,
     (f"{PKG}.api_results", f"{PKG}.torch_module", "_first_tensor"): _OWNED,
-    (f"{PKG}.pipeline", f"{PKG}.pipeline.onnxruntime", "_e2e_passed"): _OWNED,
-    (f"{PKG}.pipeline.progressive", f"{PKG}.pipeline.onnxruntime", "_e2e_passed"): _OWNED,
-    (f"{PKG}.testing.fuzz_check", f"{PKG}.pipeline", "_e2e_passed"): _OWNED,
 }
 
 #: module -> why its imports of light package modules sit inside functions
@@ -123,19 +120,7 @@ FUNCTION_IMPORT_EXCEPTIONS: dict[str, str] = {
     f"{PKG}.torch_compile": _ENTRY,
     f"{PKG}.torch_module": _ENTRY,
     f"{PKG}.torch_ort": _ENTRY,
-    f"{PKG}.pipeline.onnxruntime": _OWNED,
-    f"{PKG}.pipeline.cpu": _OWNED,
-    f"{PKG}.pipeline.cpu_engines": _OWNED,
-    f"{PKG}.pipeline.ort_kernels": _OWNED,
-    f"{PKG}.pipeline.progressive": _OWNED,
-    f"{PKG}.pipeline.cpu_kernels": _OWNED,
-    f"{PKG}.pipeline.plan": _OWNED,
-    f"{PKG}.pipeline.result": _OWNED,
-    f"{PKG}.pipeline.stages": _OWNED,
-    f"{PKG}.pipeline.weights": _WEIGHTS,
     f"{PKG}.codegen.weights": _WEIGHTS,
-    f"{PKG}.runtime.ort_session": "the session-helper change owns it; codegen.ort_customop "
-    "(the custom-operator library) is imported when a model needs it",
     f"{PKG}.catalog.registry": _CYCLE + "the operator definitions register themselves with "
     "the registry on first use",
     f"{PKG}.patterns.pattern": _CYCLE + "patterns.matcher imports patterns.pattern",

@@ -14,10 +14,6 @@ FOLDERS = ("graph_autofusion", "benchmarks", "tools", "tests")
 #: where a direct call belongs: file -> (calls, why); None: any number
 ALLOWED = {
     "graph_autofusion/runtime/ort_session.py": (None, "the helper itself"),
-    # the session a user writes without graph-autofusion: it must fail naming the domain, so
-    # the helper (which registers the custom-operator library) cannot make it
-    "tests/test_ort_custom_ops.py": (2, "plain onnxruntime, with and without the library"),
-    "tests/test_ort_gemv.py": (1, "plain onnxruntime without the library"),
 }
 
 

@@ -15,7 +15,7 @@ from graph_autofusion import GraphAutoFusion
 from graph_autofusion.codegen.ort_customop import ort_include_dir
 from graph_autofusion.ir.text import parse_model
 from graph_autofusion.options import FuseOptions
-from graph_autofusion.pipeline import _e2e_passed
+from graph_autofusion.pipeline import e2e_passed
 from graph_autofusion.runtime.timing import use_timer
 
 #: a shipped profile: the plan must not depend on this machine's calibration
@@ -112,9 +112,9 @@ def test_a_cosine_floor_above_one_rolls_back_every_fusion(target):
 @pytest.mark.parametrize("target", TARGETS)
 def test_an_end_to_end_floor_above_one_fails_end_to_end(target):
     ok = fuse(target, check_speed=False)
-    assert _e2e_passed(ok.end_to_end) and not ok.rolled_back
+    assert e2e_passed(ok.end_to_end) and not ok.rolled_back
     res = fuse(target, check_speed=False, e2e_cosine_floor=1.01)
-    assert not _e2e_passed(res.end_to_end)
+    assert not e2e_passed(res.end_to_end)
     assert not res.lowered
     assert res.rolled_back and {b.code for b in res.rolled_back} == {"end-to-end"}
     assert any("end-to-end comparison failed" in n for n in res.notes), res.notes

@@ -7,7 +7,6 @@ import os
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
@@ -72,9 +71,10 @@ def _close(got: np.ndarray, want: np.ndarray) -> None:
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(np.abs(want).max()))
 
 
-def _plain(proto_or_path):
-    src = proto_or_path if isinstance(proto_or_path, str) else proto_or_path.SerializeToString()
-    return ort.InferenceSession(src, providers=["CPUExecutionProvider"])
+def _plain(proto_or_path, library=None):
+    """The session plain onnxruntime makes (no library found for the user: only ``library``,
+    registered by its path as a user registers it)."""
+    return ort_session(proto_or_path, "all", custom_ops_library=library, find_library=False)
 
 
 def _gaf(model) -> GraphAutoFusion:
@@ -140,10 +140,8 @@ def test_a_plain_session_without_the_library_fails_naming_the_domain(fused):
     _gaf, _model, path = fused
     with pytest.raises(Exception, match=DOMAIN):
         _plain(path)
-    # the same lines a user writes, with the library registered, run it
-    so = ort.SessionOptions()
-    so.register_custom_ops_library(path + ".kernels/libgaf_custom_ops.so")
-    ort.InferenceSession(path, so, providers=["CPUExecutionProvider"]).run(None, _feeds(1, 5))
+    # with the library registered by its path, as a user registers it, it runs
+    _plain(path, library=path + ".kernels/libgaf_custom_ops.so").run(None, _feeds(1, 5))
 
 
 @needs_header

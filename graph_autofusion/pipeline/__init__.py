@@ -28,13 +28,14 @@ dumps the stages), :mod:`.onnxruntime` (the onnxruntime target's fuse), :mod:`.c
 :mod:`.weights` (compressed weights), :mod:`.progressive` (fusion in stages).
 """
 
-from graph_autofusion.pipeline.onnxruntime import MAX_ROUNDS, _e2e_passed, fuse_model
+from graph_autofusion.pipeline.onnxruntime import MAX_ROUNDS, fuse_model
 from graph_autofusion.pipeline.plan import add_other_targets, plan_for_target
 from graph_autofusion.pipeline.result import (
     FuseResult,
     RolledBack,
     clone_model,
     dump_artifact,
+    e2e_passed,
     to_json,
     to_onnx_bytes,
 )
@@ -43,10 +44,10 @@ __all__ = [
     "MAX_ROUNDS",
     "FuseResult",
     "RolledBack",
-    "_e2e_passed",
     "add_other_targets",
     "clone_model",
     "dump_artifact",
+    "e2e_passed",
     "fuse_model",
     "plan_for_target",
     "to_json",

@@ -10,8 +10,8 @@ Stages, in order (each timed in ``result.timings`` and able to dump its artifact
 
 1. **plan** (:func:`~graph_autofusion.pipeline.plan_for_target`, shared with every target and
    with ``GraphAutoFusion.analyze()``): an independent working copy, the exporters' run-time
-   ``Reshape`` shapes folded to constants where provable, candidates (rule matches and automatic clusters), costs on the hardware profile,
-   the plan, with every candidate the target cannot lower refused at planning time
+   ``Reshape`` shapes folded to constants where provable, candidates (rule matches and
+   automatic clusters), costs on the hardware profile, the plan, with every candidate the target cannot lower refused at planning time
    (:class:`~graph_autofusion.codegen.targets.CpuTarget`).
 2. **lower**: each planned group into the kernel IR; identical groups share one kernel.
 3. **compile**: every kernel in one C translation unit, one shared library, cached. A batch
@@ -36,13 +36,17 @@ import numpy as np
 
 from graph_autofusion import reasons
 from graph_autofusion.codegen.call_plan import sample_shape
+from graph_autofusion.codegen.compiler import KernelCompileError, compile_library
 from graph_autofusion.codegen.lower import KernelReason, KernelRefused
-from graph_autofusion.codegen.onnxruntime import Lowered, NotLowered
+from graph_autofusion.codegen.onnxruntime import Lowered, NotLowered, lower_onnxruntime
+from graph_autofusion.codegen.precision import keep_fp32_islands
 from graph_autofusion.codegen.targets import candidate_nodes_outputs, native_form
 from graph_autofusion.ir.core import Model
 from graph_autofusion.options import FuseOptions
-from graph_autofusion.patterns.matcher import Match
+from graph_autofusion.patterns.matcher import Match, match_at
 from graph_autofusion.patterns.rewrite import fuse_match
+from graph_autofusion.patterns.rules import RuleMatch
+from graph_autofusion.patterns.shape_folding import fold_reshape_shapes
 from graph_autofusion.pipeline.cpu_kernels import (
     KernelGroup,
     NativeGroup,
@@ -59,7 +63,10 @@ from graph_autofusion.pipeline.result import (
     to_json,
 )
 from graph_autofusion.pipeline.stages import Stages
-from graph_autofusion.verify.safety import SafetyResult
+from graph_autofusion.runtime.ort_session import ort_session
+from graph_autofusion.verify.inputs import generate_inputs
+from graph_autofusion.verify.safety import SafetyResult, compare_outputs
+from graph_autofusion.verify.sample_inputs import is_generated, own_copy, run_failure
 
 
 @dataclass
@@ -114,11 +121,6 @@ def fuse_model_cpu(
     (the PyTorch path passes eager's); by default onnxruntime runs the original.
     ``chosen_keys``: apply exactly these candidates (a saved plan) instead of the planner's
     choice; a key that no longer matches is ignored."""
-    from graph_autofusion.codegen.compiler import KernelCompileError, compile_library
-    from graph_autofusion.patterns.shape_folding import fold_reshape_shapes
-    from graph_autofusion.verify.inputs import generate_inputs
-    from graph_autofusion.verify.sample_inputs import own_copy
-
     options = options or FuseOptions(target="cpu")
     stages = Stages(dump_dir)
     notes: list[str] = []
@@ -222,8 +224,6 @@ def fuse_model_cpu(
             fold_reshape_shapes(fresh)
         native_done = _apply_natives(fresh, natives if keep_native is None else keep_native)
         if options.keep_fp32:  # F17: unfused operators of keep_fp32 compute in float32
-            from graph_autofusion.codegen.precision import keep_fp32_islands
-
             grouped = {n for g in keep for n in (*g.node_names, *g.prologue)}
             grouped |= {n.name for low in native_done for n in low.new_nodes}
             result.fp32_islands = keep_fp32_islands(fresh, options.keep_fp32, exclude=grouped)
@@ -246,11 +246,6 @@ def _apply_natives(model: Model, natives: list[NativeGroup]) -> list[Lowered]:
     """Each native group's rule rewrite on ``model``, as the onnxruntime target applies them
     (re-matched at its root by name; a group whose match no longer holds, or whose rewrite
     declines, is left unfused)."""
-    from graph_autofusion.codegen.onnxruntime import lower_onnxruntime
-    from graph_autofusion.patterns.matcher import Match as _Match
-    from graph_autofusion.patterns.matcher import match_at
-    from graph_autofusion.patterns.rules import RuleMatch
-
     by_name = {n.name: n for n in model.graph.nodes}
     matches, groups = [], {}
     for grp in natives:
@@ -259,7 +254,7 @@ def _apply_natives(model: Model, natives: list[NativeGroup]) -> list[Lowered]:
             continue
         rule = grp.rule
         m = match_at(rule.pattern, root, checks=rule.checks, exported=rule.exported)
-        if isinstance(m, _Match):
+        if isinstance(m, Match):
             matches.append(RuleMatch(rule, m))
             groups[grp.key] = grp
     done = lower_onnxruntime(model, matches).lowered
@@ -270,7 +265,7 @@ def _apply_natives(model: Model, natives: list[NativeGroup]) -> list[Lowered]:
 
 def _rewrite(model: Model, groups: list[KernelGroup], kernels: Mapping[str, Any], opset: int):
     """Rewrite each group into one fused node on ``model``; the program that runs it."""
-    from graph_autofusion.runtime.cpu_runtime import CpuProgram, kernel_step
+    from graph_autofusion.runtime.cpu_runtime import CpuProgram, kernel_step  # heavy: torch
 
     g = model.graph
     by_name = {n.name: n for n in g.nodes}
@@ -306,14 +301,12 @@ def _rewrite(model: Model, groups: list[KernelGroup], kernels: Mapping[str, Any]
 
 
 def _safe_mode(result, groups, kernels, feeds, options, build, progress) -> None:
-    from graph_autofusion.runtime.torch_runtime import TorchRunner
+    from graph_autofusion.runtime.torch_runtime import TorchRunner  # heavy: torch
 
     ref = TorchRunner(result.original, shared_constants=_same_values(result))
     try:
         acts = ref.run(feeds, keep_all=True)
     except RuntimeError as exc:  # the original fails on the sample inputs: one clear error
-        from graph_autofusion.verify.sample_inputs import is_generated, run_failure
-
         failure = run_failure(
             result.original, feeds, exc, runtime="torch", generated=is_generated(feeds)
         )
@@ -362,8 +355,7 @@ def _same_values(result: CpuFuseResult) -> dict[str, Any]:
 
 def _reference_outputs(original: Model, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """The original's outputs: onnxruntime's (an independent executor), else torch's."""
-    from graph_autofusion.runtime.ort_session import ort_session
-    from graph_autofusion.runtime.torch_runtime import TorchRunner
+    from graph_autofusion.runtime.torch_runtime import TorchRunner  # heavy: torch
 
     try:
         sess = ort_session(original, "disable")
@@ -379,8 +371,6 @@ def _as_float_array(v: Any) -> np.ndarray:
 
 
 def _end_to_end(result, feeds, options, build, notes, reference=None) -> None:
-    from graph_autofusion.verify.safety import compare_outputs
-
     if reference is not None:
         want = {k: _as_float_array(v) for k, v in reference.items()}
     else:

@@ -42,8 +42,16 @@ from typing import Any
 import numpy as np
 
 from graph_autofusion import defaults
+from graph_autofusion.codegen.ort_customop import ort_include_dir
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.ir.core import Model
+from graph_autofusion.pipeline.cpu import fuse_model_cpu
+from graph_autofusion.pipeline.onnxruntime import fuse_model
+from graph_autofusion.report import progress as _progress
+from graph_autofusion.runtime.ort_session import ort_session
+from graph_autofusion.runtime.timing import current_timer
+from graph_autofusion.verify.inputs import generate_inputs
+from graph_autofusion.verify.sample_inputs import own_copy
 
 ENGINES = ("onnxruntime", "torch")
 #: The timer key of the engine measurement (``side`` is the engine's name).
@@ -56,7 +64,7 @@ class EngineWarning(UserWarning):
 
 def torch_unsupported(model: Model) -> list[str]:
     """The operators of ``model`` (main graph) the torch runner has no implementation for."""
-    from graph_autofusion.runtime.torch_runtime import impl_for
+    from graph_autofusion.runtime.torch_runtime import impl_for  # heavy: torch
 
     return sorted({n.qualified_op for n in model.graph.nodes if impl_for(n) is None})
 
@@ -66,8 +74,6 @@ class OrtEngineProgram:
     library registered): ``run(feeds)`` returns ``{output name: array}``."""
 
     def __init__(self, result: Any, threads: int) -> None:
-        from graph_autofusion.runtime.ort_session import ort_session
-
         lib = getattr(result, "custom_ops", None)
         self.session = ort_session(
             result.model, "all", threads, custom_ops_library=lib.path if lib is not None else None
@@ -110,11 +116,6 @@ def fuse_onnx_cpu(
     Raises:
         GraphAutoFusionError: no engine can run the model (each engine's reason named).
     """
-    from graph_autofusion.pipeline.cpu import fuse_model_cpu
-    from graph_autofusion.report import progress as _progress
-    from graph_autofusion.verify.inputs import generate_inputs
-    from graph_autofusion.verify.sample_inputs import own_copy
-
     options = options.replace(target="cpu")
     # own_copy: generated inputs stay marked as such (an error about them says so)
     feeds = own_copy(feeds) if feeds is not None else generate_inputs(original)
@@ -190,9 +191,6 @@ def _onnxruntime_engine(
 ) -> Any:
     """The ONNX route with generated kernels as custom operators (one warning when the C API
     header is missing: onnxruntime's own fused operators only)."""
-    from graph_autofusion.codegen.ort_customop import ort_include_dir
-    from graph_autofusion.pipeline.onnxruntime import fuse_model
-
     if ort_include_dir() is None:
         warnings.warn(
             "cpu target: onnxruntime's C API header is not available (sh tools/ort_headers.sh): "
@@ -210,8 +208,6 @@ def measure_engines(
 ) -> dict[str, float]:
     """Each built engine's median seconds on ``feeds`` (see the module docstring)."""
     import torch
-
-    from graph_autofusion.runtime.timing import current_timer
 
     calls: dict[str, Callable[[], Any]] = {}
     for name, res in built.items():

@@ -16,8 +16,11 @@ from graph_autofusion import defaults, reasons
 from graph_autofusion.codegen.call_plan import finalize_kernel  # noqa: F401 - its public name here
 from graph_autofusion.codegen.kernel_ir import Kernel
 from graph_autofusion.codegen.onnxruntime import Lowered
+from graph_autofusion.codegen.reference import run_reference
 from graph_autofusion.options import FuseOptions
+from graph_autofusion.runtime.kernels import load_library
 from graph_autofusion.runtime.timing import median_us
+from graph_autofusion.verify.compare import compare_tensors
 from graph_autofusion.verify.safety import SafetyResult
 
 
@@ -64,16 +67,12 @@ def kernel_functions(
 ) -> dict[str, Any]:
     """Kernel name -> callable (compiled, or the NumPy reference when asked for)."""
     if options.backend == "reference":
-        from graph_autofusion.codegen.reference import run_reference
-
         out: dict[str, Any] = {}
         for g in groups:
             out[g.kernel.name] = ReferenceKernel(g.kernel, run_reference)
         return out
     if library is None:
         return {}
-    from graph_autofusion.runtime.kernels import load_library
-
     lib = load_library(library, options.threads)
     return dict(lib.functions)
 
@@ -107,9 +106,10 @@ def unfused_runner(
     computes at run time where the fused model has a folded constant) come from ``consts`` or
     the captured activations ``acts``. It returns the ``outputs`` named (one value, a tuple
     of several, ``None`` for none)."""
-    acts = acts or {}
-    from graph_autofusion.runtime.torch_ops import OpCall
+    from graph_autofusion.runtime.torch_ops import OpCall  # heavy: torch
     from graph_autofusion.runtime.torch_runtime import impl_for
+
+    acts = acts or {}
 
     calls = [(n, impl_for(n), OpCall(n, opset)) for n in nodes]
 
@@ -168,8 +168,6 @@ def check_kernel(
     """Safe mode's verdict on one kernel: its outputs on the real activations against the
     unfused operators' (cosine, max error), then (``unfused`` given) its time against theirs."""
     import torch
-
-    from graph_autofusion.verify.compare import compare_tensors
 
     try:
         with torch.no_grad():

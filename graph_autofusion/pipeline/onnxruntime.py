@@ -46,18 +46,38 @@ from graph_autofusion.codegen.onnxruntime import (
     lower_onnxruntime,
     share_created,
 )
+from graph_autofusion.codegen.precision import keep_fp32_islands
+from graph_autofusion.errors import GraphAutoFusionError, UnsupportedOperatorError
 from graph_autofusion.ir.core import Model
+from graph_autofusion.options import FuseOptions
 from graph_autofusion.patterns.candidates import match_rules
 from graph_autofusion.patterns.rules import RuleSet
+from graph_autofusion.patterns.shape_folding import fold_reshape_shapes
+from graph_autofusion.pipeline.ort_kernels import CustomOps, CustomOpsUnavailable
 from graph_autofusion.pipeline.plan import plan_for_target
 from graph_autofusion.pipeline.result import (
     FuseResult,
     RolledBack,
     clone_model,
+    e2e_passed,
     to_json,
     to_onnx_bytes,
 )
 from graph_autofusion.pipeline.stages import Stages
+from graph_autofusion.pipeline.weights import compress_weights
+from graph_autofusion.runtime.ort_session import ort_session
+from graph_autofusion.verify.inputs import generate_inputs
+from graph_autofusion.verify.optimized_graph import same_model_after_optimization
+from graph_autofusion.verify.safety import (
+    FusionRecord,
+    capture_activations,
+    check_fusion,
+    compare_outputs,
+    end_to_end,
+)
+from graph_autofusion.verify.sample_inputs import is_generated, own_copy, run_failure, source_of
+from graph_autofusion.verify.signature import Repeats
+from graph_autofusion.verify.subgraph import run_session
 
 MAX_ROUNDS = 4
 
@@ -89,8 +109,6 @@ def _same_after_ort(original: Model, result: FuseResult, notes: list[str]) -> bo
     fusions are not timed one by one (numerics are still checked), with a note."""
     if not result.lowered or not any(n.op_type == "Conv" for n in original.graph.nodes):
         return False
-    from graph_autofusion.verify.optimized_graph import same_model_after_optimization
-
     if not same_model_after_optimization(original, result.model):
         return False
     notes.append(
@@ -131,9 +149,6 @@ def fuse_model(
     ``options.weights`` (``int8``/``int4``): the last stage compresses the contractions'
     weights, each layer verified (:mod:`graph_autofusion.pipeline.weights`; ``result.weights``);
     ``weight_layers``: only these contractions (a saved plan's), still verified."""
-    from graph_autofusion.options import FuseOptions
-    from graph_autofusion.pipeline.ort_kernels import CustomOps, CustomOpsUnavailable
-
     options = (options or FuseOptions()).replace(target="onnxruntime")
     args = dict(feeds=feeds, progress=progress, dump_dir=dump_dir, saved_keys=keys)
     notes: list[str] = []
@@ -149,8 +164,6 @@ def fuse_model(
     if result is None:
         result = _fuse_model(original, rules, profile, options, custom=None, notes=notes, **args)
     if options.weights != "fp32":  # compressed weights: the last stage, each layer verified
-        from graph_autofusion.pipeline.weights import compress_weights
-
         stages = Stages(dump_dir, label=f"onnxruntime ({options.weights} weights)")
         stages.timings = result.timings
         with stages("weights", f"weights: {options.weights}"):
@@ -174,16 +187,11 @@ def _fuse_model(
     notes: list[str],
     saved_keys: Sequence[str] | None = None,
 ) -> FuseResult:
-    from graph_autofusion.verify.inputs import generate_inputs
-    from graph_autofusion.verify.sample_inputs import own_copy
-
     stages = Stages(dump_dir, label="onnxruntime")
     notes = list(notes)
     native = RuleSet(tuple(r for r in rules if r.rewrite is not None))
     generic_only = RuleSet(tuple(r for r in rules if r.rewrite is None))
     feeds = own_copy(feeds) if feeds is not None else generate_inputs(original)
-    from graph_autofusion.patterns.shape_folding import fold_reshape_shapes
-
     opts = options.replace(custom_ops=custom is not None)
     safe_mode = opts.safe_mode
     planned = rules if custom is not None else native  # custom: every rule, and clusters
@@ -234,14 +242,6 @@ def _fuse_model(
             custom.finish(result)
         stages.dump("fused.onnx", lambda: to_onnx_bytes(result.model))
         return result
-
-    from graph_autofusion.verify.safety import (
-        FusionRecord,
-        capture_activations,
-        check_fusion,
-        end_to_end,
-    )
-    from graph_autofusion.verify.signature import Repeats
 
     with stages("capture", "safe mode: capture activations"):
         acts = _capture_original(original, feeds, capture_activations)
@@ -304,7 +304,7 @@ def _fuse_model(
         flattened = flatten_gemms(result.model)
     with stages("end_to_end", "safe mode: end-to-end check"):
         e2e = end_to_end(original, result.model, feeds, cosine_floor=opts.e2e_cosine_floor)
-        if (absorbed or flattened) and not _e2e_passed(e2e):
+        if (absorbed or flattened) and not e2e_passed(e2e):
             notes.append(
                 f"layout clean-up ({absorbed} attentions, {flattened} flattened Gemms) rolled back: "
                 f"it differs"
@@ -323,7 +323,7 @@ def _fuse_model(
         if _keep_fp32(result, opts.keep_fp32, notes):
             e2e = end_to_end(original, result.model, feeds, cosine_floor=opts.e2e_cosine_floor)
         result.end_to_end = e2e
-        if not _e2e_passed(e2e):
+        if not e2e_passed(e2e):
             notes.append(
                 "the end-to-end comparison failed: every fusion (and the shape folding) rolled back"
             )
@@ -350,8 +350,6 @@ def _keep_fp32(result: FuseResult, ops: tuple[str, ...], notes: list[str]) -> in
     were verified as they are and are left alone)."""
     if not ops:
         return 0
-    from graph_autofusion.codegen.precision import keep_fp32_islands
-
     fused = {n.name for low in result.lowered for n in low.new_nodes}
     count = keep_fp32_islands(result.model, ops, exclude=fused)
     result.fp32_islands = count
@@ -363,9 +361,6 @@ def _keep_fp32(result: FuseResult, ops: tuple[str, ...], notes: list[str]) -> in
 def _capture_original(original: Model, feeds: Mapping[str, Any], capture: Callable) -> Any:
     """Safe mode's activations of the original; a model onnxruntime cannot run (an operator
     without a CPU kernel for its type, e.g. bfloat16) is a clear error, not its traceback."""
-    from graph_autofusion.errors import GraphAutoFusionError, UnsupportedOperatorError
-    from graph_autofusion.verify.sample_inputs import is_generated, run_failure, source_of
-
     try:
         return capture(original, feeds)
     except GraphAutoFusionError:
@@ -389,17 +384,14 @@ def _check_folding(
     """Safe mode's check of the shape folding: the folded model against the original on the
     sample inputs and on inputs with other symbolic dims (batch 2, sequence 7), where the
     original runs on them. Returns what failed, or ``""``."""
-    from graph_autofusion.runtime.ort_session import ort_session as _session
-    from graph_autofusion.verify.inputs import generate_inputs
-
     sets = [("the sample inputs", dict(feeds))]
     other = generate_inputs(original, seed=1, batch=2, seq_len=7)
     if any(np.shape(other[k]) != np.shape(v) for k, v in feeds.items() if k in other):
         sets.append(("inputs of batch 2, sequence 7", other))
     # lean sessions: the weights are read in place, not serialized twice
-    a = _session(original, lean=True)
+    a = ort_session(original, lean=True)
     try:
-        b = _session(folded, lean=True)
+        b = ort_session(folded, lean=True)
     except Exception as exc:  # noqa: BLE001
         return f"onnxruntime refuses the folded model: {type(exc).__name__}: {exc}"
     try:
@@ -410,18 +402,15 @@ def _check_folding(
 
 
 def _compare_folding(a: Any, b: Any, sets: list, cosine_floor: float) -> str:
-    from graph_autofusion.verify.safety import compare_outputs
-    from graph_autofusion.verify.subgraph import run_session as _run
-
     for what, arrays in sets:
         try:
-            want = _run(a, arrays, quiet=what != "the sample inputs")
+            want = run_session(a, arrays, quiet=what != "the sample inputs")
         except Exception as exc:  # noqa: BLE001
             if what == "the sample inputs":
                 return f"the original does not run on {what} ({type(exc).__name__}): not checked"
             continue  # the original may not take other dims: nothing to compare there
         try:
-            got = _run(b, arrays)
+            got = run_session(b, arrays)
         except Exception as exc:  # noqa: BLE001
             return f"the folded model fails on {what}: {type(exc).__name__}: {exc}"
         cmp = compare_outputs(want, got, cosine_floor=cosine_floor)
@@ -429,10 +418,3 @@ def _compare_folding(a: Any, b: Any, sets: list, cosine_floor: float) -> str:
         if bad:
             return f"outputs {bad} differ on {what}"
     return ""
-
-
-def _e2e_passed(e2e: Mapping[str, Any]) -> bool:
-    if "passed" in e2e:
-        return bool(e2e["passed"])
-    outs = e2e.get("outputs", e2e)
-    return all(bool(v.get("passed", True)) for v in outs.values() if isinstance(v, Mapping))

@@ -30,8 +30,11 @@ from graph_autofusion.codegen.ort_customop import (
     check_loads,
     library_ops,
     ort_include_dir,
+    plan_groups,
     register_library,
 )
+from graph_autofusion.codegen.ort_gemv import OP as GEMV_OP
+from graph_autofusion.codegen.ort_matmul import apply_sites, plan_sites
 from graph_autofusion.errors import GraphAutoFusionError
 
 
@@ -62,9 +65,6 @@ class CustomOps:
         Raises:
             CustomOpsUnavailable: the library fails to build or to load.
         """
-        from graph_autofusion.codegen.ort_customop import plan_groups
-        from graph_autofusion.codegen.ort_matmul import plan_sites
-
         self.groups, refused = plan_groups(work, analysis, target)
         out = [NotLowered(k, r, c, m) for k, r, c, m in refused]
         types = getattr(getattr(analysis, "binding", None), "types", {}) or {}
@@ -92,8 +92,6 @@ class CustomOps:
         return lib
 
     def lower(self, model: Any, keys: list[str] | None) -> list[Lowered]:
-        from graph_autofusion.codegen.ort_matmul import apply_sites
-
         groups = self.groups if keys is None else [g for g in self.groups if g.key in set(keys)]
         done = apply_groups(model, groups)
         if self.gemv:  # after the groups: a MatMul a group keeps is rewritten inside it
@@ -108,8 +106,6 @@ class CustomOps:
         if not used or self.library is None:
             return
         if used != set(self.library.ops):
-            from graph_autofusion.codegen.ort_gemv import OP
-
             keep = [g for g in self.groups if g.op in used]
-            self.library = self.build(keep, OP in used)
+            self.library = self.build(keep, GEMV_OP in used)
         result.custom_ops = self.library

@@ -8,10 +8,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from graph_autofusion.codegen.ort_customop import kernel_target, ort_include_dir
+from graph_autofusion.codegen.targets import get_target
 from graph_autofusion.ir.core import Model
+from graph_autofusion.options import TARGETS
 from graph_autofusion.patterns.rules import RuleSet
+from graph_autofusion.patterns.shape_folding import fold_reshape_shapes
 from graph_autofusion.pipeline.result import clone_model
+from graph_autofusion.planner.analysis import analyze_model
 from graph_autofusion.planner.controls import PrecisionGuard, half_precision
+from graph_autofusion.report import progress
 
 
 def plan_for_target(
@@ -30,15 +36,8 @@ def plan_for_target(
 
     Returns ``(work, analysis, folding, target)``; ``original`` is not modified.
     """
-    from graph_autofusion.codegen.targets import get_target
-    from graph_autofusion.patterns.shape_folding import fold_reshape_shapes
-    from graph_autofusion.planner.analysis import analyze_model
-    from graph_autofusion.report import progress
-
     opset = int(original.opset_imports.get("", 17))
     if options.target == "onnxruntime" and getattr(options, "custom_ops", False):
-        from graph_autofusion.codegen.ort_customop import kernel_target, ort_include_dir
-
         target = kernel_target(opset) if ort_include_dir() else get_target("onnxruntime")
     else:
         target = get_target(options.target, opset=opset)
@@ -82,8 +81,6 @@ def add_other_targets(
 ) -> None:
     """Plan for every target but ``options.target`` and list, in ``report.other_targets``,
     what each would fuse instead (shown apart from the plan ``fuse()`` carries out)."""
-    from graph_autofusion.options import TARGETS
-
     for name in TARGETS:
         if name != options.target:
             alt = plan_for_target(original, rules, profile, options.replace(target=name), feeds)[1]

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graph_autofusion import reasons
+from graph_autofusion.patterns.rules import RuleSet
+from graph_autofusion.pipeline.result import e2e_passed
 from graph_autofusion.planner.controls import ControlError
 
 __all__ = ["ProgressiveResult", "StageOutcome", "fuse_progressive", "resolve_stages"]
@@ -128,8 +130,6 @@ def fuse_progressive(
 ) -> ProgressiveResult:
     """Run the stages (see the module docstring). ``run_stage(ruleset)`` fuses the original
     model with ``ruleset`` in safe mode and returns its ``FuseResult``."""
-    from graph_autofusion.patterns.rules import RuleSet
-
     plan = resolve_stages(rules, stages)
     outcomes: list[StageOutcome] = []
     kept: Any = None
@@ -144,9 +144,7 @@ def fuse_progressive(
             for b in result.rolled_back
             if b.code not in NOT_A_FAILURE
         ]
-        from graph_autofusion.pipeline.onnxruntime import _e2e_passed
-
-        e2e_ok = result.end_to_end is None or _e2e_passed(result.end_to_end)
+        e2e_ok = result.end_to_end is None or e2e_passed(result.end_to_end)
         outcome = StageOutcome(i, names, passed=not failures and e2e_ok, fused=fused)
         outcome.failures = failures
         if not result.safe_mode:

@@ -4,23 +4,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+import json
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from graph_autofusion import reasons
 from graph_autofusion.codegen.onnxruntime import Lowered, NotLowered
-from graph_autofusion.ir.core import Model
+from graph_autofusion.ir.core import Graph, Model, Node, Value
 
 
 def clone_model(model: Model) -> Model:
     """An independent copy of ``model``: its own graph, nodes and values; constant arrays are
     shared (the pipeline never writes into one). A graph with subgraph attributes (If, Loop)
     or with untyped values is copied through its ONNX form, whose import infers the types."""
-    import copy
-
-    from graph_autofusion.ir.core import Graph, Node, Value
-
     g = model.graph
     subgraphs = any(isinstance(a, Graph) for n in g.nodes for a in _attr_leaves(n.attrs))
     # The ONNX round trip also runs onnx's shape inference, which a hand-built IR may need. A
@@ -31,7 +30,7 @@ def clone_model(model: Model) -> Model:
         v.dtype is None or v.shape is None for n in g.nodes for v in n.outputs
     )
     if subgraphs or untyped:
-        from graph_autofusion.frontend.onnx_frontend import load_onnx, to_onnx
+        from graph_autofusion.frontend.onnx_frontend import load_onnx, to_onnx  # heavy: onnx
 
         return load_onnx(to_onnx(model))
     vmap: dict[int, Value] = {}
@@ -83,6 +82,16 @@ def _attr_leaves(attrs: dict[str, Any]) -> list[Any]:
     for a in attrs.values():
         out.extend(a if isinstance(a, list | tuple) else [a])
     return out
+
+
+def e2e_passed(e2e: Mapping[str, Any]) -> bool:
+    """Whether an end-to-end comparison passed: ``{"outputs": {...}, "passed": bool}`` (the
+    cpu target's), or output name -> ``{"cosine", ..., "passed"}`` (the onnxruntime target's,
+    :func:`graph_autofusion.verify.safety.end_to_end`): every output passed."""
+    if "passed" in e2e:
+        return bool(e2e["passed"])
+    outs = e2e.get("outputs", e2e)
+    return all(bool(v.get("passed", True)) for v in outs.values() if isinstance(v, Mapping))
 
 
 @dataclass
@@ -185,14 +194,12 @@ class FuseResult:
 
 
 def to_onnx_bytes(model: Model) -> bytes:
-    from graph_autofusion.frontend.onnx_frontend import to_onnx
+    from graph_autofusion.frontend.onnx_frontend import to_onnx  # heavy: onnx
 
     return to_onnx(model).SerializeToString()
 
 
 def to_json(data: Any) -> str:
-    import json
-
     return json.dumps(data, indent=1, default=str)
 
 
@@ -200,8 +207,6 @@ def dump_artifact(dump_dir: Any, name: str, make: Callable[[], Any]) -> None:
     """Write one stage's artifact to ``dump_dir`` (nothing when it is None)."""
     if dump_dir is None:
         return
-    import os
-
     os.makedirs(dump_dir, exist_ok=True)
     data = make()
     mode = "wb" if isinstance(data, bytes) else "w"

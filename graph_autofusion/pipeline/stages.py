@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from graph_autofusion.pipeline.result import dump_artifact
+from graph_autofusion.report import progress
 
 STAGES = ("plan", "lower", "compile", "rewrite", "capture", "verify", "end_to_end", "weights")
 
@@ -38,8 +39,6 @@ class Stages:
     def __call__(self, name: str, task: str | None = None) -> Iterator[None]:
         """Time stage ``name``; ``task``: what the progress display says (default
         ``"<label>: <name>"``)."""
-        from graph_autofusion.report import progress
-
         t = time.perf_counter()
         try:
             with progress.task(task or f"{self.label}: {name}"):

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from graph_autofusion import defaults
+from graph_autofusion.codegen.onnxruntime import drop_dead_initializers
 from graph_autofusion.codegen.weights import (
     BITS,
     KEPT_EMBEDDING,
@@ -52,6 +53,9 @@ from graph_autofusion.codegen.weights import (
     reference_model,
 )
 from graph_autofusion.ir.core import Model
+from graph_autofusion.pipeline.result import clone_model
+from graph_autofusion.runtime.ort_session import model_weights, ort_session
+from graph_autofusion.runtime.timing import median_us
 
 #: The LM head's form when ``weights_policy="all"`` compresses it: the highest of the
 #: compressed forms (an int4 model keeps its head at 8 bits).
@@ -306,9 +310,6 @@ def _apply(
 ) -> Model:
     """A copy of ``model`` with the sites named ``names`` as ``MatMulNBits`` and the tables
     named so as ``GatherBlockQuantized``."""
-    from graph_autofusion.codegen.onnxruntime import drop_dead_initializers
-    from graph_autofusion.pipeline.result import clone_model
-
     work = clone_model(model)
     wanted = set(names)
     sites = find_sites(work, min_elements=defaults.WEIGHTS_MIN_ELEMENTS, keep_head=not every)
@@ -327,7 +328,6 @@ def _capture(model: Model, feeds: Mapping[str, Any], names: set[str], threads: i
     import onnx
 
     from graph_autofusion.frontend.onnx_frontend import to_onnx
-    from graph_autofusion.runtime.ort_session import model_weights, ort_session
 
     arrays = model_weights(model)
     proto = to_onnx(model, without_data=set(arrays))
@@ -369,8 +369,6 @@ def _check_layers(
 ) -> list[Site]:
     """Safe mode's per-layer check (each layer against its own form's floors); returns the
     sites that pass (the others' records carry their reason)."""
-    from graph_autofusion.runtime.ort_session import ort_session
-
     names = {s.a.name for s in todo} | {s.y.name for s in todo}
     acts = _capture(model, feeds, names, threads)
     items = []
@@ -413,9 +411,6 @@ def _check_speed(
 ) -> list[tuple[Site, np.ndarray]]:
     """Time each layer compressed and fp32 on its activation (safe mode's timer); a layer
     slower than ``speed_margin`` x its fp32 form stays fp32."""
-    from graph_autofusion.runtime.ort_session import ort_session
-    from graph_autofusion.runtime.timing import median_us
-
     kept = []
     for s, a in items:
         fast = ort_session(probe_model([(s.name, a, packs[s.name], s.bias)], level), "all", threads)
@@ -439,8 +434,6 @@ def _end_to_end(
     cosine at least ``WEIGHTS_E2E_COSINE[form]``, relative error at most
     ``WEIGHTS_E2E_REL_ERR[form]``."""
     floor = defaults.WEIGHTS_E2E_COSINE[form]
-    from graph_autofusion.runtime.ort_session import model_weights, ort_session
-
     cap = defaults.WEIGHTS_E2E_REL_ERR[form]
     a = ort_session(original, "disable", threads, lean=True)
     b = ort_session(work, "disable", threads, in_place=model_weights(work))

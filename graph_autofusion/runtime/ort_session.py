@@ -6,11 +6,16 @@ sess = ort_session(model_or_path_or_proto, level="all", threads=2)
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from graph_autofusion.codegen import ort_customop as co
+from graph_autofusion.errors import MissingFileError
+from graph_autofusion.ir.core import Model
 
 _LEVELS = {
     "disable": "ORT_DISABLE_ALL",
@@ -33,6 +38,7 @@ def ort_session(
     lean: bool = False,
     prepack: bool = True,
     optimized_model_path: str | None = None,
+    find_library: bool = True,
 ) -> Any:
     """An onnxruntime CPU session of an IR :class:`Model`, a ``ModelProto``, its serialized
     bytes or a path.
@@ -45,7 +51,9 @@ def ort_session(
     A model using graph-autofusion's custom operators gets their library registered:
     ``custom_ops_library``, else the one its metadata names (next to a saved file), else the
     one this process built for those operators. Without any, onnxruntime refuses the model
-    with a message naming the ``ai.graph_autofusion`` domain.
+    with a message naming the ``ai.graph_autofusion`` domain. ``find_library=False``: only
+    ``custom_ops_library`` is registered, never one found from the model (the session plain
+    onnxruntime makes of a saved file, as a user without graph-autofusion opens it).
 
     ``in_place``: initializers (by name) that the session reads from these arrays' memory
     instead of the model's bytes (:func:`in_place_weights`): nothing is copied beyond what
@@ -64,8 +72,6 @@ def ort_session(
     optimizer made there (what ``level`` turned the graph into).
     """
     import onnxruntime as ort
-
-    from graph_autofusion.ir.core import Model
 
     so = ort.SessionOptions()
     so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[level])
@@ -97,7 +103,7 @@ def ort_session(
             src = src.SerializeToString()
     else:
         src = model.SerializeToString()
-    lib = custom_ops_library or _custom_ops_library(model)
+    lib = custom_ops_library or (_custom_ops_library(model) if find_library else None)
     if lib:
         so.register_custom_ops_library(lib)
     if in_place:
@@ -135,8 +141,6 @@ def _session_in_place(src: Any, so: Any, arrays: Mapping[str, np.ndarray]) -> An
     session is created: the session runs on the values given here, but onnxruntime's graph
     optimizer reads some initializers from the model's own data (an fp16 MatMul's weight), so
     the placeholder must hold the real bytes, not zeros."""
-    import tempfile
-
     import onnx
     import onnxruntime as ort
 
@@ -180,11 +184,6 @@ def _session_in_place(src: Any, so: Any, arrays: Mapping[str, np.ndarray]) -> An
 def _custom_ops_library(model: Any) -> str | None:
     """The library for the custom operators ``model`` uses (None: it uses none, or none is
     known)."""
-    import os
-
-    from graph_autofusion.codegen import ort_customop as co
-    from graph_autofusion.ir.core import Model
-
     path = None
     if isinstance(model, bytes) and co.DOMAIN.encode() not in model:
         return None  # serialized: the domain's name would appear in it
@@ -221,17 +220,11 @@ def fused_session(path: str | Path, level: str = "all", threads: int = 2, **kw: 
         FileNotFoundError: the metadata names a library that is not there (copy the kernel
             folder along with the model).
     """
-    import os
-
     import onnx
-
-    from graph_autofusion.codegen import ort_customop as co
 
     proto = onnx.load(str(path), load_external_data=False)
     lib = co.library_path_from_metadata(proto, str(path))
     if lib is not None and not os.path.exists(lib):
-        from graph_autofusion.errors import MissingFileError
-
         raise MissingFileError(
             f"{path} needs its custom-operator library {lib}, which is missing (the kernel "
             f"folder written next to the model must stay next to it)"

@@ -49,7 +49,7 @@ from graph_autofusion.patterns.candidates import match_rules
 from graph_autofusion.patterns.clustering import cluster
 from graph_autofusion.patterns.library import builtin_rules
 from graph_autofusion.patterns.pairs import operator_pairs
-from graph_autofusion.pipeline import _e2e_passed, fuse_model, plan_for_target
+from graph_autofusion.pipeline import e2e_passed, fuse_model, plan_for_target
 from graph_autofusion.pipeline.cpu import fuse_model_cpu
 from graph_autofusion.planner.analysis import nodes_of
 from graph_autofusion.planner.plan import STRATEGIES
@@ -439,4 +439,4 @@ def _group_nodes(payload: Any) -> list[Any]:
 
 def _passed(e2e: Mapping[str, Any]) -> bool:
 
-    return _e2e_passed(e2e)
+    return e2e_passed(e2e)
