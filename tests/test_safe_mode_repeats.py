@@ -130,3 +130,47 @@ def test_compare_tensors_edge_cases():
     s = compare_tensors(nan, a)
     assert s["cosine"] == 0.0 and s["nonfinite"] == 1.0 and math.isinf(s["max_abs"])
     assert compare_tensors(a, a.reshape(3, 1))["cosine"] == 0.0
+
+
+# Two layers reading a value computed once outside them (a mask every layer shares), and a
+# third whose input has another shape.
+LAYERS = """
+model opset {"": 18}
+graph g(%x1: f32[4,64], %x2: f32[4,64], %x3: f32[8,64], %m: f32[4,64], %m3: f32[8,64]) -> (%y1, %y2, %y3) {
+  init %c: f32[] = [2.0]
+  %mask = Neg(%m) @mask
+  %s1 = Div(%x1, %c) @div1
+  %y1 = Add(%s1, %mask) @add1
+  %s2 = Div(%x2, %c) @div2
+  %y2 = Add(%s2, %mask) @add2
+  %s3 = Div(%x3, %c) @div3
+  %y3 = Add(%s3, %m3) @add3
+}
+"""
+
+
+def test_the_signature_is_free_of_names_and_of_the_order_a_match_lists_its_nodes():
+    from graph_autofusion.verify.safety import FusionRecord
+    from graph_autofusion.verify.signature import fusion_signature
+
+    model = parse_model(LAYERS)
+    nodes = {n.name: n for n in model.graph.nodes}
+    rng = np.random.default_rng(0)
+    acts = {k: rng.standard_normal((4, 64)).astype(np.float32) for k in ("x1", "x2", "mask")}
+    acts["x3"] = acts["m3"] = rng.standard_normal((8, 64)).astype(np.float32)
+
+    def sig(i, order, outputs=None):
+        listed = [nodes[f"{name}{i}"] for name in order]
+        out = outputs or [f"y{i}"]
+        record = FusionRecord(f"r@{i}", "r", listed, listed, [f"x{i}"], out)
+        return fusion_signature(record, acts)
+
+    first = sig(1, ("div", "add"))
+    # the second layer, its nodes listed the other way round, reading the shared mask
+    # (captured, not among the record's inputs): the same computation, one signature
+    assert sig(2, ("add", "div")) == first
+    assert sig(3, ("div", "add")) != first  # inputs of another shape
+    assert sig(2, ("div", "add"), ["s2"]) != first  # another node's value is the output
+    # the mask not captured: the layers read a value by name that safe mode cannot shape
+    del acts["mask"]
+    assert sig(1, ("div", "add")) != first
