@@ -210,7 +210,7 @@ class GraphAutoFusion(FusedResults):
     def feeds(self) -> dict[str, np.ndarray]:
         """The sample inputs used for shapes, safe mode and measurements."""
         if self.sample_inputs is None:
-            from graph_autofusion.verify.inputs import generate_inputs
+            from graph_autofusion.samples.inputs import generate_inputs
 
             self.sample_inputs = generate_inputs(self.model)
         return self.sample_inputs

@@ -308,7 +308,7 @@ def _onnxruntime_errors(model: Model, feeds: Mapping[str, Any], what: str):
         raise
     except Exception as exc:  # noqa: BLE001 - onnxruntime's own exception types
         from graph_autofusion.errors import SampleInputError
-        from graph_autofusion.verify.sample_inputs import is_generated, run_failure, source_of
+        from graph_autofusion.samples.sample_inputs import is_generated, run_failure, source_of
 
         failure = run_failure(
             model, feeds, exc, runtime="onnxruntime", generated=is_generated(feeds)

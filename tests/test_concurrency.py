@@ -39,7 +39,7 @@ WORKER = textwrap.dedent(
     from graph_autofusion.ir.text import parse_model
     from graph_autofusion.runtime.kernels import load_library
     from graph_autofusion.testing import ort_outputs
-    from graph_autofusion.verify.inputs import generate_inputs
+    from graph_autofusion.samples.inputs import generate_inputs
     from tests.codegen.test_compiler import _kernels
     from tests.test_fuse_pipeline import TRANSFORMER_BLOCK
 

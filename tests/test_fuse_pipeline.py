@@ -32,8 +32,8 @@ from graph_autofusion.patterns.rules import FusionRule
 from graph_autofusion.pipeline import fuse_model
 from graph_autofusion.report.fuse_report import SafeFusionReport
 from graph_autofusion.runtime.timing import use_timer
+from graph_autofusion.samples.inputs import generate_inputs
 from graph_autofusion.testing import ort_outputs
-from graph_autofusion.verify.inputs import generate_inputs
 
 MS = "com.microsoft"
 #: A fixed hardware profile: ``host`` is calibrated per machine (the planner's choices would

@@ -2,7 +2,7 @@
 
 The generated sample inputs of a KV-cache decoder agree with each other (past length ``P``,
 ``S`` new tokens, a mask of ones over ``P + S``, positions ``P .. P+S-1``), derived from the
-graph's symbolic dims and input names (:mod:`graph_autofusion.verify.kv_inputs`). On the small
+graph's symbolic dims and input names (:mod:`graph_autofusion.samples.kv_inputs`). On the small
 exports of the zoo decoders (Llama MHA and GQA, GPT-2; both torch exporters) ``fuse()`` with no
 inputs succeeds, the fused model gives the original's outputs (a decode step, a prefill, a
 20-token greedy generation) and the CLI commands run with no ``--inputs``; hand-made decoders
@@ -28,13 +28,13 @@ from graph_autofusion.cli import main
 from graph_autofusion.errors import SampleInputError
 from graph_autofusion.frontend import load_onnx
 from graph_autofusion.runtime.ort_session import ort_session
+from graph_autofusion.samples import kv_inputs
+from graph_autofusion.samples.inputs import generate_inputs
 from graph_autofusion.testing.kv_cache import (
     export_decoder,
     greedy_decode_ort,
     small_config,
 )
-from graph_autofusion.verify import kv_inputs
-from graph_autofusion.verify.inputs import generate_inputs
 
 HW = "x86_avx2"
 EXPORTS = [

@@ -33,7 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ir", "catalog"),
     ("runtime.exec",),  # the IR's executor on torch (runtime/torch_*, interpreter, timing)
     ("frontend", "patterns"),
-    ("cost",),
+    ("cost", "samples"),  # sample inputs: the planner prices and safe mode checks on them
     ("planner",),
     ("codegen",),
     ("runtime",),
@@ -91,8 +91,6 @@ EDGE_EXCEPTIONS: dict[tuple[str, str], str] = {
     "calibration is a measuring tool above the cost model it writes profiles for",
     ("planner", "report"): "AnalysisReport.to_text/to_html (planner/records.py) delegate to "
     "report/, which renders it",
-    ("planner", "verify"): "planner/binding.py's default_feeds builds sample inputs with "
-    "verify/sample_inputs.py",
     ("torch_compile", "torch_module"): "the torch backend and the drop-in module call each "
     "other; both move onto the one pipeline (issue 23, another change)",
     ("torch_module", "torch_compile"): "as torch_compile -> torch_module",
@@ -130,7 +128,6 @@ FUNCTION_IMPORT_EXCEPTIONS: dict[str, str] = {
     f"{PKG}.cost.hardware": _CYCLE + "cost.calibrate (the host profile) imports cost.hardware",
     f"{PKG}.cost.measure_ort": "the upward import of EDGE_EXCEPTIONS (cost -> runtime)",
     f"{PKG}.planner.records": "the upward import of EDGE_EXCEPTIONS (planner -> report)",
-    f"{PKG}.planner.binding": "the upward import of EDGE_EXCEPTIONS (planner -> verify)",
 }
 
 

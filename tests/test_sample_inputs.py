@@ -21,7 +21,7 @@ from graph_autofusion.errors import SampleInputError
 from graph_autofusion.frontend import load_onnx
 from graph_autofusion.frontend.onnx_frontend import to_onnx
 from graph_autofusion.runtime.ort_session import ort_session
-from graph_autofusion.verify.inputs import generate_inputs
+from graph_autofusion.samples.inputs import generate_inputs
 
 I64 = T.INT64
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from graph_autofusion.cost.shapes import ShapeBinding, bind_shapes, bind_symbols
 from graph_autofusion.ir.core import Model, Value
+from graph_autofusion.samples.sample_inputs import check_input_size, derive_shape_inputs
 
 #: Default value of a symbolic dim in position 0 (batch) and elsewhere (sequence ...).
 DEFAULT_BATCH = 1
@@ -27,8 +28,6 @@ def default_feeds(
     model: Model, *, symbols: Mapping[str, int] | None = None, seed: int = 0
 ) -> dict[str, np.ndarray]:
     """Seeded example inputs from the graph's input specs (see the module docstring)."""
-    from graph_autofusion.verify.sample_inputs import check_input_size, derive_shape_inputs
-
     rng = np.random.default_rng(seed)
     graph = model.graph
     symbols = dict(symbols or {})

@@ -41,9 +41,9 @@ from graph_autofusion.ir.core import Model, Node, Value
 from graph_autofusion.patterns.matcher import const_value
 from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.runtime.timing import Timer, current_timer
+from graph_autofusion.samples.inputs import generate_inputs
 from graph_autofusion.verify.compare import compare_tensors
 from graph_autofusion.verify.fp16 import FP16_MAX, fp16_analysis
-from graph_autofusion.verify.inputs import generate_inputs
 from graph_autofusion.verify.signature import Repeats, fusion_signature
 from graph_autofusion.verify.subgraph import (
     SafetyCheckError,

@@ -28,7 +28,7 @@ relations are *not* derived: the inputs are drawn as before and the note of the
 original then fails. :func:`conform` gives a plan's inputs their values (a mask of ones, the
 positions, the lengths) and resizes the inputs whose dims follow ``P`` and ``S`` on feeds drawn
 elsewhere (``planner.analysis.default_feeds`` goes through
-:func:`~graph_autofusion.verify.sample_inputs.derive_shape_inputs`).
+:func:`~graph_autofusion.samples.sample_inputs.derive_shape_inputs`).
 """
 
 from __future__ import annotations

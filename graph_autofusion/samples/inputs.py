@@ -1,0 +1,168 @@
+"""Sample inputs for safe mode, generated from a model's input specs with realistic ranges.
+
+* integer inputs named like ``*ids*`` (``input_ids``, ``decoder_input_ids``): token ids in
+  ``[0, vocab)``; the vocabulary is the row count of the embedding table the input is gathered
+  from (found by following the input through Cast/Reshape/... to a ``Gather`` on a constant
+  table), else ``vocab_size``, else the largest 2-D gathered table, else 100;
+* ``*token_type*`` / ``*segment*``: zeros; ``*mask*``: ones; ``*position*``: ``arange`` along the
+  last axis; other integers: ``[0, min(vocab, seq_len))``; booleans: ``True``;
+* floating inputs (images included): ``N(0, 1)``, cast to the input's dtype.
+
+Symbolic or unknown dims become ``batch`` (the first axis, or a dim named like ``batch``) or
+``seq_len`` (every other one). String inputs get ``"a"``; a sequence of tensors, two tensors.
+
+A KV-cache decoder (graph inputs named like ``past_key_values.0.key``) gets inputs that agree
+(:mod:`graph_autofusion.samples.kv_inputs`): a past length ``P`` and ``S`` new tokens with
+``P + S == seq_len`` (``S = seq_len // 4``, at least 1), the past inputs ``P`` long on their
+sequence axis, a mask of ones over ``P + S``, positions ``P .. P+S-1``.
+
+Inputs an operator reads as a shape, sizes, bounds or indices (an ``Expand`` target shape, a
+``SplitToSequence`` split, ``Gather`` indices, ...) then get values the model accepts
+(:func:`graph_autofusion.samples.sample_inputs.derive_shape_inputs`). An input too large to
+allocate, or of a type no sample can be made for (optional, map), is a
+:class:`~graph_autofusion.errors.SampleInputError` naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graph_autofusion.errors import SampleInputError
+from graph_autofusion.ir.core import Model, Node, Value
+from graph_autofusion.ir.dtypes import DType
+from graph_autofusion.samples import kv_inputs
+from graph_autofusion.samples import sample_inputs as si
+from graph_autofusion.samples.sample_inputs import check_input_size, source_of
+
+_PASS_THROUGH = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand"}
+
+
+def generate_inputs(
+    model: Model,
+    *,
+    seed: int = 0,
+    batch: int = 1,
+    seq_len: int = 16,
+    vocab_size: int | None = None,
+) -> dict[str, np.ndarray]:
+    """Seeded sample feeds for every graph input of ``model`` (initializers excluded)."""
+
+    rng = np.random.default_rng(seed)
+    graph = model.graph
+    fallback_vocab = vocab_size or _largest_table(model) or 100
+    feeds = si.SampleInputs()
+    kv = kv_inputs.plan(model)
+    kv = kv if isinstance(kv, kv_inputs.KVPlan) else None
+    kv_dims = kv.values(batch, *kv_inputs.new_lengths(seq_len)) if kv else {}
+    for v in graph.inputs:
+        if v.name in graph.initializers:
+            continue
+        raw = v.meta.get("onnx_type") if v.dtype is None else None
+        if raw is not None:
+            feeds[v.name] = _non_tensor(model, v, raw, rng, batch, seq_len)
+            continue
+        shape = _concrete_shape(v, batch, seq_len)
+        if kv is not None:
+            shape = kv.shape(v, kv_dims, shape)
+        dtype = v.dtype.to_numpy() if v.dtype is not None else np.dtype(np.float32)
+        si.check_input_size(model, v, shape, dtype)
+        name = v.name.lower()
+        if v.dtype == DType.STRING:
+            feeds[v.name] = np.full(shape, "a", dtype=object)
+        elif np.issubdtype(dtype, np.floating):
+            feeds[v.name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype == np.bool_:
+            feeds[v.name] = np.ones(shape, dtype=np.bool_)
+        elif "token_type" in name or "segment" in name:
+            feeds[v.name] = np.zeros(shape, dtype=dtype)
+        elif "mask" in name:
+            feeds[v.name] = np.ones(shape, dtype=dtype)
+        elif "position" in name:
+            last = shape[-1] if shape else 1
+            feeds[v.name] = np.broadcast_to(np.arange(last), shape).astype(dtype).copy()
+        elif "ids" in name or "token" in name:
+            vocab = vocab_size or _gathered_table_rows(v) or fallback_vocab
+            feeds[v.name] = rng.integers(0, vocab, shape).astype(dtype)
+        else:
+            high = max(1, min(fallback_vocab, seq_len))
+            feeds[v.name] = rng.integers(0, high, shape).astype(dtype)
+    feeds.derived = si.derive_shape_inputs(model, feeds, seed=seed, seq_len=seq_len)
+    return feeds
+
+
+def _non_tensor(
+    model: Model, v: Value, raw: Any, rng: np.random.Generator, batch: int, seq_len: int
+) -> Any:
+    """Two tensors for a sequence-of-tensors input; any other non-tensor type is refused."""
+    from graph_autofusion.frontend.onnx_types import dtype_of, shape_of
+
+    kind = raw.WhichOneof("value")
+    elem = raw.sequence_type.elem_type if kind == "sequence_type" else None
+    if elem is None or elem.WhichOneof("value") != "tensor_type":
+        what = kind.replace("_type", "") if kind else "unknown"
+        raise SampleInputError(
+            f"{source_of(model)}: graph input {v.name!r} is of {what} type: no sample input can "
+            f"be generated for it; pass sample inputs with the API (sample_inputs={{...}})"
+        )
+    item = Value(v.name, dtype_of(elem.tensor_type.elem_type), shape_of(elem.tensor_type))
+    shape = _concrete_shape(item, batch, seq_len)
+    dtype = item.dtype.to_numpy() if item.dtype is not None else np.dtype(np.float32)
+    check_input_size(model, item, shape, dtype)
+    if np.issubdtype(dtype, np.floating):
+        return [rng.standard_normal(shape).astype(dtype) for _ in range(2)]
+    return [rng.integers(0, max(1, seq_len), shape).astype(dtype) for _ in range(2)]
+
+
+def _concrete_shape(v: Value, batch: int, seq_len: int) -> tuple[int, ...]:
+    if v.shape is None:
+        return (batch, seq_len)
+    out = []
+    for i, d in enumerate(v.shape):
+        if isinstance(d, int) and d >= 0:
+            out.append(d)
+        elif i == 0 or (isinstance(d, str) and "batch" in d.lower()):
+            out.append(batch)
+        else:
+            out.append(seq_len)
+    return tuple(out)
+
+
+def _gathered_table_rows(v: Value, depth: int = 6) -> int | None:
+    """Rows of the constant table a ``Gather`` indexes with ``v`` (followed through casts and
+    reshapes), or ``None``."""
+    frontier: list[Value] = [v]
+    for _ in range(depth):
+        nxt: list[Value] = []
+        for value in frontier:
+            for node, idx in value.users:
+                rows = _table_rows(node, idx)
+                if rows is not None:
+                    return rows
+                if node.op_type in _PASS_THROUGH and idx == 0:
+                    nxt.extend(node.outputs)
+        frontier = nxt
+    return None
+
+
+def _table_rows(node: Node, idx: int) -> int | None:
+    if node.op_type != "Gather" or idx != 1 or int(node.attr("axis", 0) or 0) != 0:
+        return None
+    table = node.inputs[0]
+    if table is None or table.shape is None or len(table.shape) != 2:
+        return None
+    rows = table.shape[0]
+    return rows if isinstance(rows, int) and table.is_const else None
+
+
+def _largest_table(model: Model) -> int | None:
+    best = None
+    for node in model.graph.nodes:
+        rows = _table_rows(node, 1)
+        if rows is not None and (best is None or rows > best):
+            best = rows
+    return best
+
+
+__all__ = ["generate_inputs"]
