@@ -413,3 +413,19 @@ def test_a_runtime_operator_below_the_threshold_is_a_close_call_safe_mode_measur
         "rule:skip_layernorm",
     )
     assert not slower.chosen and slower.code == "skip-low-benefit"
+
+
+def test_renderers_come_from_the_report_layer():
+    """AnalysisReport.to_text/to_html draw through the renderers the report layer registers
+    (planner never imports report); an unknown renderer is a clear error."""
+    from graph_autofusion.errors import GraphAutoFusionError
+    from graph_autofusion.renderers import render
+    from graph_autofusion.report.analysis_report import render_text
+    from graph_autofusion.report.html_report import analysis_page
+
+    report = analyze_model(parse_model(MATMUL_BIAS), builtin_rules().preset("transformer"), NPU)
+    assert report.to_text() == render_text(report) == render("analysis-text", report)
+    assert report.to_text(reasons=False) == render_text(report, reasons=False)
+    assert render("analysis-html", report) == analysis_page(report)
+    with pytest.raises(GraphAutoFusionError, match="no renderer 'nope'"):
+        render("nope", report)

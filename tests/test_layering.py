@@ -29,7 +29,7 @@ PKG = "graph_autofusion"
 
 #: the layers, bottom first; a part imports only parts of its own layer or below
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "defaults", "reasons", "yaml_util", "cli_args", "progress"),
+    ("errors", "defaults", "reasons", "yaml_util", "cli_args", "progress", "renderers"),
     ("ir", "catalog"),
     ("runtime.exec",),  # the IR's executor on torch (runtime/torch_*, interpreter, timing)
     ("frontend", "patterns"),
@@ -89,8 +89,6 @@ HEAVY = frozenset(
 EDGE_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("cost", "runtime"): "cost/measure_ort.py measures the host through runtime/ort_session.py: "
     "calibration is a measuring tool above the cost model it writes profiles for",
-    ("planner", "report"): "AnalysisReport.to_text/to_html (planner/records.py) delegate to "
-    "report/, which renders it",
     ("torch_compile", "torch_module"): "the torch backend and the drop-in module call each "
     "other; both move onto the one pipeline (issue 23, another change)",
     ("torch_module", "torch_compile"): "as torch_compile -> torch_module",
@@ -127,7 +125,6 @@ FUNCTION_IMPORT_EXCEPTIONS: dict[str, str] = {
     f"{PKG}.report.html_report": _CYCLE + "as report.fuse_report",
     f"{PKG}.cost.hardware": _CYCLE + "cost.calibrate (the host profile) imports cost.hardware",
     f"{PKG}.cost.measure_ort": "the upward import of EDGE_EXCEPTIONS (cost -> runtime)",
-    f"{PKG}.planner.records": "the upward import of EDGE_EXCEPTIONS (planner -> report)",
 }
 
 

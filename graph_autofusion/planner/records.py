@@ -15,6 +15,7 @@ from graph_autofusion.cost.model import (
 from graph_autofusion.patterns.clustering import Cluster
 from graph_autofusion.patterns.rules import RuleMatch
 from graph_autofusion.planner.plan import Plan
+from graph_autofusion.renderers import render
 
 #: Reason code of a chosen candidate.
 CHOSEN = reasons.CHOSEN
@@ -213,16 +214,13 @@ class AnalysisReport:
         }
 
     def to_text(self, *, reasons: bool = True) -> str:
-        from graph_autofusion.report.analysis_report import render_text
-
-        return render_text(self, reasons=reasons)
+        """The console table of :func:`graph_autofusion.report.analysis_report.render_text`."""
+        return render("analysis-text", self, reasons=reasons)
 
     def to_html(self) -> str:
         """The self-contained HTML report of this plan: the graph with the planned groups,
         the candidate table, the hardware profile (:mod:`graph_autofusion.report.html_report`)."""
-        from graph_autofusion.report.html_report import html_report
-
-        return html_report(analysis=self)
+        return render("analysis-html", self)
 
 
 def _us(s: float | None) -> float | None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from graph_autofusion.errors import PathError
+from graph_autofusion.renderers import register_renderer
 
 if TYPE_CHECKING:  # pragma: no cover
     from graph_autofusion.planner.analysis import AnalysisReport, CandidateAnalysis
@@ -160,6 +161,9 @@ def _totals_lines(r: AnalysisReport) -> list[str]:
     if r.unknown_nodes:
         out.append(f"{r.unknown_nodes} node(s) of unknown cost are left out of the totals")
     return out
+
+
+register_renderer("analysis-text", render_text)  # AnalysisReport.to_text
 
 
 def write_atomic(path: str | os.PathLike[str], text: str) -> Path:

@@ -25,9 +25,10 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from graph_autofusion.renderers import register_renderer
 from graph_autofusion.report.html_chart import timing_chart
 
-__all__ = ["DAGRE_VERSION", "html_report", "render_html_report", "script_json"]
+__all__ = ["DAGRE_VERSION", "analysis_page", "html_report", "render_html_report", "script_json"]
 
 DAGRE_VERSION = "3.1.3"
 e = html.escape
@@ -378,3 +379,11 @@ def html_report(**kwargs: Any) -> str:
     from graph_autofusion.report.report_data import report_data
 
     return render_html_report(report_data(**kwargs))
+
+
+def analysis_page(analysis: Any) -> str:
+    """The page of an :class:`~graph_autofusion.planner.records.AnalysisReport`."""
+    return html_report(analysis=analysis)
+
+
+register_renderer("analysis-html", analysis_page)  # AnalysisReport.to_html
