@@ -174,3 +174,33 @@ def test_the_signature_is_free_of_names_and_of_the_order_a_match_lists_its_nodes
     # the mask not captured: the layers read a value by name that safe mode cannot shape
     del acts["mask"]
     assert sig(1, ("div", "add")) != first
+
+
+def test_safe_mode_reads_shapes_and_the_original_outputs_from_its_one_capture(monkeypatch):
+    import graph_autofusion.cost.shapes as shapes
+    import graph_autofusion.verify.safety as safety
+    from graph_autofusion.cost.shapes import bind_shapes
+    from graph_autofusion.verify.inputs import generate_inputs
+
+    model = parse_model(GELUS)
+    feeds = generate_inputs(model)
+    ran = bind_shapes(model, feeds)  # the graph run in torch, as without safe mode
+    assert ran.method == "execute"
+    monkeypatch.setattr(shapes, "_execute", lambda *a: pytest.fail("the graph ran again"))
+    sessions = []
+    real = safety.ort_session
+    monkeypatch.setattr(
+        safety, "ort_session", lambda m, *a, **k: (sessions.append(m), real(m, *a, **k))[1]
+    )
+    res = fuse_model(
+        model,
+        builtin_rules().preset("all"),
+        PROFILE,
+        options=FuseOptions(check_speed=False),
+        feeds=feeds,
+    )
+    binding = res.analysis.binding
+    assert binding.method == "execute" and binding.types == ran.types
+    assert len(res.lowered) == 3 and not res.rolled_back
+    assert all(v["passed"] and v["cosine"] > 0.99999 for v in res.end_to_end.values())
+    assert sessions and not any(m is model for m in sessions)  # end to end: the fused one only

@@ -218,6 +218,29 @@ def _execute(model: Model, feeds: Mapping[str, Any]) -> dict[str, ConcreteType] 
     return types
 
 
+def _from_arrays(
+    model: Model, feeds: Mapping[str, Any], arrays: Mapping[str, Any]
+) -> dict[str, ConcreteType] | None:
+    """What :func:`_execute` records, read from the arrays of a run that already happened
+    (safe mode's captured activations of the same feeds): the graph inputs fed and every node
+    output. ``None`` when one node output is not an array there (then the graph runs)."""
+    types: dict[str, ConcreteType] = {}
+    try:
+        for v in model.graph.inputs:
+            if v.name in feeds and isinstance(feeds[v.name], np.ndarray):
+                a = feeds[v.name]
+                types[v.name] = (DType.from_numpy(a.dtype), tuple(int(d) for d in a.shape))
+        for n in model.graph.nodes:
+            for o in n.outputs:
+                a = arrays.get(o.name)
+                if not isinstance(a, np.ndarray):
+                    return None
+                types[o.name] = (DType.from_numpy(a.dtype), tuple(int(d) for d in a.shape))
+    except TypeError:  # a dtype the IR has no name for: let the graph run
+        return None
+    return types
+
+
 def bind_shapes(
     model: Model,
     feeds: Mapping[str, Any] | None = None,
@@ -225,6 +248,7 @@ def bind_shapes(
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     symbols: Mapping[str, int] | None = None,
     execute: bool = True,
+    activations: Mapping[str, Any] | None = None,
 ) -> ShapeBinding:
     """Concrete dtype/shape of every value of ``model`` for the given inputs (model unchanged).
 
@@ -235,6 +259,9 @@ def bind_shapes(
         input_shapes: Input shapes without data (symbol binding only).
         symbols: Explicit symbol values; override those bound from inputs.
         execute: Run the graph when ``feeds`` are given.
+        activations: Every node output of a run of ``model`` (or of a model whose values
+            have the same names) on ``feeds``, by name (safe mode's captured activations):
+            read instead of running the graph again when they cover every node output.
     """
     shapes = dict(input_shapes or {})
     if feeds:
@@ -242,7 +269,11 @@ def bind_shapes(
     bound = bind_symbols(model, shapes)
     bound.update(symbols or {})
     binding = ShapeBinding(symbols=bound, opset=int(model.opset_imports.get("", 20)))
-    executed = _execute(model, feeds) if (feeds and execute) else None
+    executed = None
+    if feeds and execute and activations is not None:
+        executed = _from_arrays(model, feeds, activations)
+    if executed is None and feeds and execute:
+        executed = _execute(model, feeds)
     for v in model.graph.values():
         binding.types[v.name] = (v.dtype, _substitute(v.shape, bound))
     if executed is not None:

@@ -13,7 +13,8 @@ Steps:
    (:mod:`graph_autofusion.codegen.onnxruntime`); the rest stay unfused with a reason, and so
    do the matches of rules that have no native form.
 3. **Safe mode** (on by default): capture every intermediate of the original in onnxruntime
-   once, check each lowered fusion on the real activations that feed it (numerics, fp16 range,
+   once (before step 1: the analysis reads its shapes there, and the checks below the
+   original's outputs), check each lowered fusion on the real activations that feed it (numerics, fp16 range,
    Monte-Carlo, alias, speed; :mod:`graph_autofusion.verify.safety`). A failing fusion is rolled
    back on its own: a fresh copy is lowered with only the passing fusions (the same matches:
    matching is deterministic), and the check repeats until nothing fails.
@@ -196,14 +197,21 @@ def _fuse_model(
     safe_mode = opts.safe_mode
     planned = rules if custom is not None else native  # custom: every rule, and clusters
 
+    acts = reference = None
+    if safe_mode:  # first: the plan reads its shapes, the checks the original's outputs
+        with stages("capture", "safe mode: capture activations"):
+            acts = _capture_original(original, feeds, capture_activations)
+        reference = _outputs_of(original, acts)
     with stages("plan"):
-        work, analysis, folding, _target = plan_for_target(original, planned, profile, opts, feeds)
+        work, analysis, folding, _target = plan_for_target(
+            original, planned, profile, opts, feeds, activations=acts
+        )
         if folding is not None and folding.folded and safe_mode:
-            problem = _check_folding(original, work, feeds, opts.e2e_cosine_floor)
+            problem = _check_folding(original, work, feeds, opts.e2e_cosine_floor, reference)
             if problem:
                 notes.append(f"shape folding rolled back: {problem}")
                 work, analysis, folding, _target = plan_for_target(
-                    original, planned, profile, opts, feeds, fold=False
+                    original, planned, profile, opts, feeds, fold=False, activations=acts
                 )
     stages.dump("plan.json", lambda: to_json(analysis.to_dict()))
     with stages("lower"):
@@ -243,8 +251,6 @@ def _fuse_model(
         stages.dump("fused.onnx", lambda: to_onnx_bytes(result.model))
         return result
 
-    with stages("capture", "safe mode: capture activations"):
-        acts = _capture_original(original, feeds, capture_activations)
     with stages("verify"):
         originals = {n.name: n for n in original.graph.nodes}
         checked: dict[str, Any] = {}
@@ -299,18 +305,26 @@ def _fuse_model(
         result.safety = {k: v for k, v in checked.items()}
         share_created(result.model, result.lowered)  # each fusion was verified on its own nodes
         relayout = any(n.op_type in ("Attention", "Gemm") for n in result.model.graph.nodes)
-        before_layout = clone_model(result.model) if relayout else None
+        # the verified model as it is (a fallback: not typed again through ONNX)
+        before_layout = clone_model(result.model, infer_types=False) if relayout else None
         absorbed = absorb_layout(result.model)  # both checked end to end below
         flattened = flatten_gemms(result.model)
     with stages("end_to_end", "safe mode: end-to-end check"):
-        e2e = end_to_end(original, result.model, feeds, cosine_floor=opts.e2e_cosine_floor)
+
+        def whole() -> dict[str, Any]:  # the original's outputs are the captured ones
+            floor = opts.e2e_cosine_floor
+            return end_to_end(
+                original, result.model, feeds, cosine_floor=floor, reference=reference
+            )
+
+        e2e = whole()
         if (absorbed or flattened) and not e2e_passed(e2e):
             notes.append(
                 f"layout clean-up ({absorbed} attentions, {flattened} flattened Gemms) rolled back: "
                 f"it differs"
             )
             result.model = before_layout
-            e2e = end_to_end(original, result.model, feeds, cosine_floor=opts.e2e_cosine_floor)
+            e2e = whole()
         else:
             if absorbed:
                 notes.append(
@@ -321,7 +335,7 @@ def _fuse_model(
                     f"{flattened} flattened Gemms are batched MatMuls again (shape programs gone)"
                 )
         if _keep_fp32(result, opts.keep_fp32, notes):
-            e2e = end_to_end(original, result.model, feeds, cosine_floor=opts.e2e_cosine_floor)
+            e2e = whole()
         result.end_to_end = e2e
         if not e2e_passed(e2e):
             notes.append(
@@ -378,33 +392,53 @@ def _capture_original(original: Model, feeds: Mapping[str, Any], capture: Callab
         ) from exc
 
 
+def _outputs_of(original: Model, acts: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The original's outputs among its captured activations (``None`` if one is missing)."""
+    names = [v.name for v in original.graph.outputs]
+    return {k: acts[k] for k in names} if all(k in acts for k in names) else None
+
+
 def _check_folding(
-    original: Model, folded: Model, feeds: Mapping[str, Any], cosine_floor: float
+    original: Model,
+    folded: Model,
+    feeds: Mapping[str, Any],
+    cosine_floor: float,
+    reference: Mapping[str, Any] | None = None,
 ) -> str:
     """Safe mode's check of the shape folding: the folded model against the original on the
     sample inputs and on inputs with other symbolic dims (batch 2, sequence 7), where the
-    original runs on them. Returns what failed, or ``""``."""
+    original runs on them. ``reference``: the original's outputs on the sample inputs (its
+    captured activations): not run again. Returns what failed, or ``""``."""
     sets = [("the sample inputs", dict(feeds))]
     other = generate_inputs(original, seed=1, batch=2, seq_len=7)
     if any(np.shape(other[k]) != np.shape(v) for k, v in feeds.items() if k in other):
         sets.append(("inputs of batch 2, sequence 7", other))
     # lean sessions: the weights are read in place, not serialized twice
-    a = ort_session(original, lean=True)
     try:
         b = ort_session(folded, lean=True)
     except Exception as exc:  # noqa: BLE001
         return f"onnxruntime refuses the folded model: {type(exc).__name__}: {exc}"
+    original_session: list[Any] = []  # made when the original has to run
+
+    def run_original(arrays: Mapping[str, Any], quiet: bool) -> dict[str, Any]:
+        if reference is not None and arrays is sets[0][1]:
+            return dict(reference)
+        if not original_session:
+            original_session.append(ort_session(original, lean=True))
+        return run_session(original_session[0], arrays, quiet=quiet)
+
     try:
-        return _compare_folding(a, b, sets, cosine_floor)
+        return _compare_folding(run_original, b, sets, cosine_floor)
     finally:
-        del a, b
-        gc.collect()  # two sessions holding the weights: give the memory back before safe mode
+        del b
+        original_session.clear()
+        gc.collect()  # sessions holding the weights: give the memory back before safe mode
 
 
-def _compare_folding(a: Any, b: Any, sets: list, cosine_floor: float) -> str:
+def _compare_folding(run_original: Any, b: Any, sets: list, cosine_floor: float) -> str:
     for what, arrays in sets:
         try:
-            want = run_session(a, arrays, quiet=what != "the sample inputs")
+            want = run_original(arrays, quiet=what != "the sample inputs")
         except Exception as exc:  # noqa: BLE001
             if what == "the sample inputs":
                 return f"the original does not run on {what} ({type(exc).__name__}): not checked"

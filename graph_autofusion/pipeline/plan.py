@@ -29,10 +29,14 @@ def plan_for_target(
     *,
     model_name: str | None = None,
     fold: bool | None = None,
+    activations: Mapping[str, Any] | None = None,
 ) -> tuple[Model, Any, Any, Any]:
     """The planning stages every target shares: a working copy, its folded ``Reshape`` shapes,
     and the analysis with the target's rules, clustering and executability (what
     ``GraphAutoFusion.analyze()`` shows and ``fuse()`` carries out).
+
+    ``activations``: the original's values on ``feeds`` (safe mode's capture): the analysis
+    reads the shapes from them instead of running the graph again.
 
     Returns ``(work, analysis, folding, target)``; ``original`` is not modified.
     """
@@ -66,6 +70,7 @@ def plan_for_target(
             native_target=target.native_target,
             target=refuser,
             model_name=model_name,
+            activations=activations,
         )
     analysis.target = target.name
     return work, analysis, folding, target

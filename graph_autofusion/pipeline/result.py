@@ -16,10 +16,11 @@ from graph_autofusion.codegen.onnxruntime import Lowered, NotLowered
 from graph_autofusion.ir.core import Graph, Model, Node, Value
 
 
-def clone_model(model: Model) -> Model:
+def clone_model(model: Model, *, infer_types: bool = True) -> Model:
     """An independent copy of ``model``: its own graph, nodes and values; constant arrays are
     shared (the pipeline never writes into one). A graph with subgraph attributes (If, Loop)
-    or with untyped values is copied through its ONNX form, whose import infers the types."""
+    or with untyped values is copied through its ONNX form, whose import infers the types
+    (``infer_types=False``: untyped values stay untyped, an exact copy of the IR)."""
     g = model.graph
     subgraphs = any(isinstance(a, Graph) for n in g.nodes for a in _attr_leaves(n.attrs))
     # The ONNX round trip also runs onnx's shape inference, which a hand-built IR may need. A
@@ -29,7 +30,7 @@ def clone_model(model: Model) -> Model:
     untyped = not from_torch and any(
         v.dtype is None or v.shape is None for n in g.nodes for v in n.outputs
     )
-    if subgraphs or untyped:
+    if subgraphs or (untyped and infer_types):
         from graph_autofusion.frontend.onnx_frontend import load_onnx, to_onnx  # heavy: onnx
 
         return load_onnx(to_onnx(model))

@@ -334,6 +334,7 @@ def analyze_model(
     accept_maybe: bool = False,
     native_target: bool = False,
     target: Any = None,
+    activations: Mapping[str, Any] | None = None,
 ) -> AnalysisReport:
     """Cost every fusion candidate of ``model`` on ``profile`` and plan the fusions.
 
@@ -359,6 +360,8 @@ def analyze_model(
             match with a native rewrite is not refused for local-memory overflow.
         target: A target (:mod:`graph_autofusion.codegen.targets`): candidates it cannot
             execute are refused with its reason code, so the plan is what ``fuse()`` runs.
+        activations: A run's values on ``feeds`` by name (safe mode's captured
+            activations): the shapes are read from them instead of running the graph again.
 
     Raises:
         OptionsError: (a ValueError) unknown strategy.
@@ -371,7 +374,7 @@ def analyze_model(
         profile = load_profile(profile)
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    binding = bind_shapes_for(model, feeds, input_shapes, symbols)
+    binding = bind_shapes_for(model, feeds, input_shapes, symbols, activations)
     timings["bind"] = time.perf_counter() - t
     t = time.perf_counter()
     found = find_candidates(

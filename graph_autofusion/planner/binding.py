@@ -81,9 +81,10 @@ def bind_shapes_for(
     feeds: Mapping[str, Any] | None,
     input_shapes: Mapping[str, tuple[int, ...]] | None,
     symbols: Mapping[str, int] | None,
+    activations: Mapping[str, Any] | None = None,
 ) -> ShapeBinding:
     if feeds is not None:
-        return bind_shapes(model, feeds, symbols=symbols)
+        return bind_shapes(model, feeds, symbols=symbols, activations=activations)
     if input_shapes is not None:
         shapes = dict(input_shapes)
         known = {**bind_symbols(model, shapes), **(symbols or {})}
