@@ -119,7 +119,6 @@ FUNCTION_IMPORT_EXCEPTIONS: dict[str, str] = {
     f"{PKG}.codegen.weights": _WEIGHTS,
     f"{PKG}.catalog.registry": _CYCLE + "the operator definitions register themselves with "
     "the registry on first use",
-    f"{PKG}.patterns.pattern": _CYCLE + "patterns.matcher imports patterns.pattern",
     f"{PKG}.report.fuse_report": _CYCLE + "fuse_report -> html_report -> report_data -> "
     "fuse_report",
     f"{PKG}.report.html_report": _CYCLE + "as report.fuse_report",

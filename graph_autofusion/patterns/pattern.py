@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from graph_autofusion.ir.core import Node, Value
+from graph_autofusion.ir.core import Node, Value, const_value
 from graph_autofusion.ir.dtypes import DType
 
 #: ONNX attribute defaults, used when a node omits an attribute a pattern constrains.
@@ -156,8 +156,6 @@ class MatchContext:
 
     def const(self, name: str) -> np.ndarray | None:
         """Constant data bound to variable ``name``, if it is constant."""
-        from graph_autofusion.patterns.matcher import const_value
-
         v = self.values.get(name)
         return None if v is None else const_value(v)
 
