@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graph_autofusion import reasons
+from graph_autofusion.report.html_report import html_report
 
 
 def _pct(x: float | None) -> str:
@@ -58,8 +59,6 @@ class SafeFusionReport:
         """The self-contained HTML report of this run (:mod:`graph_autofusion.report.
         html_report`); ``precision``: :meth:`GraphAutoFusion.verify_precision`'s dict for the
         per-layer comparison (safe mode's per-fusion checks are in the result already)."""
-        from graph_autofusion.report.html_report import html_report
-
         return html_report(
             result=self.result, precision=precision, hardware=hardware, model_name=self.model_name
         )
