@@ -24,6 +24,7 @@ relative error).
 
 from __future__ import annotations
 
+import operator
 import random
 import statistics
 import threading
@@ -103,8 +104,8 @@ class CompiledGraph:
         self._lock = threading.Lock()
         self.plan_source = ""  # "planned", or "saved" (a loaded plan's choice)
         self.source = ""  # the generated program
-        #: (constant argument indices and the tensors/versions compiled for, program)
-        self._programs: list[tuple[tuple[int, ...], list[Any], list[int], Any]] = []
+        #: (the constant arguments' picker, the tensors and versions compiled for, program)
+        self._programs: list[tuple[Callable[[Sequence[Any]], tuple], tuple, list[int], Any]] = []
         self._grad_warned = False
         self.imported: Any = None  # the graph as imported (IR)
         self.core_gm = gm  # the graph less the sizes it returns (what the engines run)
@@ -129,8 +130,8 @@ class CompiledGraph:
                     stacklevel=2,
                 )
             return self.gm.forward(*args)
-        for indices, refs, versions, program in self._programs:
-            if all(args[i] is r and r._version == v for i, r, v in zip(indices, refs, versions)):
+        for pick, refs, versions, program in self._programs:  # C-level loops: every call
+            if all(map(operator.is_, pick(args), refs)) and list(map(_VERSION, refs)) == versions:
                 return program(*args)
         with self._lock:
             return self._build(args)
@@ -150,8 +151,9 @@ class CompiledGraph:
             self._fail(f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
             self.compile_seconds += time.perf_counter() - t
             return self.gm.forward(*args)
-        refs = [args[i] for i in indices]
-        self._programs.append((indices, refs, [r._version for r in refs], program))
+        pick = _picker(indices)
+        refs = pick(args)
+        self._programs.append((pick, refs, list(map(_VERSION, refs)), program))
         self.compile_seconds += time.perf_counter() - t
         return outs
 
@@ -351,6 +353,20 @@ class CompiledGraph:
             "weight_sets": len(self._programs),
             "plan": self.plan_source,
         }
+
+
+_VERSION = operator.attrgetter("_version")
+
+
+def _picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple]:
+    """A function returning the arguments at ``indices`` as a tuple (``itemgetter`` returns a
+    bare item for one index and needs at least one)."""
+    if not indices:
+        return lambda args: ()
+    if len(indices) == 1:
+        i = indices[0]
+        return lambda args: (args[i],)
+    return operator.itemgetter(*indices)
 
 
 class _OrtCall:
