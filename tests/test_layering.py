@@ -121,7 +121,6 @@ FUNCTION_IMPORT_EXCEPTIONS: dict[str, str] = {
     "the registry on first use",
     f"{PKG}.report.html_report": _CYCLE + "report_data imports fuse_report, which imports "
     "html_report",
-    f"{PKG}.cost.hardware": _CYCLE + "cost.calibrate (the host profile) imports cost.hardware",
     f"{PKG}.cost.measure_ort": "the upward import of EDGE_EXCEPTIONS (cost -> runtime)",
 }
 

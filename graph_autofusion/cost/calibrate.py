@@ -41,7 +41,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from graph_autofusion.cost.hardware import HardwareProfile
 from graph_autofusion.cost.measure_host import (
     best_time,
     core_count,
@@ -68,6 +67,7 @@ from graph_autofusion.cost.measure_rates import (
     THROUGHPUT_ROWS,
     measure_op_throughput,
 )
+from graph_autofusion.cost.profile import HardwareProfile
 from graph_autofusion.report import progress
 
 __all__ = [
