@@ -107,9 +107,9 @@ class GraphAutoFusion(FusedResults):
         self.source_name = self.source_path or type(model).__name__
         self.torch_module = _torch_module(model)
         if self.torch_module is not None:  # the PyTorch path: fuse() returns a module
-            from graph_autofusion.torch_module import _example
+            from graph_autofusion.torch_module import example_call
 
-            args, kwargs = _example(model, example_inputs, example_kwargs)
+            args, kwargs = example_call(model, example_inputs, example_kwargs)
             self.example_args, self.example_kwargs = args, kwargs
             if target == "onnxruntime" and options is None:
                 target = "cpu"  # a module runs in torch: its fused groups are kernels

@@ -200,12 +200,12 @@ class FusedResults:
         if self.torch_module is not None:  # the fused module, called by argument name
             import torch
 
-            from graph_autofusion.torch_module import _first_tensor
+            from graph_autofusion.torch_outputs import output_tensors
 
             fused = self._module_fusion()
             named = {k: torch.as_tensor(np.asarray(v)) for k, v in (feeds or self.feeds()).items()}
             with torch.no_grad():
-                outs = _first_tensor(fused(**named))
+                outs = output_tensors(fused(**named))
             names = [v.name for v in self.model.graph.outputs]
             return {n: _to_numpy(t) for n, t in zip(names, outs)}
         result = self._need_result()

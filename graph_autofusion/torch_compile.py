@@ -24,6 +24,7 @@ relative error).
 
 from __future__ import annotations
 
+import hashlib
 import operator
 import random
 import statistics
@@ -47,6 +48,23 @@ ENGINES = ("onnxruntime", "torch", "eager")
 ENGINE_TIMING_ROUNDS = 5
 #: Weight sets one graph compiles for (other modules of the same class) before eager.
 MAX_WEIGHT_SETS = 4
+
+
+def graph_fingerprint(model: Any) -> str:
+    """A structural fingerprint of an imported graph: its operators in order with their
+    attribute names and static output sizes, its inputs' dtypes and sizes (symbolic sizes,
+    which Dynamo numbers per process, count as ``?``)."""
+
+    def dims(v: Any) -> str:
+        return ",".join(str(d) if isinstance(d, int) else "?" for d in (v.shape or ()))
+
+    parts = [f"{v.dtype}:[{dims(v)}]" for v in model.graph.inputs]
+    parts += [
+        f"{n.domain}:{n.op_type}:{len(n.inputs)}:{sorted(n.attrs)}:"
+        + ";".join(dims(o) for o in n.outputs)
+        for n in model.graph.nodes
+    ]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
 
 
 class AutofusionWarning(UserWarning):
@@ -185,8 +203,6 @@ class CompiledGraph:
         wanted = ENGINES[:-1] if self.config.engine == "auto" else (self.config.engine,)
         self.plan_source = ""
         if self.config.saved_engines is not None:  # a loaded plan: the engine it ran on
-            from graph_autofusion.torch_module import graph_fingerprint
-
             saved = self.config.saved_engines.get(graph_fingerprint(imported.model))
             if saved in ENGINES[:-1]:
                 wanted = (saved,)
@@ -243,8 +259,6 @@ class CompiledGraph:
 
             keys = layers = None
             if self.config.saved_plan is not None:
-                from graph_autofusion.torch_module import graph_fingerprint
-
                 keys = self.config.saved_plan.get(graph_fingerprint(imported.model))
                 if self.config.saved_weights is not None:
                     layers = self.config.saved_weights.get(graph_fingerprint(imported.model), [])
@@ -275,8 +289,6 @@ class CompiledGraph:
         feeds = {n: args[i] for n, i in zip(names, imported.user_inputs)}
         chosen = None
         if self.config.saved_plan is not None:
-            from graph_autofusion.torch_module import graph_fingerprint
-
             chosen = self.config.saved_plan.get(graph_fingerprint(model))
         self.plan_source = "saved" if chosen is not None or self.plan_source else "planned"
         reference = {v.name: t for v, t in zip(model.graph.outputs, outs)}

@@ -23,7 +23,6 @@ entry for.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 import statistics
@@ -34,6 +33,12 @@ from typing import Any
 import torch
 
 from graph_autofusion.errors import ModelLoadError
+from graph_autofusion.frontend.loader import as_args
+from graph_autofusion.options import FuseOptions
+from graph_autofusion.runtime.timing import round_robin
+from graph_autofusion.torch_compile import graph_fingerprint, make_backend
+from graph_autofusion.torch_outputs import output_tensors
+from graph_autofusion.verify.compare import compare_tensors
 
 PLAN_FILE = "autofusion_plan.json"
 PLAN_VERSION = 1
@@ -73,7 +78,7 @@ class _TensorOutputs(torch.nn.Module):
         self.module = module
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        outs = _first_tensor(self.module(*args, **kwargs))
+        outs = output_tensors(self.module(*args, **kwargs))
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -106,23 +111,6 @@ def _variadic(sig: Any, name: str) -> bool:
 
     kind = sig.parameters[name].kind
     return kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-
-
-def graph_fingerprint(model: Any) -> str:
-    """A structural fingerprint of an imported graph: its operators in order with their
-    attribute names and static output sizes, its inputs' dtypes and sizes (symbolic sizes,
-    which Dynamo numbers per process, count as ``?``)."""
-
-    def dims(v: Any) -> str:
-        return ",".join(str(d) if isinstance(d, int) else "?" for d in (v.shape or ()))
-
-    parts = [f"{v.dtype}:[{dims(v)}]" for v in model.graph.inputs]
-    parts += [
-        f"{n.domain}:{n.op_type}:{len(n.inputs)}:{sorted(n.attrs)}:"
-        + ";".join(dims(o) for o in n.outputs)
-        for n in model.graph.nodes
-    ]
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
 
 
 class FusionInfo:
@@ -224,11 +212,7 @@ def fuse_module(
 ) -> torch.nn.Module:
     """A drop-in fused copy of ``module`` (see the module docstring); ``module`` itself is not
     modified. ``plan``: a saved plan (:data:`PLAN_FILE`) to apply instead of planning."""
-    from graph_autofusion.torch_compile import make_backend
-
     if plan is not None:  # the saved fusions were timed when planned: numerics only now
-        from graph_autofusion.options import FuseOptions
-
         options = (options or FuseOptions(target="cpu")).replace(
             check_speed=False,
             weights=plan.get("weights", "fp32"),
@@ -309,39 +293,27 @@ def load_fused(
             plan = json.load(f)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{path}: cannot read the autofusion plan ({exc})") from exc
-    args, kwargs = _example(module, example_inputs, example_kwargs)
+    args, kwargs = example_call(module, example_inputs, example_kwargs)
     return fuse_module(module, args, kwargs, preset=plan.get("preset", "all"), plan=plan)
 
 
-def _example(module, example_inputs, example_kwargs) -> tuple[tuple, dict]:
-    from graph_autofusion.frontend.loader import as_args
-
+def example_call(module, example_inputs, example_kwargs) -> tuple[tuple, dict]:
+    """The positional and keyword arguments of ``module``'s example call: the ones given, else
+    (none given) :func:`example_inputs_for`'s."""
     if example_inputs is None and example_kwargs is None:
         return (), example_inputs_for(module)
     return as_args(example_inputs), dict(example_kwargs or {})
 
 
 # ---------------------------------------------------------------------- verification
-def _first_tensor(out: Any) -> list[torch.Tensor]:
-    if hasattr(out, "to_tuple"):
-        out = out.to_tuple()
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, tuple | list):
-        return [t for t in out if isinstance(t, torch.Tensor)]
-    return []
-
-
 def verify_precision(
     original: torch.nn.Module, fused: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any]
 ) -> dict[str, Any]:
     """Eager and fused outputs on the example inputs: per output cosine and errors, and each
     fused group's own check (from safe mode) per graph."""
-    from graph_autofusion.verify.compare import compare_tensors
-
     with torch.no_grad():
-        want = _first_tensor(original(*args, **kwargs))
-        got = _first_tensor(fused(*args, **kwargs))
+        want = output_tensors(original(*args, **kwargs))
+        got = output_tensors(fused(*args, **kwargs))
     outputs = {
         f"output_{i}": compare_tensors(g.detach().float().numpy(), w.detach().float().numpy())
         for i, (g, w) in enumerate(zip(got, want))
@@ -378,7 +350,6 @@ def verify_performance(
 ) -> dict[str, Any]:
     """Eager against fused, alternating: median forward latency; with ``new_tokens`` (a
     generative model) also tokens/s of greedy ``generate(max_new_tokens=new_tokens)``."""
-    from graph_autofusion.runtime.timing import round_robin
 
     def fwd(m):
         def run():

@@ -10,8 +10,10 @@ from typing import Any
 
 import torch
 
+from graph_autofusion import defaults
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.options import FuseOptions
+from graph_autofusion.verify.compare import compare_tensors
 
 #: Largest relative L2 error of an output against eager's, per dtype.
 REL_TOLERANCE = {
@@ -26,8 +28,6 @@ def tolerance(options: FuseOptions) -> tuple[float, float | None]:
     """The cosine floor and relative-error cap of a program's outputs against eager's: the
     end-to-end floor, or with compressed weights (lossy by design) their own."""
     if options.weights in ("int8", "int4"):
-        from graph_autofusion import defaults
-
         w = options.weights
         return defaults.WEIGHTS_E2E_COSINE[w], defaults.WEIGHTS_E2E_REL_ERR[w]
     return options.e2e_cosine_floor, None
@@ -38,8 +38,6 @@ def same_as_eager(
 ) -> None:
     """Raise unless every output matches eager's (cosine, and relative error: a scaled
     answer has cosine 1; ``rel_cap``: that error's cap instead of the dtype's)."""
-    from graph_autofusion.verify.compare import compare_tensors
-
     if len(got) != len(want):
         raise GraphAutoFusionError(f"the program returns {len(got)} outputs, eager {len(want)}")
     for i, (g, w) in enumerate(zip(got, want)):
@@ -121,3 +119,15 @@ class SizeOutputs:
         others = iter(self.sizes(*args))
         it = iter(tensors)
         return tuple(next(it) if k else next(others) for k in self.kinds)
+
+
+def output_tensors(out: Any) -> list[torch.Tensor]:
+    """The tensors among a module's outputs, in order: a model output object's fields
+    (``to_tuple()``), a tensor, or the tensors of a tuple or list (others are left out)."""
+    if hasattr(out, "to_tuple"):
+        out = out.to_tuple()
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, tuple | list):
+        return [t for t in out if isinstance(t, torch.Tensor)]
+    return []

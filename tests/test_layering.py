@@ -89,17 +89,11 @@ HEAVY = frozenset(
 EDGE_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("cost", "runtime"): "cost/measure_ort.py measures the host through runtime/ort_session.py: "
     "calibration is a measuring tool above the cost model it writes profiles for",
-    ("torch_compile", "torch_module"): "the torch backend and the drop-in module call each "
-    "other; both move onto the one pipeline (issue 23, another change)",
-    ("torch_module", "torch_compile"): "as torch_compile -> torch_module",
 }
 
 #: (module, imported module, name): a private name still imported, and why
 _OWNED = "in a file the pipeline/API restructuring (issue 23, another change) rewrites"
-PRIVATE_EXCEPTIONS: dict[tuple[str, str, str], str] = {
-    (f"{PKG}.api", f"{PKG}.torch_module", "_example"): _OWNED,
-    (f"{PKG}.api_results", f"{PKG}.torch_module", "_first_tensor"): _OWNED,
-}
+PRIVATE_EXCEPTIONS: dict[tuple[str, str, str], str] = {}
 
 #: module -> why its imports of light package modules sit inside functions
 _ENTRY = "an entry point imports the stages a command or call runs when it runs (keeps "
@@ -111,10 +105,8 @@ FUNCTION_IMPORT_EXCEPTIONS: dict[str, str] = {
     f"{PKG}.cli": _ENTRY,
     f"{PKG}.api_results": _ENTRY,
     f"{PKG}.cli_fuse": _ENTRY,
-    f"{PKG}.torch_outputs": _ENTRY,
     f"{PKG}.demo": "an entry point (the demo command): imports the zoo when it runs",
     f"{PKG}.torch_compile": _ENTRY,
-    f"{PKG}.torch_module": _ENTRY,
     f"{PKG}.torch_ort": _ENTRY,
     f"{PKG}.codegen.weights": _WEIGHTS,
     f"{PKG}.catalog.registry": _CYCLE + "the operator definitions register themselves with "
