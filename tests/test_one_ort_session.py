@@ -54,3 +54,34 @@ def test_the_search_finds_a_call(tmp_path, monkeypatch):
     (tmp_path / "tests" / "stray.py").write_text(f"import onnxruntime as ort\nort.{CALL}'m')\n")
     monkeypatch.setattr(mod, "ROOT", tmp_path)
     assert _calls() == {"tests/stray.py": 1}
+
+
+def test_a_lean_session_computes_with_the_weights_it_reads_in_place():
+    """Lean sessions read large weights in place; with the optimizer off the placeholder file
+    leaves float32 weights out (a hole), otherwise it holds them (onnxruntime's optimizer
+    reads some, e.g. a float16 MatMul's weight at the ALL level): at either level, float32 or
+    float16, the session computes with the real weights."""
+    import numpy as np
+
+    from graph_autofusion.ir.text import parse_model
+    from graph_autofusion.runtime.ort_session import ort_session
+    from graph_autofusion.verify.subgraph import run_session
+
+    rng = np.random.default_rng(0)
+    for dtype, short in ((np.float32, "f32"), (np.float16, "f16")):
+        model = parse_model(
+            f"""
+model opset {{"": 18}}
+graph g(%x: {short}[4,128]) -> (%y) {{
+  init %w: {short}[128,256] = zeros
+  %y = MatMul(%x, %w) @mm
+}}
+"""
+        )
+        model.graph.initializers["w"].const = rng.standard_normal((128, 256)).astype(dtype)
+        feeds = {"x": rng.standard_normal((4, 128)).astype(dtype)}
+        want = run_session(ort_session(model, "disable", prepack=False), feeds)["y"]
+        assert float(np.abs(want).max()) > 1  # the weights count
+        for level in ("disable", "all"):
+            got = run_session(ort_session(model, level, lean=True), feeds)["y"]
+            np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)

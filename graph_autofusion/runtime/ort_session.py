@@ -107,7 +107,7 @@ def ort_session(
     if lib:
         so.register_custom_ops_library(lib)
     if in_place:
-        return _session_in_place(src, so, in_place)
+        return _session_in_place(src, so, in_place, level)
     return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
 
 
@@ -134,13 +134,18 @@ def model_weights(model: Any) -> dict[str, np.ndarray]:
     return in_place_weights({n: v.const for n, v in model.graph.initializers.items()})
 
 
-def _session_in_place(src: Any, so: Any, arrays: Mapping[str, np.ndarray]) -> Any:
+def _session_in_place(
+    src: Any, so: Any, arrays: Mapping[str, np.ndarray], level: str = "all"
+) -> Any:
     """A session whose initializers ``arrays`` are onnxruntime values over the arrays' memory
     (``SessionOptions.add_initializer``). The model declares them as external data in a
     placeholder file holding the same bytes, which lives in a temporary folder only while the
     session is created: the session runs on the values given here, but onnxruntime's graph
-    optimizer reads some initializers from the model's own data (an fp16 MatMul's weight), so
-    the placeholder must hold the real bytes, not zeros."""
+    optimizer reads some initializers from the model's own data (an fp16 MatMul's weight, whose
+    Cast to float32 it makes at every level), so the placeholder must hold the real bytes, not
+    zeros. With the optimizer off (``level="disable"``: safe mode's whole-model sessions),
+    nothing reads a float32 initializer there: those stay a hole in a sparse file (no copy of
+    the weights written)."""
     import onnx
     import onnxruntime as ort
 
@@ -171,8 +176,12 @@ def _session_in_place(src: Any, so: Any, arrays: Mapping[str, np.ndarray]) -> An
     with tempfile.TemporaryDirectory(prefix="autofusion-ort-") as d:
         with open(os.path.join(d, "weights.bin"), "wb") as f:
             for name, offset in offsets.items():
+                a = arrays[name]
+                if level == "disable" and a.dtype == np.float32:
+                    continue  # read from the given values only (see above)
                 f.seek(offset)
-                f.write(memoryview(arrays[name]).cast("B"))
+                f.write(memoryview(a).cast("B"))
+            f.truncate(end)  # every declared range lies inside the file
         path = os.path.join(d, "model.onnx")
         onnx.save(proto, path)
         sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
