@@ -215,3 +215,33 @@ graph g(%p: f32[2,X], %q: f32[2,Y], %c: f32[2,4], %z: f32[2,1]) -> (%y) {
 }"""
     _check(text2, {"p": _r(2, 3), "q": _r(2, 3), "c": _r(2, 4), "z": _r(2, 1)},
            [{"p": _r(2, 1), "q": _r(2, 3), "c": _r(2, 4), "z": _r(2, 1)}])  # fmt: skip
+
+
+def test_kernels_split_across_two_threads_match_onnxruntime():
+    """`make test` runs each xdist worker on half the cores (one thread on 2 cores), so the
+    OpenMP paths of the generated kernels (taken when nt > 1 and the work is large) are
+    checked here with two threads: an elementwise and a reduction kernel, over sizes and
+    row counts that do not split evenly."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert torch.get_num_threads() == 2
+        elementwise = """model opset {"": 17}
+graph g(%x: f32[R,1000], %b: f32[1000]) -> (%y) {
+  %a = Add(%x, %b)
+  %s = Sigmoid(%a)
+  %y = Mul(%a, %s)
+}"""
+        rows = [{"x": _r(n, 1000, seed=n), "b": _r(1000, seed=1)} for n in (63, 129, 2)]
+        _check(elementwise, rows[0], rows[1:])
+        reduction = """model opset {"": 18}
+graph g(%x: f32[R,768]) -> (%y) {
+  init %ax: i64[1] = [-1]
+  %m = ReduceMean<keepdims=1>(%x, %ax)
+  %d = Sub(%x, %m)
+  %y = Mul(%d, %d)
+}"""
+        rows = [{"x": _r(n, 768, seed=n)} for n in (97, 128, 3)]
+        _check(reduction, rows[0], rows[1:], rtol=1e-4, atol=1e-5)
+    finally:
+        torch.set_num_threads(before)
