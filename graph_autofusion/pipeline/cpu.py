@@ -18,11 +18,13 @@ Stages, in order (each timed in ``result.timings`` and able to dump its artifact
    the compiler rejects is compiled kernel by kernel and each failing one rolled back alone.
 4. **rewrite**: each group becomes one node of the ``graph_autofusion.fused`` domain (a local
    function holding its operators, so the saved ONNX file still runs anywhere).
-5. **verify** (safe mode): each kernel against its unfused operators on the real activations of
-   the sample inputs (cosine, max error) and timed against them on the real shapes; failures
-   are rolled back alone and the rewrite repeats without them.
-6. **end_to_end**: the fused program against the original on the sample inputs; a failure
-   rolls every fusion back.
+5. **capture**, **verify**, **end_to_end** (safe mode, :func:`~graph_autofusion.pipeline.
+   safe_mode.run_safe_mode`, the runner every target shares): the original's activations on
+   torch; each kernel against its unfused operators on them (cosine, max error) and timed
+   against them on the real shapes (the one speed policy, :class:`~graph_autofusion.verify.
+   speed.SpeedPolicy`); failures are rolled back alone and the rewrite repeats without them;
+   then the fused program against the original on the sample inputs, a failure rolling every
+   fusion back. This target supplies :class:`_CpuSafeMode`.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ from typing import Any
 
 import numpy as np
 
-from graph_autofusion import reasons
 from graph_autofusion.codegen.call_plan import sample_shape
 from graph_autofusion.codegen.compiler import KernelCompileError, compile_library
 from graph_autofusion.codegen.lower import KernelReason, KernelRefused
@@ -62,11 +63,13 @@ from graph_autofusion.pipeline.result import (
     clone_model,
     to_json,
 )
+from graph_autofusion.pipeline.safe_mode import run_safe_mode
 from graph_autofusion.pipeline.stages import Stages
 from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.verify.inputs import generate_inputs
 from graph_autofusion.verify.safety import SafetyResult, compare_outputs
 from graph_autofusion.verify.sample_inputs import is_generated, own_copy, run_failure
+from graph_autofusion.verify.speed import SpeedPolicy
 
 
 @dataclass
@@ -232,11 +235,9 @@ def fuse_model_cpu(
 
     with stages("rewrite"):
         build(groups)
-    if options.safe_mode:
-        with stages("verify"):
-            _safe_mode(result, groups, kernels, feeds, options, build, progress)
-        with stages("end_to_end"):
-            _end_to_end(result, feeds, options, build, notes, reference)
+    if options.safe_mode:  # the one runner: check, roll back, rebuild, end to end
+        target = _CpuSafeMode(result, groups, options, build, notes, reference)
+        run_safe_mode(result, target, stages, options, notes, progress=progress)
     result.timings = stages.timings
     result.notes = notes
     return result
@@ -300,42 +301,80 @@ def _rewrite(model: Model, groups: list[KernelGroup], kernels: Mapping[str, Any]
     return lowered, CpuProgram(model, steps)
 
 
-def _safe_mode(result, groups, kernels, feeds, options, build, progress) -> None:
-    from graph_autofusion.runtime.torch_runtime import TorchRunner  # heavy: torch
+class _CpuSafeMode:
+    """What the cpu target supplies to safe mode's runner (:mod:`.safe_mode`): its check (each
+    kernel against its unfused operators on torch's activations of the original,
+    :func:`~graph_autofusion.pipeline.cpu_kernels.check_kernel`), its rebuild (the rewrite of a
+    fresh copy without the failures: the kernels kept are the same compiled functions, their
+    verdicts stand), its end-to-end check (the fused program against the original's outputs)
+    and its fallback (the rewrite with no group)."""
 
-    ref = TorchRunner(result.original, shared_constants=_same_values(result))
-    try:
-        acts = ref.run(feeds, keep_all=True)
-    except RuntimeError as exc:  # the original fails on the sample inputs: one clear error
-        failure = run_failure(
-            result.original, feeds, exc, runtime="torch", generated=is_generated(feeds)
-        )
-        if failure is None:
-            raise
-        raise failure from exc
-    failed: dict[str, SafetyResult] = {}
-    for i, low in enumerate(result.lowered):
-        if progress is not None:
-            progress("verify", i, len(result.lowered))
-        step, args, unfused = kernel_and_operators(result, low, acts, ref.opset)
-        res = check_kernel(
+    def __init__(
+        self,
+        result: CpuFuseResult,
+        groups: list[KernelGroup],
+        options: FuseOptions,
+        build: Callable[..., None],
+        notes: list[str],
+        reference: Mapping[str, Any] | None,
+    ) -> None:
+        self.result, self.groups, self.options = result, groups, options
+        self.build, self.notes, self.reference = build, notes, reference
+        self.ref: Any = None
+        self.acts: Any = None
+
+    def capture(self) -> None:
+        from graph_autofusion.runtime.torch_runtime import TorchRunner  # heavy: torch
+
+        result, feeds = self.result, self.result.feeds
+        self.ref = TorchRunner(result.original, shared_constants=_same_values(result))
+        try:
+            self.acts = self.ref.run(feeds, keep_all=True)
+        except RuntimeError as exc:  # the original fails on the sample inputs: one clear error
+            failure = run_failure(
+                result.original, feeds, exc, runtime="torch", generated=is_generated(feeds)
+            )
+            if failure is None:
+                raise
+            raise failure from exc
+
+    def check(self, low: Lowered, speed: SpeedPolicy | None) -> SafetyResult:
+        step, args, unfused = kernel_and_operators(self.result, low, self.acts, self.ref.opset)
+        floor = self.options.cosine_floor
+        return check_kernel(
             low,
             step,
             args,
-            acts,
-            floor=options.cosine_floor if options.cosine_floor is not None else low.tolerance,
-            unfused=unfused if options.check_speed else None,
-            speed_margin=options.speed_margin,
+            self.acts,
+            floor=floor if floor is not None else low.tolerance,
+            unfused=unfused,
+            speed=speed,
         )
-        result.safety[low.key] = res
-        if not res.passed:
-            failed[low.key] = res
-            result.rolled_back.append(RolledBack(low.key, low.rule, res.code, res.message, res))
-    if failed:
-        build(
-            [g for g in groups if g.key not in failed],
-            [n for n in result.natives if n.key not in failed],
+
+    def rebuild(self, failed: set[str]) -> bool:
+        self.build(
+            [g for g in self.groups if g.key not in failed],
+            [n for n in self.result.natives if n.key not in failed],
         )
+        return False
+
+    def end_to_end(self) -> Mapping[str, Any]:
+        result, feeds = self.result, self.result.feeds
+        if self.reference is not None:
+            want = {k: _as_float_array(v) for k, v in self.reference.items()}
+        else:
+            want = _reference_outputs(result.original, feeds)
+        try:
+            got = {k: v.float().numpy() for k, v in result.program.run(feeds).items()}
+        except Exception as exc:  # noqa: BLE001
+            got = {}
+            self.notes.append(f"the fused program failed: {type(exc).__name__}: {exc}")
+        cmp = compare_outputs(want, got, cosine_floor=self.options.e2e_cosine_floor)
+        return {"outputs": cmp, "passed": all(v["passed"] for v in cmp.values())}
+
+    def roll_back_all(self) -> str:
+        self.build([], [])
+        return "every fusion"
 
 
 def _same_values(result: CpuFuseResult) -> dict[str, Any]:
@@ -368,25 +407,3 @@ def _reference_outputs(original: Model, feeds: Mapping[str, Any]) -> dict[str, n
 
 def _as_float_array(v: Any) -> np.ndarray:
     return v.detach().float().numpy() if hasattr(v, "detach") else np.asarray(v)
-
-
-def _end_to_end(result, feeds, options, build, notes, reference=None) -> None:
-    if reference is not None:
-        want = {k: _as_float_array(v) for k, v in reference.items()}
-    else:
-        want = _reference_outputs(result.original, feeds)
-    try:
-        got = {k: v.float().numpy() for k, v in result.program.run(feeds).items()}
-    except Exception as exc:  # noqa: BLE001
-        got = {}
-        notes.append(f"the fused program failed: {type(exc).__name__}: {exc}")
-    cmp = compare_outputs(want, got, cosine_floor=options.e2e_cosine_floor)
-    passed = all(v["passed"] for v in cmp.values())
-    result.end_to_end = {"outputs": cmp, "passed": passed}
-    if not passed:
-        notes.append("the end-to-end comparison failed: every fusion rolled back")
-        for low in result.lowered:
-            result.rolled_back.append(
-                RolledBack(low.key, low.rule, reasons.END_TO_END, "the whole fused model differs")
-            )
-        build([], [])

@@ -12,16 +12,16 @@ from typing import Any
 
 import numpy as np
 
-from graph_autofusion import defaults, reasons
+from graph_autofusion import reasons
 from graph_autofusion.codegen.call_plan import finalize_kernel  # noqa: F401 - its public name here
 from graph_autofusion.codegen.kernel_ir import Kernel
 from graph_autofusion.codegen.onnxruntime import Lowered
 from graph_autofusion.codegen.reference import run_reference
 from graph_autofusion.options import FuseOptions
 from graph_autofusion.runtime.kernels import load_library
-from graph_autofusion.runtime.timing import median_us
 from graph_autofusion.verify.compare import compare_tensors
 from graph_autofusion.verify.safety import SafetyResult
+from graph_autofusion.verify.speed import SpeedPolicy
 
 
 @dataclass
@@ -163,10 +163,12 @@ def check_kernel(
     *,
     floor: float,
     unfused: Any = None,
-    speed_margin: float = defaults.SPEED_MARGIN,
+    speed: SpeedPolicy | None = None,
 ) -> SafetyResult:
     """Safe mode's verdict on one kernel: its outputs on the real activations against the
-    unfused operators' (cosine, max error), then (``unfused`` given) its time against theirs."""
+    unfused operators' (cosine, max error), then (``unfused`` and ``speed`` given) its time
+    against theirs by the one speed policy (:class:`~graph_autofusion.verify.speed.
+    SpeedPolicy`, the onnxruntime target's too)."""
     import torch
 
     try:
@@ -187,11 +189,13 @@ def check_kernel(
         if worst["cosine"] < floor:
             res.passed, res.code = False, reasons.NUMERICS
             res.message = f"cosine {worst['cosine']:.6f} below {floor}"
-    if res.passed and unfused is not None:
+    if res.passed and unfused is not None and speed is not None:
         with torch.no_grad():
-            res.time_unfused_us = median_us(lambda: unfused(*args), key=low.key, side="unfused")
-            res.time_fused_us = median_us(lambda: step(None, *args), key=low.key, side="fused")
-        if res.time_fused_us > res.time_unfused_us * speed_margin:
+            tu, tf, slower = speed.measure(
+                lambda: unfused(*args), lambda: step(None, *args), low.key
+            )
+        res.time_unfused_us, res.time_fused_us = tu, tf
+        if slower:
             res.passed, res.code = False, reasons.SLOWER
             res.message = (
                 f"kernel {res.time_fused_us:.1f} us vs unfused {res.time_unfused_us:.1f} us"

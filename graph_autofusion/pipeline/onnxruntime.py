@@ -12,12 +12,15 @@ Steps:
 2. **Lower** the plan's chosen matches through their native rewrites
    (:mod:`graph_autofusion.codegen.onnxruntime`); the rest stay unfused with a reason, and so
    do the matches of rules that have no native form.
-3. **Safe mode** (on by default): capture every intermediate of the original in onnxruntime
-   once (before step 1: the analysis reads its shapes there, and the checks below the
-   original's outputs), check each lowered fusion on the real activations that feed it (numerics, fp16 range,
-   Monte-Carlo, alias, speed; :mod:`graph_autofusion.verify.safety`). A failing fusion is rolled
-   back on its own: a fresh copy is lowered with only the passing fusions (the same matches:
-   matching is deterministic), and the check repeats until nothing fails.
+3. **Safe mode** (on by default; the runner every target shares, :mod:`.safe_mode`, with
+   what this target supplies, :class:`_OrtSafeMode`): capture every intermediate of the
+   original in onnxruntime once (before step 1: the analysis reads its shapes there, and the
+   checks below the original's outputs), check each lowered fusion on the real activations
+   that feed it (numerics, fp16 range, Monte-Carlo, alias, speed;
+   :mod:`graph_autofusion.verify.safety`).
+   A failing fusion is rolled back on its own: a fresh copy is lowered with only the passing
+   fusions (the same matches: matching is deterministic), and the check repeats until nothing
+   fails (at most ``MAX_ROUNDS`` rounds).
 4. **End to end**: the whole fused model against the original on the sample inputs. If that
    fails, every fusion is rolled back and the original is returned (reported).
 
@@ -40,6 +43,7 @@ from graph_autofusion import reasons
 from graph_autofusion.codegen.attention_layout import absorb_layout
 from graph_autofusion.codegen.gemm_reshape import flatten_gemms
 from graph_autofusion.codegen.onnxruntime import (
+    Lowered,
     Lowering,
     NotLowered,
     candidate_key,
@@ -58,12 +62,12 @@ from graph_autofusion.pipeline.ort_kernels import CustomOps, CustomOpsUnavailabl
 from graph_autofusion.pipeline.plan import plan_for_target
 from graph_autofusion.pipeline.result import (
     FuseResult,
-    RolledBack,
     clone_model,
     e2e_passed,
     to_json,
     to_onnx_bytes,
 )
+from graph_autofusion.pipeline.safe_mode import run_safe_mode
 from graph_autofusion.pipeline.stages import Stages
 from graph_autofusion.pipeline.weights import compress_weights
 from graph_autofusion.runtime.ort_session import ort_session
@@ -71,6 +75,7 @@ from graph_autofusion.verify.inputs import generate_inputs
 from graph_autofusion.verify.optimized_graph import same_model_after_optimization
 from graph_autofusion.verify.safety import (
     FusionRecord,
+    SafetyResult,
     capture_activations,
     check_fusion,
     compare_outputs,
@@ -78,9 +83,8 @@ from graph_autofusion.verify.safety import (
 )
 from graph_autofusion.verify.sample_inputs import is_generated, own_copy, run_failure, source_of
 from graph_autofusion.verify.signature import Repeats
+from graph_autofusion.verify.speed import SpeedPolicy
 from graph_autofusion.verify.subgraph import run_session
-
-MAX_ROUNDS = 4
 
 
 def _lower(
@@ -239,83 +243,106 @@ def _fuse_model(
         work, original, analysis, lowering.lowered, not_lowered, safe_mode=safe_mode, feeds=feeds
     )
     result.shape_folding = folding
-    if not safe_mode:
+    if safe_mode:  # the one runner: check, roll back, re-lower, end to end
+        target = _OrtSafeMode(result, opts, notes, native, custom, keys, acts, reference)
+        run_safe_mode(result, target, stages, opts, notes, progress=progress)
+    else:
         share_created(result.model, result.lowered)
         absorb_layout(result.model)
         flatten_gemms(result.model)
         _keep_fp32(result, opts.keep_fp32, notes)
-        result.timings = stages.timings
-        result.notes = notes
-        if custom is not None:
-            custom.finish(result)
-        stages.dump("fused.onnx", lambda: to_onnx_bytes(result.model))
-        return result
+    result.timings = stages.timings
+    result.notes = notes
+    if custom is not None:
+        custom.finish(result)
+    stages.dump("fused.onnx", lambda: to_onnx_bytes(result.model))
+    return result
 
-    with stages("verify"):
-        originals = {n.name: n for n in original.graph.nodes}
-        checked: dict[str, Any] = {}
-        failed: dict[str, Any] = {}
-        repeats = Repeats()  # per fusion signature: repeated layers time once
-        check_speed = opts.check_speed and not _same_after_ort(original, result, notes)
-        for _round in range(MAX_ROUNDS):
-            todo = [low for low in result.lowered if low.key not in checked]
-            for i, low in enumerate(todo):
-                if progress is not None:
-                    progress("verify", i, len(todo))
-                record = FusionRecord(
-                    low.key,
-                    low.rule,
-                    [originals[n] for n in low.original_node_names if n in originals],
-                    low.new_nodes,
-                    low.inputs,
-                    low.outputs,
-                    low.tolerance,
-                )
-                checked[low.key] = check_fusion(
-                    original,
-                    result.model,
-                    record,
-                    acts,
-                    cosine_floor=opts.cosine_floor,
-                    mc_samples=opts.mc_samples,
-                    check_speed=check_speed,
-                    speed_margin=opts.speed_margin,
-                    repeats=repeats,
-                )
-                if check_speed != opts.check_speed:  # not timed: see _same_after_ort
-                    checked[low.key].details["same_optimized_graph"] = True
-            bad = [low for low in result.lowered if not checked[low.key].passed]
-            if not bad:
-                break
-            for low in bad:
-                failed[low.key] = checked[low.key]
-                r = checked[low.key]
-                result.rolled_back.append(RolledBack(low.key, low.rule, r.code, r.message, r))
-            keys = [k for k in keys if k not in failed]
-            fresh = clone_model(original)
-            if folding is not None and folding.folded:
-                fold_reshape_shapes(fresh)  # deterministic: the same folds as the first time
-            lowering, keys = _lower(fresh, native, keys, None, custom)
-            result.model = fresh
-            result.lowered = lowering.lowered
-            for low in result.lowered:
-                checked.pop(low.key, None)  # new node objects: check them again on the new model
-        else:
-            notes.append(f"safe mode stopped after {MAX_ROUNDS} rounds")
-        result.safety = {k: v for k, v in checked.items()}
+
+class _OrtSafeMode:
+    """What the onnxruntime target supplies to safe mode's runner (:mod:`.safe_mode`): its
+    check (:func:`~graph_autofusion.verify.safety.check_fusion` on onnxruntime's activations of
+    the original), its rebuild (a fresh copy of the original, folded again, lowered with the
+    kept keys: new nodes, checked again), its end-to-end check (after the layout clean-ups and
+    ``keep_fp32``, each rolled back alone when the whole model differs), and its fallback
+    (the original, unfolded)."""
+
+    def __init__(
+        self,
+        result: FuseResult,
+        opts: Any,
+        notes: list[str],
+        native: RuleSet,
+        custom: Any,
+        keys: list[str],
+        acts: Any,
+        reference: Mapping[str, Any] | None,
+    ) -> None:
+        self.result, self.opts, self.notes = result, opts, notes
+        self.native, self.custom, self.keys = native, custom, keys
+        self.original = result.original
+        self.originals = {n.name: n for n in self.original.graph.nodes}
+        self.repeats = Repeats()  # per fusion signature: repeated layers time once
+        self.acts = acts  # captured before the plan (it reads its shapes there)
+        self.reference = reference  # the original's outputs among them
+        self.timed = True
+
+    def capture(self) -> None:
+        # the activations were captured first; a CNN onnxruntime optimizes into the same
+        # graph fused or not is not timed one by one
+        self.timed = self.opts.check_speed and not _same_after_ort(
+            self.original, self.result, self.notes
+        )
+
+    def check(self, low: Lowered, speed: SpeedPolicy | None) -> SafetyResult:
+        record = FusionRecord(
+            low.key,
+            low.rule,
+            [self.originals[n] for n in low.original_node_names if n in self.originals],
+            low.new_nodes,
+            low.inputs,
+            low.outputs,
+            low.tolerance,
+        )
+        res = check_fusion(
+            self.original,
+            self.result.model,
+            record,
+            self.acts,
+            cosine_floor=self.opts.cosine_floor,
+            mc_samples=self.opts.mc_samples,
+            check_speed=speed is not None and self.timed,
+            speed_margin=speed.margin if speed is not None else self.opts.speed_margin,
+            repeats=self.repeats,
+        )
+        if speed is not None and not self.timed:  # not timed: see _same_after_ort
+            res.details["same_optimized_graph"] = True
+        return res
+
+    def rebuild(self, failed: set[str]) -> bool:
+        result = self.result
+        self.keys = [k for k in self.keys if k not in failed]
+        fresh = clone_model(self.original)
+        if result.shape_folding is not None and result.shape_folding.folded:
+            fold_reshape_shapes(fresh)  # deterministic: the same folds as the first time
+        lowering, self.keys = _lower(fresh, self.native, self.keys, None, self.custom)
+        result.model, result.lowered = fresh, lowering.lowered
+        return True
+
+    def end_to_end(self) -> Mapping[str, Any]:
+        result, notes, floor = self.result, self.notes, self.opts.e2e_cosine_floor
         share_created(result.model, result.lowered)  # each fusion was verified on its own nodes
         relayout = any(n.op_type in ("Attention", "Gemm") for n in result.model.graph.nodes)
         # the verified model as it is (a fallback: not typed again through ONNX)
         before_layout = clone_model(result.model, infer_types=False) if relayout else None
-        absorbed = absorb_layout(result.model)  # both checked end to end below
+        absorbed = absorb_layout(result.model)  # both checked end to end here
         flattened = flatten_gemms(result.model)
-    with stages("end_to_end", "safe mode: end-to-end check"):
 
         def whole() -> dict[str, Any]:  # the original's outputs are the captured ones
-            floor = opts.e2e_cosine_floor
             return end_to_end(
-                original, result.model, feeds, cosine_floor=floor, reference=reference
-            )
+                self.original, result.model, result.feeds, cosine_floor=floor,
+                reference=self.reference,
+            )  # fmt: skip
 
         e2e = whole()
         if (absorbed or flattened) and not e2e_passed(e2e):
@@ -334,28 +361,15 @@ def _fuse_model(
                 notes.append(
                     f"{flattened} flattened Gemms are batched MatMuls again (shape programs gone)"
                 )
-        if _keep_fp32(result, opts.keep_fp32, notes):
+        if _keep_fp32(result, self.opts.keep_fp32, notes):
             e2e = whole()
-        result.end_to_end = e2e
-        if not e2e_passed(e2e):
-            notes.append(
-                "the end-to-end comparison failed: every fusion (and the shape folding) rolled back"
-            )
-            for low in result.lowered:
-                result.rolled_back.append(
-                    RolledBack(
-                        low.key, low.rule, reasons.END_TO_END, "the whole fused model differs"
-                    )
-                )
-            result.model = clone_model(original)
-            result.lowered = []
-            result.shape_folding = None
-    result.timings = stages.timings
-    result.notes = notes
-    if custom is not None:
-        custom.finish(result)
-    stages.dump("fused.onnx", lambda: to_onnx_bytes(result.model))
-    return result
+        return e2e
+
+    def roll_back_all(self) -> str:
+        self.result.model = clone_model(self.original)
+        self.result.lowered = []
+        self.result.shape_folding = None
+        return "every fusion (and the shape folding)"
 
 
 def _keep_fp32(result: FuseResult, ops: tuple[str, ...], notes: list[str]) -> int:

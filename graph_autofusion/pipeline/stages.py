@@ -7,8 +7,9 @@
     result.timings = stages.timings
 
 :data:`STAGES` is the order every target's pipeline runs them in (a target skips the ones it
-has nothing for: onnxruntime compiles nothing without custom operators, the cpu target
-captures activations inside ``verify``); ``result.timings`` uses these names.
+has nothing for: onnxruntime compiles nothing without custom operators; ``capture``,
+``verify`` and ``end_to_end`` are safe mode's, run by :mod:`.safe_mode` for every target);
+``result.timings`` uses these names.
 """
 
 from __future__ import annotations

@@ -15,7 +15,9 @@ After the fusions are verified, every contraction by a constant matrix of the fu
    activation, and its output is compared with the fp32 output: cosine at least
    ``WEIGHTS_LAYER_COSINE[form]``, relative L2 error at most ``WEIGHTS_LAYER_REL_ERR[form]``.
    With ``check_speed`` each layer is also timed against its fp32 ``MatMul`` (kept fp32 when
-   slower than ``speed_margin`` x). A failing layer stays fp32, alone, with its reason.
+   slower than ``speed_margin`` x, by safe mode's one speed policy,
+   :class:`~graph_autofusion.verify.speed.SpeedPolicy`). A failing layer stays fp32, alone,
+   with its reason.
 2. **End to end**: the whole compressed model against the original on the sample inputs
    (cosine of every output at least ``WEIGHTS_E2E_COSINE[form]``). When it fails, the worst
    half of the compressed layers (by relative error) goes back to fp32 and the check repeats
@@ -55,7 +57,7 @@ from graph_autofusion.codegen.weights import (
 from graph_autofusion.ir.core import Model
 from graph_autofusion.pipeline.result import clone_model
 from graph_autofusion.runtime.ort_session import model_weights, ort_session
-from graph_autofusion.runtime.timing import median_us
+from graph_autofusion.verify.speed import SpeedPolicy
 
 #: The LM head's form when ``weights_policy="all"`` compresses it: the highest of the
 #: compressed forms (an int4 model keeps its head at 8 bits).
@@ -409,18 +411,23 @@ def _check_speed(
     level: int,
     threads: int,
 ) -> list[tuple[Site, np.ndarray]]:
-    """Time each layer compressed and fp32 on its activation (safe mode's timer); a layer
-    slower than ``speed_margin`` x its fp32 form stays fp32."""
+    """Time each layer compressed and fp32 on its activation by safe mode's one speed policy
+    (:class:`~graph_autofusion.verify.speed.SpeedPolicy`); a layer slower than
+    ``speed_margin`` x its fp32 form stays fp32."""
+    policy = SpeedPolicy(options.speed_margin)
     kept = []
     for s, a in items:
         fast = ort_session(probe_model([(s.name, a, packs[s.name], s.bias)], level), "all", threads)
         slow = ort_session(reference_model([(s.name, a, s.weight, s.bias)]), "all", threads)
         key = f"weights@{s.name}"
-        t_q = median_us(lambda fast=fast, a=a: fast.run(None, {"a0": a}), key=key, side="fused")
-        t_f = median_us(lambda slow=slow, a=a: slow.run(None, {"a0": a}), key=key, side="unfused")
+        t_f, t_q, slower = policy.measure(
+            lambda slow=slow, a=a: slow.run(None, {"a0": a}),
+            lambda fast=fast, a=a: fast.run(None, {"a0": a}),
+            key,
+        )
         r = records[s.name]
         r.time_us, r.time_fp32_us = t_q, t_f
-        if t_q > t_f * options.speed_margin:
+        if slower:
             r.reason = f"kept fp32: slower compressed ({t_q:.0f} us vs {t_f:.0f} us fp32)"
         else:
             kept.append((s, a))

@@ -29,7 +29,6 @@ captured activations) and runs them in onnxruntime:
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +44,7 @@ from graph_autofusion.samples.inputs import generate_inputs
 from graph_autofusion.verify.compare import compare_tensors
 from graph_autofusion.verify.fp16 import FP16_MAX, fp16_analysis
 from graph_autofusion.verify.signature import Repeats, fusion_signature
+from graph_autofusion.verify.speed import SpeedPolicy
 from graph_autofusion.verify.subgraph import (
     SafetyCheckError,
     capture_activations,
@@ -163,34 +163,6 @@ def _alias_hazard(original: Model, fused: Model, record: FusionRecord) -> str:
 
 
 # ----------------------------------------------------------------------------- timing
-def _times(
-    a: Any,
-    b: Any,
-    feeds_a: dict,
-    feeds_b: dict,
-    runs: int,
-    timer: Timer,
-    key: str,
-    clear: Any = None,
-) -> tuple[list, list]:
-    """Per-run times (µs) of sessions ``a`` (unfused) and ``b`` (fused) of fusion ``key``,
-    interleaved, after 3 warm-ups, each run timed by ``timer``
-    (:mod:`graph_autofusion.runtime.timing`). ``clear(ta, tb)``: after
-    ``defaults.SPEED_EARLY_RUNS`` runs, stop as soon as it says the verdict is clear."""
-    na = [o.name for o in a.get_outputs()]
-    nb = [o.name for o in b.get_outputs()]
-    for _ in range(3):
-        a.run(na, feeds_a)
-        b.run(nb, feeds_b)
-    ta, tb = [], []
-    for _ in range(max(1, runs)):  # interleaved, so load changes hit both alike
-        ta.append(timer(key, "unfused", lambda: a.run(na, feeds_a)) * 1e6)
-        tb.append(timer(key, "fused", lambda: b.run(nb, feeds_b)) * 1e6)
-        if clear is not None and len(ta) >= defaults.SPEED_EARLY_RUNS and clear(ta, tb):
-            break
-    return ta, tb
-
-
 def _speed(
     original: Model,
     record: FusionRecord,
@@ -204,7 +176,8 @@ def _speed(
     speed_margin: float,
 ) -> tuple[float, float, bool]:
     """Median unfused and fused times (us) of one fusion and whether the fused one is slower
-    than ``speed_margin`` x the unfused (confirmed by a second, longer measurement)."""
+    than ``speed_margin`` x the unfused (:class:`~graph_autofusion.verify.speed.SpeedPolicy`:
+    confirmed by a second, longer measurement)."""
     timed_orig = subgraph_model(
         original, record.original_nodes, record.inputs, record.outputs, arrays=activations
     )
@@ -216,21 +189,9 @@ def _speed(
     a = ort_session(timed_orig, ort_level, threads, spinning=True)
     b = ort_session(fused_proto, ort_level, threads, spinning=True)
     fa, fb = _feeds_for(a, feeds), _feeds_for(b, feeds)
-
-    def clear(ta: list, tb: list) -> bool:
-        ratio = statistics.median(tb) / max(statistics.median(ta), 1e-12)
-        return not (
-            speed_margin * defaults.SPEED_CLEAR < ratio < speed_margin / defaults.SPEED_CLEAR
-        )
-
-    ta, tb = _times(a, b, fa, fb, time_runs, timer, record.key, clear)
-    tu, tf = statistics.median(ta), statistics.median(tb)
-    slower = tf > tu * speed_margin
-    if slower:  # confirm on a longer measurement, by median and by best run alike
-        ta, tb = _times(a, b, fa, fb, 2 * time_runs, timer, record.key)
-        tu, tf = statistics.median(ta), statistics.median(tb)
-        slower = tf > tu * speed_margin and min(tb) > min(ta) * speed_margin
-    return tu, tf, slower
+    na, nb = [o.name for o in a.get_outputs()], [o.name for o in b.get_outputs()]
+    policy = SpeedPolicy(speed_margin, time_runs)  # the one speed policy (verify/speed.py)
+    return policy.measure(lambda: a.run(na, fa), lambda: b.run(nb, fb), record.key, timer=timer)
 
 
 def _perturb(a: np.ndarray, rng: np.random.Generator, scale: float) -> np.ndarray:

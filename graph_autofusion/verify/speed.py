@@ -1,0 +1,87 @@
+"""Safe mode's one speed policy, for every target: is a fusion slower than the operators it
+replaces?
+
+    policy = SpeedPolicy(margin=options.speed_margin)
+    unfused_us, fused_us, slower = policy.measure(run_unfused, run_fused, key="gelu@/mlp/Mul")
+
+Both sides run interleaved (so a change of the machine's load hits both alike) after
+:attr:`SpeedPolicy.warmup` warm-up calls each, up to :attr:`SpeedPolicy.runs` timed calls each,
+stopping after :data:`~graph_autofusion.defaults.SPEED_EARLY_RUNS` when the verdict is already
+clear (:meth:`SpeedPolicy.clear`). The fused side is slower when its median time is above
+``margin`` times the unfused median; a slower verdict is confirmed by a second measurement of
+twice the runs, by median and by best run alike, before it stands. Every call is timed through
+:func:`graph_autofusion.runtime.timing.current_timer` (a test swaps it with ``use_timer``).
+
+The onnxruntime target times two onnxruntime sessions of a fusion's subgraph
+(:func:`graph_autofusion.verify.safety.check_fusion`); the cpu target a generated kernel against
+its unfused operators on torch (``pipeline/cpu_kernels.py::check_kernel``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from graph_autofusion import defaults
+from graph_autofusion.runtime.timing import Timer, current_timer
+
+
+@dataclass(frozen=True)
+class SpeedPolicy:
+    """The speed check's rule: ``margin`` (``FuseOptions.speed_margin``), timed ``runs`` per
+    side (twice as many to confirm a slower verdict), ``warmup`` untimed calls first."""
+
+    margin: float = defaults.SPEED_MARGIN
+    runs: int = 20
+    warmup: int = 3
+
+    def clear(self, unfused_us: list[float], fused_us: list[float]) -> bool:
+        """Whether the runs so far decide already: the fused median well below the margin
+        (``margin x SPEED_CLEAR``) or well above it (``margin / SPEED_CLEAR``)."""
+        ratio = statistics.median(fused_us) / max(statistics.median(unfused_us), 1e-12)
+        low, high = self.margin * defaults.SPEED_CLEAR, self.margin / defaults.SPEED_CLEAR
+        return not low < ratio < high
+
+    def times(
+        self,
+        unfused: Callable[[], object],
+        fused: Callable[[], object],
+        key: str,
+        runs: int,
+        timer: Timer,
+        early: bool = True,
+    ) -> tuple[list[float], list[float]]:
+        """Per-call microseconds of each side, interleaved, after the warm-up calls;
+        ``early``: stop once :meth:`clear` says the verdict is clear."""
+        for _ in range(self.warmup):
+            unfused()
+            fused()
+        ta: list[float] = []
+        tb: list[float] = []
+        for _ in range(max(1, runs)):
+            ta.append(timer(key, "unfused", unfused) * 1e6)
+            tb.append(timer(key, "fused", fused) * 1e6)
+            if early and len(ta) >= defaults.SPEED_EARLY_RUNS and self.clear(ta, tb):
+                break
+        return ta, tb
+
+    def measure(
+        self,
+        unfused: Callable[[], object],
+        fused: Callable[[], object],
+        key: str,
+        *,
+        timer: Timer | None = None,
+    ) -> tuple[float, float, bool]:
+        """Median microseconds of the unfused and the fused side of fusion ``key``, and
+        whether the fused side is slower (see the module docstring)."""
+        timer = timer or current_timer()
+        ta, tb = self.times(unfused, fused, key, self.runs, timer)
+        tu, tf = statistics.median(ta), statistics.median(tb)
+        slower = tf > tu * self.margin
+        if slower:  # confirm on a longer measurement, by median and by best run alike
+            ta, tb = self.times(unfused, fused, key, 2 * self.runs, timer, early=False)
+            tu, tf = statistics.median(ta), statistics.median(tb)
+            slower = tf > tu * self.margin and min(tb) > min(ta) * self.margin
+        return tu, tf, slower
