@@ -48,6 +48,12 @@ ENGINES = ("onnxruntime", "torch", "eager")
 ENGINE_TIMING_ROUNDS = 5
 #: Weight sets one graph compiles for (other modules of the same class) before eager.
 MAX_WEIGHT_SETS = 4
+#: A graph's onnxruntime session packs its GEMM weights (onnxruntime's own copy of each) once
+#: the graph has been called this many times; until then it runs them unpacked. A
+#: ``generate()`` calls its prefill graph and its first decode graph once each: only the
+#: decode graph that serves every later step holds a packed copy (the engine is still chosen
+#: on packed timings).
+PACK_AFTER_CALLS = 2
 
 
 def graph_fingerprint(model: Any) -> str:
@@ -132,6 +138,7 @@ class CompiledGraph:
         self.engine_notes: dict[str, str] = {}  # why an engine could not be built
         self.ort_result: Any = None  # the ONNX route's FuseResult (onnxruntime engine)
         self.ort_failures = 0  # calls onnxruntime failed (run in eager instead)
+        self._unpacked: list[Any] = []  # onnxruntime programs to pack once the graph is hot
 
     def __call__(self, *args: Any) -> Any:
         self.calls += 1
@@ -150,9 +157,19 @@ class CompiledGraph:
             return self.gm.forward(*args)
         for pick, refs, versions, program in self._programs:  # C-level loops: every call
             if all(map(operator.is_, pick(args), refs)) and list(map(_VERSION, refs)) == versions:
-                return program(*args)
+                out = program(*args)
+                if self._unpacked and self.calls >= PACK_AFTER_CALLS:
+                    self._pack()
+                return out
         with self._lock:
             return self._build(args)
+
+    def _pack(self) -> None:
+        """The graph is hot: its onnxruntime sessions pack their weights from now on."""
+        with self._lock:
+            todo, self._unpacked = self._unpacked, []
+            for ort in todo:
+                ort.set_packing(True)
 
     # ------------------------------------------------------------------ compile
     def _build(self, args: Sequence[Any]) -> Any:
@@ -227,6 +244,10 @@ class CompiledGraph:
         built.clear()  # the engines not chosen, and what they hold (derived weights), go
         if engine != "torch" and self.result is not None:
             self.result.program = None  # its kernels stay (reports, the kernel folder)
+        ort = getattr(program, "program", None) if engine == "onnxruntime" else None
+        if ort is not None and ort.can_defer_packing():
+            ort.set_packing(False)  # packed again on the graph's next calls (PACK_AFTER_CALLS)
+            self._unpacked.append(ort)
         give_back_memory()
         if "onnxruntime" in self.engine_notes and engine != "onnxruntime":
             warnings.warn(

@@ -45,22 +45,48 @@ class OrtGraphProgram:
     def __init__(
         self, model: Any, user_inputs: Sequence[int], threads: int | None, prepack: bool = True
     ) -> None:
-        from graph_autofusion.runtime.ort_session import model_weights, ort_session
+        from graph_autofusion.runtime.ort_session import model_weights
 
         self.model = model
         self.user_inputs = tuple(user_inputs)
         self.input_names = [v.name for v in model.graph.inputs]
         self.output_names = [v.name for v in model.graph.outputs]
-        arrays = model_weights(model)
-        self.in_place_bytes = sum(a.nbytes for a in arrays.values())
+        self.in_place_bytes = sum(a.nbytes for a in model_weights(model).values())
+        self.threads = threads or torch.get_num_threads()
         self.prepack = prepack
-        self.session = ort_session(
-            model,
+        self.session = self._open(prepack)
+
+    def _open(self, prepack: bool) -> Any:
+        from graph_autofusion.runtime.ort_session import model_weights, ort_session
+
+        return ort_session(
+            self.model,
             level="all",
-            threads=threads or torch.get_num_threads(),
-            in_place=arrays,
+            threads=self.threads,
+            in_place=model_weights(self.model),
             prepack=prepack,
         )
+
+    def set_packing(self, prepack: bool) -> None:
+        """Open the session again with (or without) onnxruntime's packed copy of the constant
+        GEMM weights. The old session goes first, so the two never hold weights at once."""
+        if prepack == self.prepack:
+            return
+        old = self.prepack
+        self.session = None
+        from graph_autofusion.torch_outputs import give_back_memory
+
+        give_back_memory()
+        try:
+            self.session = self._open(prepack)
+            self.prepack = prepack
+        except Exception:  # noqa: BLE001 - the session it had opens again
+            self.session = self._open(old)
+
+    def can_defer_packing(self) -> bool:
+        """Whether the session may run unpacked until the graph proves hot: packed, and no
+        ``MatMulNBits`` (which, unpacked, dequantizes its whole weight on every call)."""
+        return self.prepack and not any(n.op_type == "MatMulNBits" for n in self.model.graph.nodes)
 
     def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
         feeds = {n: _as_numpy(args[i]) for n, i in zip(self.input_names, self.user_inputs)}

@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from graph_autofusion import GraphAutoFusion  # noqa: E402
+from graph_autofusion.runtime.ort_session import IN_PLACE_MIN_BYTES  # noqa: E402
 from graph_autofusion.runtime.timing import use_timer  # noqa: E402
 from graph_autofusion.testing.small_hf import tiny_llama  # noqa: E402
 from graph_autofusion.torch_compile import AutofusionWarning, make_backend  # noqa: E402
@@ -235,9 +236,10 @@ def test_saved_plan_reloads_on_the_same_engine(tmp_path):
     assert torch.equal(got, want)
 
 
-def test_graphs_of_one_module_share_the_folded_weights_until_one_is_updated():
-    """The importer folds each linear weight's transpose once per module, not once per graph
-    (a generate() compiles three); an in-place update of the weight folds it again."""
+def test_linear_weights_are_the_parameters_memory_in_the_ir_and_the_session():
+    """No transposed copy of a linear weight: the importer's ``[K, N]`` constant is a view of
+    the ``[N, K]`` parameter (every graph of the module shares it), the onnxruntime session
+    reads the parameter itself (through ``transB``), and an in-place update is seen."""
     model = tiny_llama(2)
     backend = make_backend(engine="onnxruntime", check_speed=False, safe_mode=False)
     c = torch.compile(model, backend=backend)
@@ -245,19 +247,97 @@ def test_graphs_of_one_module_share_the_folded_weights_until_one_is_updated():
     with torch.no_grad():
         c(ids)
         c(ids, use_cache=False)  # a second graph of the same module
+    linears = [m.weight.detach().numpy() for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears
 
-    def big(g):
-        return [v.const for v in g.imported.graph.initializers.values() if v.const.size > 4096]
+    def big(model_ir):
+        return [v.const for v in model_ir.graph.initializers.values() if v.const.size > 4096]
 
-    first, second = backend.config.graphs[:2]
-    assert all(any(np.shares_memory(a, b) for b in big(second)) for a in big(first))
+    graphs = backend.config.graphs[:2]
+    for g in graphs:
+        for ir in (g.imported, g.ort_result.model):
+            # every large constant of the import and of the fused model is a parameter's
+            # memory (the transposes included), not a copy of one
+            params = [p.detach().numpy() for p in model.parameters()]
+            for a in big(ir):
+                assert any(np.shares_memory(a, p) for p in params), (a.shape, a.flags)
+        (ort,) = _sessions([g])
+        arrays = list(ort.session._autofusion_in_place[1].values())
+        # the weights large enough to be read in place (the others are serialized)
+        read = [w for w in linears if w.nbytes >= IN_PLACE_MIN_BYTES]
+        assert read and all(any(np.shares_memory(a, w) for a in arrays) for w in read)
+        assert all(a.flags.c_contiguous for a in arrays)
     head = model.lm_head.weight
-    old = [a for a in big(first) if a.shape == tuple(head.shape[::-1])]
-    assert old  # the head's folded transpose
     with torch.no_grad():
         head.mul_(-1.0)
         got = c(ids, use_cache=False).logits
         torch.testing.assert_close(got, model(ids, use_cache=False).logits, rtol=1e-4, atol=1e-4)
-    third = backend.config.graphs[-1]
-    new = [a for a in big(third) if a.shape == tuple(head.shape[::-1])]
-    assert new and not any(np.shares_memory(a, b) for a in new for b in old)
+
+
+def test_a_session_reads_a_transposed_matrix_through_transB_or_as_a_copy():
+    """``ort_session(in_place=...)`` with a transposed (F-contiguous) matrix: read in place
+    where a MatMul or Gemm takes it as its right operand, a contiguous copy otherwise; the
+    same numbers either way, packed or not."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from graph_autofusion.runtime.ort_session import ort_session
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 300)).astype(np.float32)  # a [N, K] parameter
+    v = rng.standard_normal((64, 300)).astype(np.float32)
+    wt, vt = w.T, v.T  # [K, N] views: what the importer makes of linear weights
+    x = rng.standard_normal((2, 5, 300)).astype(np.float32)
+    x2 = rng.standard_normal((4, 300)).astype(np.float32)
+    u = rng.standard_normal((300, 64)).astype(np.float32)
+    f = TensorProto.FLOAT
+    nodes = [
+        helper.make_node("MatMul", ["x", "wt"], ["y"]),
+        helper.make_node("Gemm", ["x2", "wt"], ["z"]),
+        helper.make_node("Gemm", ["u", "vt"], ["q"], transA=1),
+        helper.make_node("Add", ["u", "vt"], ["r"]),  # not a contraction: a copy
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", f, [2, 5, 300]),
+            helper.make_tensor_value_info("x2", f, [4, 300]),
+            helper.make_tensor_value_info("u", f, [300, 64]),
+        ],
+        [helper.make_tensor_value_info(n, f, None) for n in ("y", "z", "q", "r")],
+        [
+            numpy_helper.from_array(np.ascontiguousarray(wt), "wt"),
+            numpy_helper.from_array(np.ascontiguousarray(vt), "vt"),
+        ],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    for prepack in (True, False):
+        sess = ort_session(proto, "all", in_place={"wt": wt, "vt": vt}, prepack=prepack)
+        y, z, q, r = sess.run(None, {"x": x, "x2": x2, "u": u})
+        np.testing.assert_allclose(y, x @ wt, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(z, x2 @ wt, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(q, u.T @ vt, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(r, u + vt, rtol=1e-6)
+        held = sess._autofusion_in_place[1]
+        assert np.shares_memory(held["wt"], w) and held["wt"].flags.c_contiguous
+        assert not np.shares_memory(held["vt"], v) and held["vt"].flags.c_contiguous
+    assert proto.graph.node[0].op_type == "MatMul"  # the caller's proto is not modified
+
+
+def test_a_session_packs_its_weights_only_once_its_graph_is_called_again():
+    """A graph called once (a generate()'s prefill) keeps no packed copy of the weights; its
+    second call packs them (the session opened again), with the same answers."""
+    m = _TextModel().eval()
+    backend = make_backend(engine="onnxruntime", check_speed=False)
+    c = torch.compile(m, backend=backend)
+    ids = _ids(16)  # 16 rows: more than a decode step's, worth packing
+    with torch.no_grad():
+        first = c(ids)
+        (g,) = backend.config.graphs
+        (ort,) = _sessions([g])
+        assert not ort.prepack
+        unpacked = ort.session
+        second, third = c(ids), c(ids)
+    assert ort.prepack and ort.session is not unpacked
+    for got in (first, second, third):
+        torch.testing.assert_close(got, m(ids), rtol=1e-4, atol=1e-5)

@@ -12,7 +12,8 @@
 
 Constants become initializers only when a non-folded node reads them; parameters keep their
 state-dict names. Nodes whose inputs are all constant initializers are folded as well (this
-is how ``linear``'s weight becomes a pre-transposed constant).
+is how ``linear``'s weight becomes a pre-transposed constant: for a parameter, a transposed view
+of its memory, never a copy).
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ _NO_FOLD = {
 }
 _FOLD_LIMIT = 1 << 26  # never fold into a constant larger than 64M elements
 
-#: Constants folded from one parameter (a linear weight's transpose), shared by every import
-#: of a graph reading that parameter: Dynamo compiles a ``generate()`` in three graphs, each of
+#: Constants folded from one parameter (a cast, a reshape; a 2-D transpose is a view instead),
+#: shared by every import of a graph reading that parameter: Dynamo compiles a ``generate()`` in three graphs, each of
 #: which would otherwise hold its own copy. Keyed by the fold and the parameter's storage,
 #: layout and version (an in-place update folds again); an entry holds the parameter (so its
 #: address is not reused while the entry lives) and a weak reference to the folded array, and
@@ -166,7 +167,9 @@ class ConvertContext:
             return self.scalar(x, dt)
         raise FrontendError(f"cannot use {x!r} ({type(x).__name__}) as a tensor operand")
 
-    def _materialize(self, t: torch.Tensor) -> Value:
+    def _materialize(self, t: torch.Tensor, view: bool = False) -> Value:
+        """``t`` as an initializer (a C-contiguous array; ``view``: an array over ``t``'s own
+        memory in ``t``'s layout, a transposed parameter, see :meth:`_try_fold`)."""
         key = id(t)
         if key in self._materialized:
             return self._materialized[key]
@@ -175,9 +178,12 @@ class ConvertContext:
         self._keepalive.append(t)
         t = t.detach()
         dt = dtype_of_torch(t.dtype)
-        arr = t.float().numpy() if t.dtype == torch.bfloat16 else t.contiguous().numpy()
         base = self._const_names.get(key, "const")
-        arr = np.require(arr, requirements="C")  # ascontiguousarray makes a 0-d array 1-d
+        if view:
+            arr = t.numpy()
+        else:
+            arr = t.float().numpy() if t.dtype == torch.bfloat16 else t.contiguous().numpy()
+            arr = np.require(arr, requirements="C")  # ascontiguousarray makes a 0-d array 1-d
         try:
             if base == "const":
                 raise IRError("generic name")
@@ -273,6 +279,13 @@ class ConvertContext:
         if impl is None:
             return None
         src = self._sources.get(id(inputs[0])) if len(inputs) == 1 and num_outputs == 1 else None
+        if src is not None and _is_matrix_transpose(op_type, domain, attrs, src):
+            # a linear weight's transpose: a view of the parameter (its memory, read as [K, N]),
+            # not a copy; engines read it in place (onnxruntime through transB, torch as the
+            # transposed view nn.Linear hands its GEMM), and an in-place update is seen
+            t = src.t()
+            self._const_names[id(t)] = f"{inputs[0].name}_{op_type.lower()}"
+            return [self._materialize(t, view=True)]
         key = None
         if src is not None:
             key = (op_type, domain, repr(sorted(attrs.items())), src.data_ptr(), tuple(src.shape))
@@ -338,6 +351,18 @@ class ConvertContext:
                 v.dtype = dtype_of_torch(fake.dtype)
             if v.shape is None:
                 v.shape = shape_of_val(fake)
+
+
+def _is_matrix_transpose(op_type: str, domain: str, attrs: dict, src: torch.Tensor) -> bool:
+    """Whether the node transposes the 2-D floating-point parameter ``src`` (not bfloat16,
+    which the IR stores as fp32: a converted copy)."""
+    return (
+        op_type == "Transpose"
+        and domain in ("", "ai.onnx")
+        and src.dim() == 2
+        and list(attrs.get("perm", [1, 0])) == [1, 0]
+        and src.dtype in (torch.float32, torch.float64, torch.float16)
+    )
 
 
 class _Number:

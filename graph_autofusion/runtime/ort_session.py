@@ -118,13 +118,15 @@ IN_PLACE_MIN_BYTES = 1 << 16
 
 def in_place_weights(arrays: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """The arrays of ``arrays`` (initializer name -> array) that a session can read in place:
-    contiguous floating-point arrays of at least :data:`IN_PLACE_MIN_BYTES`."""
+    contiguous floating-point arrays of at least :data:`IN_PLACE_MIN_BYTES`, and transposed
+    matrices (a parameter's transposed view: read through ``transB``, see
+    :func:`_transposed_operands`)."""
     return {
         name: a
         for name, a in arrays.items()
         if isinstance(a, np.ndarray)
         and a.dtype.kind == "f"
-        and a.flags.c_contiguous
+        and (a.flags.c_contiguous or (a.ndim == 2 and a.flags.f_contiguous))
         and a.nbytes >= IN_PLACE_MIN_BYTES
     }
 
@@ -153,6 +155,7 @@ def _session_in_place(
         proto = src  # the caller's own copy (made for this session)
     else:
         proto = onnx.load_from_string(src) if isinstance(src, bytes) else onnx.load(src)
+    arrays = _transposed_operands(proto, arrays)
     values = {}
     offsets: dict[str, int] = {}
     end = 0
@@ -188,6 +191,88 @@ def _session_in_place(
     # onnxruntime keeps raw pointers: the values (and the arrays under them) must outlive it
     sess._autofusion_in_place = (values, dict(arrays))
     return sess
+
+
+#: The contractions whose right operand may be given transposed (``transB``), by operator.
+_TRANS_B = {"MatMul": "FusedMatMul", "Gemm": "Gemm"}
+
+
+def _transposed_operands(proto: Any, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``arrays`` with each transposed matrix (an F-contiguous ``[K, N]`` array: a linear
+    weight's transposed view of its ``[N, K]`` parameter) replaced by its C-contiguous transpose,
+    the parameter's own memory, which ``proto`` (modified) then reads through ``transB``: a
+    ``MatMul`` becomes ``com.microsoft.FusedMatMul(transB=1)`` and a ``Gemm`` flips ``transB``.
+    onnxruntime packs both from that layout, as it packs a ``MatMul``'s weight. A transposed
+    matrix read any other way (or not fp32) is given as a contiguous copy."""
+    odd = {n for n, a in arrays.items() if not a.flags.c_contiguous}
+    if not odd:
+        return dict(arrays)
+    import onnx
+
+    out = dict(arrays)
+    uses: dict[str, list[tuple[Any, int]]] = {n: [] for n in odd}
+    for node in proto.graph.node:
+        for i, name in enumerate(node.input):
+            if name in uses:
+                uses[name].append((node, i))
+        if any(
+            a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+            for a in node.attribute
+        ):
+            for name in _subgraph_names(node) & odd:
+                uses[name].append((node, -1))  # read inside a subgraph: not rewritten
+    outputs = {o.name for o in proto.graph.output}
+    rewritten = False
+    for name in odd:
+        a = arrays[name]
+        ok = (
+            a.dtype == np.float32
+            and name not in outputs
+            and bool(uses[name])
+            and all(
+                i == 1 and n.op_type in _TRANS_B and n.domain in ("", "ai.onnx")
+                for n, i in uses[name]
+            )
+        )
+        if not ok:
+            out[name] = np.ascontiguousarray(a)
+            continue
+        for node, _ in uses[name]:
+            if node.op_type == "Gemm":
+                trans = next((t for t in node.attribute if t.name == "transB"), None)
+                if trans is None:
+                    node.attribute.append(onnx.helper.make_attribute("transB", 1))
+                else:
+                    trans.i = 1 - trans.i
+            else:
+                node.op_type, node.domain = "FusedMatMul", "com.microsoft"
+                node.attribute.append(onnx.helper.make_attribute("transB", 1))
+        out[name] = a.T
+        for init in proto.graph.initializer:
+            if init.name == name:
+                del init.dims[:]
+                init.dims.extend(a.T.shape)
+        for vi in (*proto.graph.value_info, *proto.graph.input):
+            if vi.name == name and vi.type.tensor_type.HasField("shape"):
+                vi.type.tensor_type.ClearField("shape")
+        rewritten = True
+    if rewritten and not any(o.domain == "com.microsoft" for o in proto.opset_import):
+        proto.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    return out
+
+
+def _subgraph_names(node: Any) -> set[str]:
+    """Every value name a node's subgraphs (If branches, Loop bodies) read."""
+    import onnx
+
+    names: set[str] = set()
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for g in graphs:
+            for n in g.node:
+                names.update(n.input)
+                names.update(_subgraph_names(n))
+    return names
 
 
 def _custom_ops_library(model: Any) -> str | None:

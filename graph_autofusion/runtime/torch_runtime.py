@@ -38,7 +38,9 @@ def const_to_tensor(value: Value) -> torch.Tensor:
     if arr is None:
         raise ValueError(f"%{value.name} is not a constant")
     arr = np.asarray(arr)
-    if not arr.flags.writeable or not arr.flags.c_contiguous:
+    # a strided array (a parameter's transposed view) is taken as it is: torch reads any
+    # non-negative strides, and a copy would duplicate the weight
+    if not arr.flags.writeable or any(s < 0 for s in arr.strides):
         arr = np.array(arr, copy=True, order="C")  # ascontiguousarray makes a 0-d array 1-d
     t = torch.from_numpy(arr)
     if value.dtype is not None:
