@@ -10,9 +10,11 @@ dims), goes through exactly the ONNX route's planning, native operators, lowerin
 (:func:`graph_autofusion.pipeline.fuse_model`, the plan ``analyze()`` shows), with the call's
 real inputs as the sample inputs. The fused model becomes one onnxruntime session (CPU
 provider, the user's thread setting) whose large fp32/fp64 initializers are onnxruntime values
-over the parameters (``ort_session(in_place=...)``): the weights are not copied, beyond what the
-importer transposes and onnxruntime's GEMM packs (none for a decode step's few rows). Symbolic sizes stay symbolic in the ONNX
-graph, so one session serves every sequence, batch and cache length.
+over the parameters (``ort_session(in_place=...)``): the weights are not copied (a linear
+weight's transpose is read from the parameter through ``transB``), beyond what onnxruntime's
+GEMM packs: none for a decode step's few rows, and none until the graph is called a second
+time (``torch_compile.PACK_AFTER_CALLS``). Symbolic sizes stay symbolic in the ONNX graph, so
+one session serves every sequence, batch and cache length.
 
 Inputs cross without copies (numpy views of the tensors); outputs come back as torch tensors
 over onnxruntime's result arrays. A graph onnxruntime cannot run (an opaque ``aten`` operator,
