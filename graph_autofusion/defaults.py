@@ -27,8 +27,10 @@ REPEAT_MC_SAMPLES = 2
 #: ``margin`` / :data:`SPEED_CLEAR` (then confirmed by the longer measurement as before).
 SPEED_EARLY_RUNS = 7
 SPEED_CLEAR = 0.75
-#: Rounds of the cpu target's engine measurement on an ONNX model (onnxruntime with our
-#: kernels against the torch runner; ``pipeline/cpu_engines.py``).
+#: Rounds of an engine measurement (``verify.speed.SpeedPolicy.engine_times``): the cpu
+#: target's on an ONNX model (onnxruntime with our kernels against the torch runner;
+#: ``pipeline/cpu_engines.py``) and the torch backend's on a graph's first call (onnxruntime
+#: program, torch program, eager; ``torch_compile.CompiledGraph._choose``).
 ENGINE_TIMING_ROUNDS = 5
 #: Compressed weights (``FuseOptions.weights``, :mod:`graph_autofusion.pipeline.weights`):
 #: the block of ``MatMulNBits`` along K, per form (one fp32 scale per block).

@@ -24,10 +24,9 @@ relative error).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import operator
-import random
-import statistics
 import threading
 import time
 import warnings
@@ -37,15 +36,15 @@ from typing import Any
 
 import torch
 
+from graph_autofusion import defaults
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.options import FuseOptions
 from graph_autofusion.torch_outputs import SizeOutputs, give_back_memory, same_as_eager, tolerance
+from graph_autofusion.verify.speed import SpeedPolicy
 
 #: The engines a graph may run on, in order of preference when no timing decides; ``auto``
 #: builds the first two and keeps the fastest (``eager`` when both are slower than eager).
 ENGINES = ("onnxruntime", "torch", "eager")
-#: Timed rounds of each engine (and eager) when choosing one on the first call's inputs.
-ENGINE_TIMING_ROUNDS = 5
 #: Weight sets one graph compiles for (other modules of the same class) before eager.
 MAX_WEIGHT_SETS = 4
 #: A graph's onnxruntime session packs its GEMM weights (onnxruntime's own copy of each) once
@@ -333,37 +332,24 @@ class CompiledGraph:
         return program
 
     def _choose(self, built: dict[str, Any], args: Sequence[Any]) -> tuple[str, Any]:
-        """The fastest of the built engines and eager on this call's inputs (timed through
-        :func:`~graph_autofusion.runtime.timing.current_timer`, in a seeded shuffled order each
-        round, each timed on its second consecutive call); eager when every engine is slower
-        than eager by the speed margin. Without speed checks: onnxruntime when it was built,
-        else the torch program."""
+        """The fastest of the built engines and eager on this call's inputs, by safe mode's
+        one speed policy (:meth:`~graph_autofusion.verify.speed.SpeedPolicy.choose`, timed
+        through :func:`~graph_autofusion.runtime.timing.current_timer` as
+        ``timer("engine@graph<i>", engine, fn)``, in a seeded shuffled order each round, each
+        timed on its second consecutive call); eager when every engine is slower than eager
+        by the speed margin, confirmed by a second measurement. Without speed checks:
+        onnxruntime when it was built, else the torch program."""
         if not self.config.options.check_speed:
             engine = "onnxruntime" if "onnxruntime" in built else next(iter(built))
             return engine, built[engine]
-        from graph_autofusion.runtime.timing import current_timer
-
-        timer = current_timer()
         sides = dict(built, eager=self.core_gm.forward)
-        times: dict[str, list[float]] = {k: [] for k in sides}
-        order = list(sides)
+        calls = {name: functools.partial(fn, *args) for name, fn in sides.items()}
+        policy = SpeedPolicy(self.config.options.speed_margin)
         with torch.no_grad():
-            for name in order:  # warm-up: first runs pack weights, fill caches
-                sides[name](*args)
-            for r in range(ENGINE_TIMING_ROUNDS):
-                random.Random(r).shuffle(order)
-                for name in order:
-                    fn = sides[name]
-                    # each engine as it runs in steady state: the first call after another
-                    # runtime pays for that one's still-spinning threads; time the second
-                    fn(*args)
-                    key = f"engine@graph{self.index}"
-                    times[name].append(timer(key, name, lambda fn=fn: fn(*args)))
-        self.engine_times = {k: statistics.median(v) for k, v in times.items()}
-        best = min(built, key=lambda k: self.engine_times[k])
-        if self.engine_times[best] > self.engine_times["eager"] * self.config.options.speed_margin:
-            return "eager", self.core_gm.forward
-        return best, built[best]
+            best, self.engine_times = policy.choose(
+                calls, "eager", f"engine@graph{self.index}", rounds=defaults.ENGINE_TIMING_ROUNDS
+            )
+        return best, sides[best]
 
     # ------------------------------------------------------------------ facts
     def summary(self) -> dict[str, Any]:

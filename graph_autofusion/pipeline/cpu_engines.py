@@ -22,7 +22,8 @@ building or trying the torch one. Otherwise, with safe mode's speed check on
 (``check_speed``), both engines are built (each with its own safe mode) and timed on the sample
 inputs, each call through :func:`graph_autofusion.runtime.timing.current_timer` as
 ``timer("engine@model", engine_name, fn)`` (a test pins the choice with ``use_timer``), in a
-seeded shuffled order each round, each engine timed on its second consecutive call; the
+seeded shuffled order each round, each engine timed on its second consecutive call (the one
+engine timing of :meth:`graph_autofusion.verify.speed.SpeedPolicy.engine_times`); the
 onnxruntime engine is kept only when strictly faster. Without the speed check the torch
 engine runs the model, as the cpu target always did.
 
@@ -32,7 +33,6 @@ generated kernels (onnxruntime's own fused operators only): one warning says so.
 
 from __future__ import annotations
 
-import random
 import statistics
 import time
 import warnings
@@ -52,6 +52,7 @@ from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.runtime.timing import current_timer
 from graph_autofusion.verify.inputs import generate_inputs
 from graph_autofusion.verify.sample_inputs import own_copy
+from graph_autofusion.verify.speed import SpeedPolicy
 
 ENGINES = ("onnxruntime", "torch")
 #: The timer key of the engine measurement (``side`` is the engine's name).
@@ -217,16 +218,8 @@ def measure_engines(
             calls[name] = lambda prog=prog, arrays=arrays: prog.run(arrays)
         else:
             calls[name] = lambda res=res: res.program.run(feeds)
-    timer = current_timer()
-    samples: dict[str, list[float]] = {k: [] for k in calls}
-    order = list(calls)
     with torch.no_grad():
-        for fn in calls.values():  # warm-up: weight packing, caches
-            fn()
-        for r in range(defaults.ENGINE_TIMING_ROUNDS):
-            random.Random(r).shuffle(order)
-            for name in order:
-                fn = calls[name]
-                fn()  # the second consecutive call: the other runtime's threads settled
-                samples[name].append(timer(ENGINE_KEY, name, fn))
+        samples = SpeedPolicy().engine_times(
+            calls, ENGINE_KEY, rounds=defaults.ENGINE_TIMING_ROUNDS, timer=current_timer()
+        )
     return {k: statistics.median(v) for k, v in samples.items()}

@@ -15,12 +15,24 @@ twice the runs, by median and by best run alike, before it stands. Every call is
 The onnxruntime target times two onnxruntime sessions of a fusion's subgraph
 (:func:`graph_autofusion.verify.safety.check_fusion`); the cpu target a generated kernel against
 its unfused operators on torch (``pipeline/cpu_kernels.py::check_kernel``).
+
+Choosing among whole programs (engines) is the same rule over more than two sides::
+
+    best, seconds = policy.choose({"onnxruntime": f, "torch": g, "eager": h}, "eager", key)
+
+:meth:`SpeedPolicy.engine_times` times every side in rounds of a seeded shuffled order, each
+side called once untimed right before its timed call; the fastest side other than the
+baseline wins unless its median is above ``margin`` times the baseline's; that verdict
+(every other side slower than the baseline) is confirmed, as :meth:`~SpeedPolicy.measure`
+confirms a slower fusion, by a second measurement of the best side against the baseline, by
+median and by best run alike (``torch_compile.CompiledGraph._choose``).
 """
 
 from __future__ import annotations
 
+import random
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from graph_autofusion import defaults
@@ -85,3 +97,66 @@ class SpeedPolicy:
             tu, tf = statistics.median(ta), statistics.median(tb)
             slower = tf > tu * self.margin and min(tb) > min(ta) * self.margin
         return tu, tf, slower
+
+    def engine_times(
+        self,
+        sides: Mapping[str, Callable[[], object]],
+        key: str,
+        *,
+        rounds: int = defaults.ENGINE_TIMING_ROUNDS,
+        timer: Timer | None = None,
+        warmup: bool = True,
+    ) -> dict[str, list[float]]:
+        """Seconds of each side's timed calls, by name: one untimed call of each first
+        (``warmup``: the first calls pack weights and fill caches), then ``rounds`` rounds,
+        each in its own order (``random.Random(round).shuffle`` of the previous round's), in
+        which each side is called once untimed right before its timed call (a side as it runs
+        in steady state: the first call after another runtime pays for that one's
+        still-spinning threads). Each timed call is ``timer(key, name, side)``."""
+        timer = timer or current_timer()
+        order = list(sides)
+        if warmup:
+            for name in order:
+                sides[name]()
+        times: dict[str, list[float]] = {k: [] for k in sides}
+        for r in range(max(1, rounds)):
+            random.Random(r).shuffle(order)
+            for name in order:
+                fn = sides[name]
+                fn()
+                times[name].append(timer(key, name, fn))
+        return times
+
+    def choose(
+        self,
+        sides: Mapping[str, Callable[[], object]],
+        baseline: str,
+        key: str,
+        *,
+        rounds: int = defaults.ENGINE_TIMING_ROUNDS,
+        timer: Timer | None = None,
+    ) -> tuple[str, dict[str, float]]:
+        """The fastest of ``sides`` (``baseline`` among them) by median seconds over
+        :meth:`engine_times`, and each side's median seconds. The fastest side other than
+        ``baseline`` (the first in ``sides``' order on a tie) wins unless its median is above
+        ``margin`` times the baseline's; then the baseline wins if a second measurement of
+        ``rounds`` rounds, of the two alone, says so again by median and by best run alike
+        (the medians returned for those two are the second measurement's)."""
+        if baseline not in sides:
+            raise ValueError(f"the baseline {baseline!r} is not one of the sides {list(sides)}")
+        timer = timer or current_timer()
+        times = self.engine_times(sides, key, rounds=rounds, timer=timer)
+        medians = {k: statistics.median(v) for k, v in times.items()}
+        others = [k for k in sides if k != baseline]
+        if not others:
+            return baseline, medians
+        best = min(others, key=medians.__getitem__)
+        if medians[best] <= medians[baseline] * self.margin:
+            return best, medians
+        # every other side slower than the baseline: confirm, the two alone, already warm
+        pair = {baseline: sides[baseline], best: sides[best]}
+        again = self.engine_times(pair, key, rounds=rounds, timer=timer, warmup=False)
+        medians.update({k: statistics.median(v) for k, v in again.items()})
+        slower = medians[best] > medians[baseline] * self.margin
+        slower = slower and min(again[best]) > min(again[baseline]) * self.margin
+        return (baseline if slower else best), medians

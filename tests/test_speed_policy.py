@@ -1,0 +1,121 @@
+"""Safe mode's one speed policy choosing among engines (``SpeedPolicy.choose``): fake sides and
+a fake timer that returns fixed costs per side, so the choice, the margin and the confirming
+second measurement are decided by the test, never by the machine's speed."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from graph_autofusion.runtime.timing import use_timer
+from graph_autofusion.verify.speed import SpeedPolicy
+
+KEY = "engine@graph0"
+
+
+class Sides:
+    """Three engines that log every call; ``timer`` logs each timed call and returns the cost
+    ``costs[side]`` gives (a number, or an iterator of numbers: one per timed call)."""
+
+    def __init__(self, costs: dict, names=("onnxruntime", "torch", "eager")) -> None:
+        self.log: list[tuple[str, str]] = []
+        self.costs = {k: v if isinstance(v, float) else iter(v) for k, v in costs.items()}
+        self.fns = {n: (lambda n=n: self.log.append(("call", n))) for n in names}
+        self.keys: set[str] = set()
+
+    def timer(self, key, side, fn):
+        self.keys.add(key)
+        self.log.append(("timed", side))
+        fn()
+        cost = self.costs[side]
+        return cost if isinstance(cost, float) else next(cost)
+
+    def timed(self) -> list[str]:
+        return [n for what, n in self.log if what == "timed"]
+
+
+def _choose(sides: Sides, margin=1.10, rounds=5):
+    return SpeedPolicy(margin).choose(sides.fns, "eager", KEY, rounds=rounds, timer=sides.timer)
+
+
+@pytest.mark.parametrize("fastest", ["onnxruntime", "torch", "eager"])
+def test_the_fastest_side_is_chosen_with_its_median_seconds(fastest):
+    sides = Sides({"onnxruntime": 3e-3, "torch": 2e-3, "eager": 4e-3, fastest: 1e-3})
+    best, seconds = _choose(sides)
+    assert best == fastest
+    assert seconds[fastest] == 1e-3 and set(seconds) == {"onnxruntime", "torch", "eager"}
+    assert sides.keys == {KEY}
+
+
+def test_warm_up_then_shuffled_rounds_each_timed_call_right_after_an_untimed_one():
+    sides = Sides({"onnxruntime": 1e-3, "torch": 2e-3, "eager": 3e-3})
+    _choose(sides, rounds=5)
+    log = sides.log
+    assert log[:3] == [("call", "onnxruntime"), ("call", "torch"), ("call", "eager")]
+    rounds = [log[3 + 9 * r : 3 + 9 * (r + 1)] for r in range(5)]
+    assert len(log) == 3 + 9 * 5  # a faster engine: no second measurement
+    orders = []
+    for rnd in rounds:
+        # each side: an untimed call, then its timed call (which calls it once more)
+        steps = [rnd[i : i + 3] for i in range(0, 9, 3)]
+        for (a, n1), (b, n2), (c, n3) in steps:
+            assert (a, b, c) == ("call", "timed", "call") and n1 == n2 == n3
+        orders.append(tuple(s[0][1] for s in steps))
+        assert sorted(orders[-1]) == ["eager", "onnxruntime", "torch"]
+    assert len(set(orders)) > 1  # the order changes between rounds
+    again = Sides({"onnxruntime": 1e-3, "torch": 2e-3, "eager": 3e-3})
+    _choose(again, rounds=5)
+    assert again.log == log  # seeded: the same orders every time
+
+
+def test_a_side_slower_than_the_baseline_within_the_margin_is_kept():
+    sides = Sides({"onnxruntime": 1.08e-3, "torch": 1.2e-3, "eager": 1e-3})
+    best, _ = _choose(sides, margin=1.10)
+    assert best == "onnxruntime"
+    assert len(sides.timed()) == 3 * 5  # no second measurement
+
+
+def test_every_side_slower_than_the_baseline_by_the_margin_is_confirmed_then_the_baseline():
+    sides = Sides({"onnxruntime": 1.3e-3, "torch": 1.2e-3, "eager": 1e-3})
+    best, seconds = _choose(sides, margin=1.10)
+    assert best == "eager" and seconds == {"onnxruntime": 1.3e-3, "torch": 1.2e-3, "eager": 1e-3}
+    timed = sides.timed()
+    # the first measurement (3 sides x 5 rounds), then the best engine and eager alone, 5 rounds
+    assert len(timed) == 3 * 5 + 2 * 5
+    assert sorted(timed[15:]) == ["eager"] * 5 + ["torch"] * 5
+
+
+def test_a_slower_verdict_the_second_measurement_does_not_confirm_keeps_the_engine():
+    # torch looks slow in the first measurement (a noisy neighbour), not in the second
+    sides = Sides(
+        {
+            "onnxruntime": 2e-3,
+            "torch": itertools.chain([1.5e-3] * 5, itertools.repeat(1e-3)),
+            "eager": 1e-3,
+        }
+    )
+    best, seconds = _choose(sides, margin=1.10)
+    assert best == "torch" and seconds["torch"] == 1e-3  # the second measurement's median
+
+
+def test_the_confirmation_needs_the_best_run_slower_too():
+    # the second measurement: torch's median slower by the margin, its best run not
+    torch_costs = [1.5e-3] * 5 + [1.5e-3, 1.5e-3, 1.5e-3, 1.5e-3, 0.9e-3]
+    sides = Sides({"onnxruntime": 2e-3, "torch": torch_costs, "eager": 1e-3})
+    best, _ = _choose(sides, margin=1.10)
+    assert best == "torch"
+
+
+def test_the_baseline_alone_and_a_missing_baseline():
+    sides = Sides({"eager": 1e-3}, names=("eager",))
+    assert _choose(sides) == ("eager", {"eager": 1e-3})
+    with pytest.raises(ValueError, match="baseline"):
+        SpeedPolicy().choose({"torch": lambda: None}, "eager", KEY, timer=sides.timer)
+
+
+def test_choose_reads_the_current_timer():
+    sides = Sides({"onnxruntime": 3e-3, "torch": 1e-3, "eager": 2e-3})
+    with use_timer(sides.timer):
+        best, _ = SpeedPolicy().choose(sides.fns, "eager", KEY, rounds=2)
+    assert best == "torch" and len(sides.timed()) == 3 * 2
