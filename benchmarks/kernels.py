@@ -1,8 +1,9 @@
 """Generated kernels against torch eager, torch.compile (Inductor) and onnxruntime's contrib
 kernels, side by side in one run.
 
-Run: ``.venv/bin/python benchmarks/kernels.py [--runs N] [--quick]`` (writes
-``benchmarks/results/kernels.json`` and ``kernels.md`` and prints the table).
+Run: ``.venv/bin/python benchmarks/kernels.py [--runs N] [--quick] [--out DIR]`` (writes
+``kernels.json`` and ``kernels.md`` to ``DIR``, by default ``benchmarks/results/``, and prints
+the table).
 
 * Streaming bandwidth of this machine, 256 MB, 2 threads: copy and triad, run as generated
   kernels and as torch ops.
@@ -13,7 +14,14 @@ Run: ``.venv/bin/python benchmarks/kernels.py [--runs N] [--quick]`` (writes
   the same function (``dynamic=False``), and onnxruntime's contrib kernel where one exists
   (``SkipLayerNormalization``, ``SimplifiedLayerNormalization``, ``BiasGelu``,
   ``RotaryEmbedding``), run through ``InferenceSession.run``.
-* Every configuration is timed round-robin (median of ``--runs`` after warm-up) with 2 threads.
+* One allocation policy for every side: each writes its result into an output allocated once
+  before timing. Ours: the runtime's output pool (the same buffer every call once the caller
+  drops the result, as a fused model runs it); eager: its last operator with ``out=`` (its
+  intermediates allocate, as unfused eager does); Inductor: ``torch.compile`` of
+  ``out.copy_(f(...))``, whose kernel stores into ``out``; onnxruntime: IO binding of the output
+  to the preallocated buffer. Each side's output is checked against eager's before timing.
+* Every configuration is timed round-robin (median of ``--runs`` after warm-up) with 2 threads,
+  each round in its own seeded shuffled order (``runtime.timing.round_robin(rotate=True)``).
   At 64 MB the achieved bandwidth (bytes the fused function must move / time) is compared with
   a 64 MB triad timed in the same round-robin (this machine's bandwidth moves between ~37 and
   ~60 GB/s within minutes, so a triad measured apart is no reference). At decode sizes the fixed cost of a call (its time on a 1-element row) is
@@ -28,6 +36,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +49,7 @@ from graph_autofusion.ir.text import parse_model
 from graph_autofusion.pipeline.cpu import finalize_kernel
 from graph_autofusion.runtime.kernels import load_library
 from graph_autofusion.runtime.ort_session import ort_session
+from graph_autofusion.runtime.timing import round_robin
 from graph_autofusion.runtime.torch_runtime import infer_shapes
 
 OUT = Path(__file__).parent / "results"
@@ -88,6 +98,39 @@ PATTERNS = {
             x * cos + torch.cat([-x[..., x.shape[-1] // 2 :], x[..., : x.shape[-1] // 2]], -1) * sin
         ),
     ),
+}
+
+
+def _layernorm_into():
+    mean, rstd = torch.empty(0), torch.empty(0)  # sized by the first call, reused after
+
+    def f(out, x, r, g, b):
+        torch.ops.aten.native_layer_norm.out(
+            x + r, [x.shape[-1]], g, b, 1e-5, out0=out, out1=mean, out2=rstd
+        )
+        return out
+
+    return f
+
+
+def _rotate_half(x):
+    return torch.cat([-x[..., x.shape[-1] // 2 :], x[..., : x.shape[-1] // 2]], -1)
+
+
+#: eager's unfused operators with the last one writing into ``out`` (a factory per call site)
+EAGER_INTO: dict[str, Callable[[], Callable]] = {
+    "layernorm_residual": _layernorm_into,
+    "rmsnorm": lambda: (
+        lambda out, x, g: torch.mul(
+            x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6), g, out=out
+        )
+    ),
+    "bias_gelu": lambda: lambda out, x, b: torch.ops.aten.gelu.out(x + b, out=out),
+    "scale_mask_softmax": lambda: (
+        lambda out, x, mask: torch.ops.aten._softmax.out(x * 0.125 + mask, -1, False, out=out)
+    ),
+    "swiglu": lambda: lambda out, x, u: torch.mul(torch.nn.functional.silu(x), u, out=out),
+    "rotary": lambda: lambda out, x, cos, sin: torch.add(x * cos, _rotate_half(x) * sin, out=out),
 }
 SIZES = {"64MB": (4096, 4096), "1x512": (1, 512), "1x4096": (1, 4096), "8x128x64": (8, 128, 64)}
 
@@ -167,28 +210,55 @@ def ort_kernel(pattern: str, shape: tuple[int, ...]):
     # next in the round-robin
     sess = ort_session(model, "all", THREADS)
     names = [i.name for i in inputs]
+    io = sess.io_binding()
 
-    def run(*xs):
-        return sess.run(None, {k: x.numpy() for k, x in zip(names, xs)})
+    def run(out, *xs):  # the output bound to the caller's buffer: no allocation per call
+        for k, x in zip(names, xs):
+            io.bind_cpu_input(k, x.numpy())
+        io.bind_output("y", "cpu", 0, np.float32, list(out.shape), out.data_ptr())
+        sess.run_with_iobinding(io)
+        return out
 
     return run
 
 
 def inductor(pattern: str):
+    """``torch.compile`` of the pattern's function writing into ``out`` (Inductor stores its
+    result into ``out`` itself: the copy is fused into its kernel)."""
     fn = PATTERNS[pattern][3]
-    return torch.compile(fn, dynamic=False)
+
+    def into(out, *xs):
+        return out.copy_(fn(*xs))
+
+    return torch.compile(into, dynamic=False)
 
 
-def time_round_robin(fns: dict, args: list, runs: int) -> dict[str, float]:
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for f in fns.values():
-        for _ in range(3):
-            f(*args)
-    for _ in range(runs):
-        for k, f in fns.items():
-            t = time.perf_counter()
-            f(*args)
-            times[k].append(time.perf_counter() - t)
+def into_sides(pattern: str, shape: tuple[int, ...], xs: list, contrib: bool) -> tuple[dict, str]:
+    """The configurations of one row as calls without arguments, each writing into an output
+    allocated here once (ours: the runtime's output pool), each checked against eager's
+    allocating function first; and our kernel's signature (or why it was not lowered)."""
+    want = PATTERNS[pattern][3](*xs)
+    into: dict[str, Callable] = {"eager": EAGER_INTO[pattern](), "inductor": inductor(pattern)}
+    ours, sig = our_kernel(pattern, shape)
+    if ours is not None:
+        into["ours"] = lambda out, *a: ours(*a)[0]
+    ort = ort_kernel(pattern, shape) if contrib else None
+    if ort is not None:
+        into["ort_contrib"] = ort
+    sides = {}
+    for name, f in into.items():
+        out = torch.empty_like(want)
+        with torch.no_grad():  # as timed (Inductor's guards include the grad mode)
+            got = f(out, *xs)
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4, msg=name)
+        sides[name] = lambda f=f, out=out: f(out, *xs)
+    return sides, sig
+
+
+def time_round_robin(fns: dict[str, Callable[[], object]], runs: int) -> dict[str, float]:
+    """Median microseconds of each call, 3 warm-up calls each, then ``runs`` rounds in a
+    seeded shuffled order (``runtime.timing.round_robin(rotate=True)``)."""
+    times = round_robin(fns, runs, warmup=3, rotate=True)
     return {k: statistics.median(v) * 1e6 for k, v in times.items()}
 
 
@@ -224,7 +294,6 @@ def bandwidth(runs: int) -> dict[str, float]:
             "copy_torch": lambda: out.copy_(a),
             "triad_torch": lambda: torch.add(a, b, alpha=3.0, out=out),
         },
-        [],
         runs,
     )
     gb = {"copy": 2 * 4 * n / 1e9, "triad": 3 * 4 * n / 1e9}
@@ -260,8 +329,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--quick", action="store_true", help="decode sizes only, 10 runs")
+    ap.add_argument("--out", type=Path, default=OUT, help="folder for kernels.json and .md")
     args = ap.parse_args(argv)
     torch.set_num_threads(THREADS)
+    # one compiled function (``inductor``'s ``into``) per pattern and shape: 6 x 7
+    torch._dynamo.config.recompile_limit = 64
     runs = 10 if args.quick else args.runs
     compiled = compile_times()
     print(f"compile: {compiled}", flush=True)
@@ -269,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     triad_lib = our_triad()
     ta, tb = torch.randn(16 * 2**20), torch.randn(16 * 2**20)
 
-    def triad_64mb(*_args):
+    def triad_64mb():
         return triad_lib(ta, tb)
 
     rows = []
@@ -277,18 +349,11 @@ def main(argv: list[str] | None = None) -> int:
     for pattern in PATTERNS:
         for size_name, shape in sizes.items():
             xs = _inputs(pattern, shape)
-            eager = PATTERNS[pattern][3]
-            ours, sig = our_kernel(pattern, shape)
-            fns = {"eager": eager, "inductor": inductor(pattern)}
-            if ours is not None:
-                fns["ours"] = ours
-            contrib = ort_kernel(pattern, shape)
-            if contrib is not None:
-                fns["ort_contrib"] = contrib
+            fns, sig = into_sides(pattern, shape, xs, contrib=True)
             if size_name == "64MB":  # the streaming reference, timed in the same round-robin
                 fns["triad_64MB"] = triad_64mb
             with torch.no_grad():
-                t = time_round_robin(fns, xs, runs if size_name != "64MB" else max(5, runs // 3))
+                t = time_round_robin(fns, runs if size_name != "64MB" else max(5, runs // 3))
             moved = sum(x.numel() * 4 for x in xs) + int(np.prod(shape)) * 4
             row = {"pattern": pattern, "size": size_name, "shape": list(shape), "us": t,
                    "bytes": moved, "ours": sig}  # fmt: skip
@@ -300,13 +365,11 @@ def main(argv: list[str] | None = None) -> int:
                     k: g / row["triad_64MB_gb_s"] for k, g in row["gb_s"].items()
                 }
             if size_name != "64MB":  # fixed cost: the same functions on a 1-element row
-                tiny = _inputs(pattern, (1,) * (len(shape) - 1) + (4,))
-                tf = {"eager": eager, "inductor": inductor(pattern)}
-                o2, _ = our_kernel(pattern, tuple(x for x in tiny[0].shape))
-                if o2 is not None:
-                    tf["ours"] = o2
+                tiny_shape = (1,) * (len(shape) - 1) + (4,)
+                tiny = _inputs(pattern, tiny_shape)
+                tf, _ = into_sides(pattern, tiny_shape, tiny, contrib=False)
                 with torch.no_grad():
-                    row["fixed_us"] = time_round_robin(tf, tiny, runs)
+                    row["fixed_us"] = time_round_robin(tf, runs)
             rows.append(row)
             print(_line(row), flush=True)
     result = {
@@ -318,9 +381,9 @@ def main(argv: list[str] | None = None) -> int:
         "compile": compiled,
         "rows": rows,
     }
-    OUT.mkdir(exist_ok=True)
-    (OUT / "kernels.json").write_text(json.dumps(result, indent=1) + "\n")
-    (OUT / "kernels.md").write_text(markdown(result))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "kernels.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out / "kernels.md").write_text(markdown(result))
     print(markdown(result))
     return 0
 
@@ -337,7 +400,14 @@ def markdown(result: dict) -> str:
         "# Generated kernels vs eager, Inductor and onnxruntime (`benchmarks/kernels.py`)",
         "",
         f"torch {result['torch']}, {result['threads']} threads, median of {result['runs']} "
-        "round-robin runs (64 MB rows: a third of them).",
+        "round-robin runs (64 MB rows: a third of them), each round in its own seeded shuffled "
+        "order.",
+        "",
+        "Allocation: every side writes into an output allocated once before timing (ours: the "
+        "runtime's output pool; eager: its last operator with `out=`; Inductor: "
+        "`torch.compile` of `out.copy_(f(...))`, its kernel storing into `out`; onnxruntime: "
+        "the output bound to the buffer by IO binding). Every side's output is checked against "
+        "eager's first.",
         "",
         "Streaming bandwidth, 256 MB: "
         + ", ".join(f"{k.replace('_', ' ')} {v:.1f} GB/s" for k, v in bw.items()),
