@@ -38,7 +38,8 @@ import torch
 
 from graph_autofusion import defaults
 from graph_autofusion.errors import GraphAutoFusionError
-from graph_autofusion.options import FuseOptions
+from graph_autofusion.options import FuseOptions, OptionsError
+from graph_autofusion.patterns.library import builtin_rules
 from graph_autofusion.torch_outputs import SizeOutputs, give_back_memory, same_as_eager, tolerance
 from graph_autofusion.verify.speed import SpeedPolicy
 
@@ -99,8 +100,6 @@ class BackendConfig:
 
     def ruleset(self) -> Any:
         if self.rules is None:
-            from graph_autofusion.patterns.library import builtin_rules
-
             self.rules = builtin_rules().preset(self.preset)
         return self.rules
 
@@ -433,12 +432,8 @@ def make_backend(
     if opts.target != "cpu":
         opts = opts.replace(target="cpu")
     if engine not in ("auto", *ENGINES[:-1]):
-        from graph_autofusion.options import OptionsError
-
         raise OptionsError(f"unknown engine {engine!r}; known: ['auto', 'onnxruntime', 'torch']")
     if engine == "torch" and opts.weights != "fp32":
-        from graph_autofusion.options import OptionsError
-
         raise OptionsError(
             f"weights={opts.weights!r} runs on the onnxruntime engine (MatMulNBits); the torch "
             f"engine's kernels take fp32 weights (use engine='auto' or 'onnxruntime')"

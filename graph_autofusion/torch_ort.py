@@ -30,6 +30,8 @@ import numpy as np
 import torch
 
 from graph_autofusion.errors import GraphAutoFusionError
+from graph_autofusion.ir.dtypes import DType
+from graph_autofusion.runtime.ort_session import model_weights, ort_session
 
 
 class OrtEngineRefused(GraphAutoFusionError):
@@ -47,8 +49,6 @@ class OrtGraphProgram:
     def __init__(
         self, model: Any, user_inputs: Sequence[int], threads: int | None, prepack: bool = True
     ) -> None:
-        from graph_autofusion.runtime.ort_session import model_weights
-
         self.model = model
         self.user_inputs = tuple(user_inputs)
         self.input_names = [v.name for v in model.graph.inputs]
@@ -59,8 +59,6 @@ class OrtGraphProgram:
         self.session = self._open(prepack)
 
     def _open(self, prepack: bool) -> Any:
-        from graph_autofusion.runtime.ort_session import model_weights, ort_session
-
         return ort_session(
             self.model,
             level="all",
@@ -111,8 +109,6 @@ def refusal(model: Any) -> str | None:
     opaque = sorted({n.op_type for n in model.graph.nodes if n.domain == "aten"})
     if opaque:
         return f"operators with no ONNX form: {', '.join(opaque[:5])}"
-    from graph_autofusion.ir.dtypes import DType
-
     values = list(model.graph.inputs) + list(model.graph.outputs)
     if any(v.dtype == DType.BFLOAT16 for v in values):
         return "bfloat16 values (onnxruntime's CPU kernels lack most of them)"

@@ -106,8 +106,6 @@ FUNCTION_IMPORT_EXCEPTIONS: dict[str, str] = {
     f"{PKG}.api_results": _ENTRY,
     f"{PKG}.cli_fuse": _ENTRY,
     f"{PKG}.demo": "an entry point (the demo command): imports the zoo when it runs",
-    f"{PKG}.torch_compile": _ENTRY,
-    f"{PKG}.torch_ort": _ENTRY,
     f"{PKG}.codegen.weights": _WEIGHTS,
     f"{PKG}.catalog.registry": _CYCLE + "the operator definitions register themselves with "
     "the registry on first use",
