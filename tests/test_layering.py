@@ -99,14 +99,12 @@ PRIVATE_EXCEPTIONS: dict[tuple[str, str, str], str] = {}
 _ENTRY = "an entry point imports the stages a command or call runs when it runs (keeps "
 _ENTRY += "`import graph_autofusion` and `graph-autofusion --help` light); " + _OWNED
 _CYCLE = "a cycle inside the subpackage: "
-_WEIGHTS = "the compressed-weights work (another change) is still landing in it"
 FUNCTION_IMPORT_EXCEPTIONS: dict[str, str] = {
     f"{PKG}.api": _ENTRY,
     f"{PKG}.cli": _ENTRY,
     f"{PKG}.api_results": _ENTRY,
     f"{PKG}.cli_fuse": _ENTRY,
     f"{PKG}.demo": "an entry point (the demo command): imports the zoo when it runs",
-    f"{PKG}.codegen.weights": _WEIGHTS,
     f"{PKG}.catalog.registry": _CYCLE + "the operator definitions register themselves with "
     "the registry on first use",
     f"{PKG}.report.html_report": _CYCLE + "report_data imports fuse_report, which imports "

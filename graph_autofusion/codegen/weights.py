@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from graph_autofusion.codegen.onnxruntime import prune_dead_feeders
 from graph_autofusion.ir.core import Model, Node, Value, const_value
 from graph_autofusion.ir.dtypes import DType
 
@@ -299,8 +300,6 @@ def nbits_attrs(packed: Packed, accuracy_level: int) -> dict[str, int]:
 def _replace(model: Model, node: Node, new: Node) -> None:
     """``new`` (already in the graph, before ``node``) takes over ``node``'s output, by its
     name too; ``node`` goes, and so do the initializers only it read."""
-    from graph_autofusion.codegen.onnxruntime import prune_dead_feeders
-
     graph = model.graph
     out, y = new.outputs[0], node.outputs[0]
     out.dtype, out.shape = y.dtype, y.shape
