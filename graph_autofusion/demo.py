@@ -35,6 +35,9 @@ from typing import Any
 import numpy as np
 
 from graph_autofusion import reasons
+from graph_autofusion.api import GraphAutoFusion
+from graph_autofusion.runtime import peer_engines as pe
+from graph_autofusion.runtime.ort_session import ort_session
 
 MINILM_SENTENCES = (
     "Operator fusion merges small kernels into one.",
@@ -49,7 +52,6 @@ def _section(title: str) -> None:
 def _minilm(seq_len: int, html: str | None, runs: int) -> dict[str, Any]:
     import torch
 
-    from graph_autofusion import GraphAutoFusion
     from graph_autofusion.testing.models import (
         export_onnx,
         minilm_sentence_embeddings,
@@ -117,9 +119,6 @@ def _engines(path: Path, fused: Any, feeds: dict[str, np.ndarray], runs: int) ->
     """The fused model (onnxruntime ALL) and every peer engine on the machine, timed side by
     side on ``feeds``; a peer that is not installed or fails is recorded with why."""
     import tempfile
-
-    from graph_autofusion.runtime import peer_engines as pe
-    from graph_autofusion.runtime.ort_session import ort_session
 
     sessions: dict[str, Any] = {"ours": ort_session(fused, "all", pe.THREADS)}
     missing: dict[str, str] = {}
@@ -198,8 +197,6 @@ def _headline(e: dict[str, Any], seq_len: int) -> str:
 
 
 def _ort_outputs(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    from graph_autofusion.runtime.ort_session import ort_session
-
     sess = ort_session(str(path), "all", 2)
     names = {i.name for i in sess.get_inputs()}
     outs = sess.run(None, {k: v for k, v in feeds.items() if k in names})
@@ -210,7 +207,6 @@ def _llama(new_tokens: int, runs: int) -> dict[str, Any]:
     import torch
     import transformers
 
-    from graph_autofusion import GraphAutoFusion
     from graph_autofusion.testing.models import hf_config
 
     t0 = time.perf_counter()
@@ -254,7 +250,6 @@ def _llama(new_tokens: int, runs: int) -> dict[str, Any]:
 
 
 def _minilm_torch(seq_len: int, runs: int) -> dict[str, Any]:
-    from graph_autofusion import GraphAutoFusion
     from graph_autofusion.testing.models import build_model
 
     t0 = time.perf_counter()

@@ -104,7 +104,6 @@ FUNCTION_IMPORT_EXCEPTIONS: dict[str, str] = {
     f"{PKG}.cli": _ENTRY,
     f"{PKG}.api_results": _ENTRY,
     f"{PKG}.cli_fuse": _ENTRY,
-    f"{PKG}.demo": "an entry point (the demo command): imports the zoo when it runs",
     f"{PKG}.catalog.registry": _CYCLE + "the operator definitions register themselves with "
     "the registry on first use",
     f"{PKG}.report.html_report": _CYCLE + "report_data imports fuse_report, which imports "
