@@ -297,6 +297,24 @@ def test_relations_that_cannot_be_derived_are_one_clear_error(tmp_path: Path) ->
     assert rc == 2 and not (tmp_path / "o.onnx").exists()
 
 
+def test_cli_commands_give_the_one_error_when_relations_cannot_be_derived(
+    tmp_path: Path, capfd
+) -> None:
+    """``verify`` and ``bench`` with no ``--inputs`` run the model on generated inputs: the
+    same one error on stderr (naming the cache input and ``--inputs``), not onnxruntime's own
+    log line before it; ``analyze`` runs no model and works."""
+    path = tmp_path / "opaque.onnx"
+    onnx.save(_decoder(past=("b", "x", "y", "z")), path)
+    capfd.readouterr()
+    for argv in (["verify", str(path), str(path)], ["bench", str(path), "--runs", "1"]):
+        assert main(argv) == 2, argv
+        out, err = capfd.readouterr()
+        assert "onnxruntime" not in err.split("error:")[0], err  # nothing before our error
+        assert "'past_key_values.0.key'" in err and "--inputs" in err, err
+        assert "sequence axis cannot be told" in err and err.count("\n") == 1, err
+    assert main(["analyze", str(path), "--hardware", HW, "--brief"]) == 0
+
+
 def test_a_model_without_past_inputs_is_unchanged() -> None:
     proto = _decoder()
     for vi in proto.graph.input:
