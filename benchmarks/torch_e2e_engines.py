@@ -144,7 +144,7 @@ def _our_onnx_route(
     path: Path, name: str, feeds: dict[str, Any], out: str, decoder: bool
 ) -> tuple[Any, dict[str, Any]]:
     """``GraphAutoFusion(path).fuse()`` (safe mode, decided on ``feeds``; the decoder: as
-    ``vs_ort_decode.run_ours``, on one decode step at past 64) and its fused model."""
+    ``vs_ort_decode.run_ours``, on the sample inputs it generates) and its fused model."""
     if decoder:
         import onnx
         import vs_ort_decode

@@ -82,6 +82,24 @@ OURS = ("ours", "ours+kernels")
 PROMPT = 16
 #: What ours decided on, in the report (results before this change: one hand-built decode step)
 OURS_SAMPLES = "the sample inputs it generates (no hand-made inputs)"
+SAMPLE_PAST = 64
+
+
+def decode_feeds(name: str, past: int, seq: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
+    """One hand-built decode step at past ``past``: for the benchmarks that study that step
+    (``gemv_decode.py``, ``compressed_weights.py``); ``run_ours`` fuses with none."""
+    from graph_autofusion.testing.kv_cache import decoder_dims, past_names
+
+    _, kv, hd = decoder_dims(name)
+    rng = np.random.default_rng(seed)
+    feeds = {
+        "input_ids": rng.integers(0, 1000, (1, seq)).astype(np.int64),
+        "attention_mask": np.ones((1, past + seq), np.int64),
+        "position_ids": np.arange(past, past + seq, dtype=np.int64)[None],
+    }
+    for n in past_names(name):
+        feeds[n] = (rng.standard_normal((1, kv, past, hd)) * 0.5).astype(np.float32)
+    return feeds
 
 
 def run_peer(path: Path, name: str, out: str, orig: dict[str, int]) -> dict[str, Any]:
