@@ -3,18 +3,19 @@
 The generated sample inputs of a KV-cache decoder agree with each other (past length ``P``,
 ``S`` new tokens, a mask of ones over ``P + S``, positions ``P .. P+S-1``), derived from the
 graph's symbolic dims and input names (:mod:`graph_autofusion.samples.kv_inputs`). On the small
-exports of the zoo decoders (Llama MHA and GQA, GPT-2, Qwen2; both torch exporters) ``fuse()``
-with no inputs succeeds and the fused model gives the original's outputs (a decode step, a
-prefill); ``graph-autofusion fuse`` with no ``--inputs`` gives a model whose 50 greedy tokens are
-PyTorch's, and the other CLI commands run with no ``--inputs`` (the full-size exports:
-``tests/test_kv_cache_fusion.py``); hand-made decoders
-cover optimum's and other exporters' names and dims; a decoder whose relations cannot be told
-still gets the one clear :class:`SampleInputError`.
+exports of the zoo decoders (Llama MHA and GQA, GPT-2, Qwen2; both torch exporters)
+``graph-autofusion fuse`` with no ``--inputs`` succeeds, the fused model gives the original's
+outputs (a decode step, a prefill) and PyTorch's 50 greedy tokens, and the other CLI commands
+run with no ``--inputs`` (the full-size exports: ``tests/test_kv_cache_fusion.py``); hand-made
+decoders cover optimum's and other exporters' names and dims; a decoder whose relations cannot
+be told still gets the one clear :class:`SampleInputError`, from every command.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import json
 from pathlib import Path
 
@@ -53,13 +54,23 @@ def _session(model) -> ort.InferenceSession:
     return ort_session(model, "all", 1)
 
 
-@functools.cache
-def _fused(name: str, exporter: str) -> tuple[str, GraphAutoFusion]:
-    """The small export's path and its GraphAutoFusion after ``fuse()`` with no inputs."""
-    path = str(export_decoder(name, exporter, small=True))
-    gaf = GraphAutoFusion(path, hardware=HW)
-    gaf.fuse(check_speed=False)
-    return path, gaf
+@pytest.fixture(scope="module")
+def fused(tmp_path_factory):
+    """``fused(name, exporter)``: the small export's path, the path of its fusion by
+    ``graph-autofusion fuse --json`` with no ``--inputs`` (once per export) and the report."""
+    folder = tmp_path_factory.mktemp("fused")
+
+    @functools.cache
+    def run(name: str, exporter: str) -> tuple[str, str, dict]:
+        path = str(export_decoder(name, exporter, small=True))
+        out = str(folder / f"{name}-{exporter}.onnx")
+        argv = ["-q", "fuse", path, "-o", out, "--hardware", HW, "--no-speed-check", "--json"]
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text):
+            assert main(argv) == 0
+        return path, out, json.loads(text.getvalue())
+
+    return run
 
 
 def _decode_feeds(sess: ort.InferenceSession, past: int, new: int, seed: int) -> dict:
@@ -99,11 +110,11 @@ def test_generated_inputs_agree(name: str, exporter: str) -> None:
 
 
 @pytest.mark.parametrize("name, exporter", EXPORTS)
-def test_fuse_with_no_inputs_gives_the_originals_outputs(name: str, exporter: str) -> None:
-    path, gaf = _fused(name, exporter)
-    assert gaf.result.end_to_end is not None
-    assert gaf.result.summary()["fused"] > 0
-    original, fused = _session(path), _session(gaf.result.model)
+def test_fuse_with_no_inputs_gives_the_originals_outputs(fused, name: str, exporter: str) -> None:
+    path, out, report = fused(name, exporter)
+    assert report["end_to_end"] and all(v["passed"] for v in report["end_to_end"].values())
+    assert report["fused"] > 0
+    original, fused = _session(path), _session(out)
     for past, new, seed in ((5, 1, 0), (0, 3, 1), (9, 2, 2)):  # decode, prefill, two new tokens
         feeds = _decode_feeds(original, past, new, seed)
         want, got = original.run(None, feeds), fused.run(None, feeds)
@@ -113,20 +124,14 @@ def test_fuse_with_no_inputs_gives_the_originals_outputs(name: str, exporter: st
 
 
 @pytest.mark.parametrize("name, exporter", EXPORTS)
-def test_cli_fuse_with_no_inputs_gives_torch_greedy_tokens(
-    tmp_path: Path, capsys, name: str, exporter: str
-) -> None:
+def test_cli_fuse_with_no_inputs_gives_torch_greedy_tokens(fused, name: str, exporter: str) -> None:
     """``graph-autofusion fuse DECODER.onnx -o out.onnx`` with no ``--inputs``: 50 greedy
     tokens of the fused model are PyTorch's own cached generation's (and the original's)."""
-    path = str(export_decoder(name, exporter, small=True))
-    out = tmp_path / "fused.onnx"
-    argv = ["-q", "fuse", path, "-o", str(out), "--hardware", HW, "--no-speed-check"]
-    assert main(argv) == 0
-    capsys.readouterr()
+    path, out, _ = fused(name, exporter)
     prompt = np.random.default_rng(3).integers(0, 256, (1, 5))
     want = greedy_decode_torch(decoder_module(name, small=True), prompt, GREEDY_STEPS)
     assert len(want) == GREEDY_STEPS + 1 and len(set(want)) > 1
-    got = greedy_decode_ort(_session(str(out)), name, prompt, GREEDY_STEPS, small=True)[0]
+    got = greedy_decode_ort(_session(out), name, prompt, GREEDY_STEPS, small=True)[0]
     assert got == want
     assert greedy_decode_ort(_session(path), name, prompt, GREEDY_STEPS, small=True)[0] == want
 
