@@ -100,6 +100,26 @@ def test_one_weight_not_constant_leaves_the_others_fused():
     )
 
 
+def test_transposed_parameter_views_are_not_concatenated():
+    """The PyTorch route's linear weights are transposed views of the module's parameters
+    (read in place, F-contiguous): the native rewrite declines instead of copying them."""
+    import numpy as np
+
+    from graph_autofusion.ir.text import parse_model
+    from graph_autofusion.patterns.candidates import apply_matches, match_rules
+    from graph_autofusion.patterns.rules import RuleSet
+
+    model = parse_model(_graph([8, 8, 8], bias=False))
+    for i in range(3):
+        w = model.graph.initializers[f"w{i}"]
+        w.const = np.ascontiguousarray(w.const.T).T  # same numbers, a parameter's [N, K] memory
+    report = match_rules(model.graph, RuleSet((RULE,)))
+    assert report.per_rule[RULE.name].kept == 1  # it matches: the decline is the rewrite's
+    (applied,) = apply_matches(model, report.kept, native=True)
+    assert applied.error and "copy" in str(applied.error)
+    assert [n.op_type for n in model.graph.nodes] == ["MatMul"] * 3
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("source", ["dynamo", "torchscript", "torch"])
 @pytest.mark.parametrize(

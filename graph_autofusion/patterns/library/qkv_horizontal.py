@@ -11,7 +11,9 @@ activation need the MatMul, so an MLP's gate/up pair is left to them.
 Native form: one ``MatMul`` with the concatenated weights (``[K, sum N_i]``), one ``Add`` of the
 concatenated biases when any branch has a bias (zeros for those without), then ``Split`` on the
 last axis into the branch widths, in branch order. It needs 2-D weights with equal input
-dimension and 1-D biases.
+dimension and 1-D biases. Weights that are not C-contiguous (the PyTorch route's transposed
+views of a module's parameters, read in place) are left unfused: the concatenation would be a
+copy of the parameters.
 """
 
 from __future__ import annotations
@@ -80,6 +82,13 @@ def _rewrite(ctx: RewriteContext):
         raise RewriteError("every branch weight must be a 2-D constant")
     if len({w.shape[0] for w in weights}) != 1 or len({w.dtype for w in weights}) != 1:
         raise RewriteError("branch weights differ in input dimension or dtype")
+    if any(not w.flags.c_contiguous for w in weights):
+        # the PyTorch importer's linear weights are transposed views of the module's
+        # parameters, which the engine reads in place: concatenating them would copy them
+        raise RewriteError(
+            "the branch weights are a module's parameters read in place (transposed views); "
+            "concatenating them would copy them"
+        )
     widths = [int(w.shape[1]) for w in weights]
     biases = []
     for i, width in enumerate(widths):
