@@ -34,6 +34,7 @@ are :class:`HardwareError` naming the file, the line, the key and the problem.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from importlib import resources
@@ -105,8 +106,13 @@ def _from_dict(data: dict[str, Any]) -> HardwareProfile:
     )
 
 
+@functools.lru_cache(maxsize=16)
 def parse_profile_text(text: str, path: str = "<string>") -> HardwareProfile:
-    """Parse and validate profile YAML. Errors name ``path``, the line, the key and the problem."""
+    """Parse and validate profile YAML. Errors name ``path``, the line, the key and the problem.
+
+    Cached by text and path (a profile is immutable; parsing and validating the host's ~11 KB
+    file took ~0.16 s, and the PyTorch route loads it for every graph it compiles): a changed
+    file is parsed again, an invalid one raises again."""
     root, data = load_yaml_with_nodes(text, path, HardwareError)
     lines: dict[str, int] = {"": 1}
     if isinstance(root, yaml.MappingNode):
