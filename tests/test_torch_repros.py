@@ -237,22 +237,28 @@ def test_two_fused_decoders_of_one_class_beside_torch_compile_stay_compiled():
     from graph_autofusion import GraphAutoFusion
     from graph_autofusion.testing.small_hf import tiny_llama
 
-    gen = dict(max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    # 4 tokens: a prefill, the first decode step (static) and two steps of the dynamic decode
+    # graph per prompt; the second prompt length recompiles the prefill dynamic. Dynamo's cache
+    # of the class's forward gets the same 9 graphs as with more tokens. Not about speed: no
+    # engine timing (check_speed=False).
+    gen = dict(max_new_tokens=4, do_sample=False, eos_token_id=None, pad_token_id=0)
+    prompts = (5, 9)
     a, b = tiny_llama(2, seed=0), tiny_llama(2, seed=1)
     counters.clear()
     with torch.no_grad():  # the user's own compile of the same class first
         torch.compile(a, backend="autofusion")(torch.randint(0, 1000, (1, 16)))
-    fused = [(GraphAutoFusion(m).fuse(), m) for m in (a, b)]
+    fused = [(GraphAutoFusion(m).fuse(check_speed=False), m) for m in (a, b)]
     with torch.no_grad():
         for f, m in fused:
-            for n in (5, 9):
+            for n in prompts:
                 ids = torch.randint(0, 1000, (1, n), generator=torch.Generator().manual_seed(n))
                 assert torch.equal(f.generate(ids, **gen), m.generate(ids, **gen))
     # no frame gave up (the recompile limit sends a frame to eager without a graph)
     assert counters["frames"]["total"] == counters["frames"]["ok"], dict(counters["frames"])
-    for f, _m in fused:  # the example call and 2 x 12 generate steps, all through our graphs
+    calls = 1 + len(prompts) * gen["max_new_tokens"]  # the example call, one per generated token
+    for f, _m in fused:  # all through our graphs
         graphs = f.autofusion.graphs
-        assert sum(g.calls for g in graphs) == 25, [g.summary() for g in graphs]
+        assert sum(g.calls for g in graphs) == calls, [g.summary() for g in graphs]
         assert all(g.fallback is None for g in graphs)
 
 
