@@ -52,7 +52,7 @@ from graph_autofusion.patterns.pairs import operator_pairs
 from graph_autofusion.pipeline import e2e_passed, fuse_model, plan_for_target
 from graph_autofusion.pipeline.cpu import fuse_model_cpu
 from graph_autofusion.planner.analysis import nodes_of
-from graph_autofusion.planner.plan import STRATEGIES
+from graph_autofusion.planner.plan import STRATEGIES, plan
 from graph_autofusion.runtime.interpreter import run_model
 from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.testing.fuzz import FuzzGraph, random_graph
@@ -342,14 +342,25 @@ class _Ctx:
     def plans(self) -> None:
 
         # every strategy for the cpu target (rule matches and clusters: a superset of the
-        # onnxruntime target's candidates), the seed's strategy for onnxruntime
-        runs = [("cpu", s) for s in STRATEGIES] + [("onnxruntime", _strategy(self.g.seed))]
+        # onnxruntime target's candidates), the seed's strategy for onnxruntime. The strategy
+        # is read by the planner alone (candidates and costs do not depend on it): the cpu
+        # target is analyzed once ("auto", the whole path) and its costed candidates planned
+        # again with each other strategy
+        runs = [("cpu", STRATEGIES[0]), ("onnxruntime", _strategy(self.g.seed))]
         for target, strategy in runs:
             opts = FuseOptions(target=target, strategy=strategy, check_speed=False)
             work, analysis, _f, _t = plan_for_target(
                 self.model, self.rules(), _profile(), opts, self.g.feeds
             )
             self.check_plan(f"{target}/{strategy}", work, analysis)
+            if target == "cpu":
+                done = analysis.plan
+                pcs = list(done.chosen) + [r.candidate for r in done.rejected]
+                for other in STRATEGIES[1:]:
+                    chosen = plan(pcs, other).chosen
+                    groups = [_group_nodes(c.payload[0]) for c in chosen]
+                    for p in plan_problems(groups, list(work.graph.nodes)):
+                        self.run.fail("plan", f"cpu/{other}", p)
 
     def check_plan(self, stage: str, work: Any, analysis: Any) -> None:
         groups = [_group_nodes(c.payload) for c in analysis.candidates if c.chosen]
