@@ -244,9 +244,13 @@ class CompiledGraph:
             self.result.program = None  # its kernels stay (reports, the kernel folder)
         ort = getattr(program, "program", None) if engine == "onnxruntime" else None
         if ort is not None and ort.can_defer_packing():
-            ort.set_packing(False)  # packed again on the graph's next calls (PACK_AFTER_CALLS)
+            # packed again on the graph's next calls (PACK_AFTER_CALLS); set_packing collects
+            # (the engines not chosen, the packed session) before it opens the unpacked one
+            ort.set_packing(False)
             self._unpacked.append(ort)
-        give_back_memory()
+            give_back_memory(collect=False)  # what opening it freed: no second full collection
+        else:
+            give_back_memory()
         if "onnxruntime" in self.engine_notes and engine != "onnxruntime":
             warnings.warn(
                 f"autofusion: graph {self.index} runs on the {engine} engine, not onnxruntime "
