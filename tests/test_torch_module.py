@@ -13,7 +13,7 @@ from graph_autofusion.testing.small_hf import tiny_llama  # noqa: E402
 from graph_autofusion.torch_module import PLAN_FILE, load_fused  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("torch_compile")
-GEN = dict(max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
+GEN = dict(max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
 
 
 def _kernel_is_faster(key, side, fn):
