@@ -6,6 +6,8 @@ growth rate of each stage is measured by ``benchmarks/scale.py``, never asserted
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import onnx
 import pytest
@@ -25,7 +27,6 @@ from graph_autofusion.testing.scale_graphs import NODES_PER_STAGE, hybrid_feeds,
 
 STAGES = 5000 // NODES_PER_STAGE
 UNSAFE = FuseOptions(safe_mode=False)
-CHAIN = 9_000
 
 
 def _run(model, feeds):
@@ -102,17 +103,22 @@ def _chain(n: int) -> Model:
 
 
 def test_a_deep_chain_goes_through_without_recursion(tmp_path):
-    """A 9,000-node chain (nine times the default recursion limit): import, candidates,
-    cost, plan, lowering, export, no RecursionError anywhere (the walks are iterative)."""
+    """A chain deeper than the recursion limit in force at every level a walk may recurse
+    over: ``3 * (limit + 200)`` nodes (3,600 at the default limit of 1,000), as many SiLU
+    groups as ``limit + 200`` and a fused chain of twice that: import, candidates, cost, plan,
+    lowering, export, no RecursionError anywhere (the walks are iterative). The chain follows
+    the limit, so a raised limit cannot make it shallow (tests/test_hostile_onnx.py fuses a
+    10,000-node chain through the API and the CLI)."""
+    chain = 3 * (sys.getrecursionlimit() + 200)
     path = tmp_path / "chain.onnx"
-    save_onnx(to_onnx(_chain(CHAIN)), path)
+    save_onnx(to_onnx(_chain(chain)), path)
     model = load_model(path)
     feeds = {"x": np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)}
     result = fuse_model(
         model, builtin_rules(), load_profile("ascend910b"), options=UNSAFE, feeds=feeds
     )
-    assert len(result.analysis.candidates) == CHAIN // 3
-    assert len(result.lowered) == CHAIN // 3  # every SiLU
+    assert len(result.analysis.candidates) == chain // 3
+    assert len(result.lowered) == chain // 3  # every SiLU
     save_onnx(result.model, tmp_path / "fused.onnx")
     verify(result.model)
     (want,) = _run(model, feeds)
