@@ -314,15 +314,19 @@ def test_drop_in_module_int8_reports_its_layers_and_save_pretrained_keeps_them(t
     from graph_autofusion.torch_module import PLAN_FILE, load_fused
 
     model = tiny_llama()
-    ids = torch.randint(0, 1000, (1, 12), generator=torch.Generator().manual_seed(3))
+    # the example call's shape and arguments (input_ids and an all-ones mask, 16 tokens): each
+    # module compiles one graph, the one fuse() planned and compressed, not a second length
+    ids = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(3))
+    call = dict(input_ids=ids, attention_mask=torch.ones_like(ids))
     with torch.no_grad():
-        want = model(ids).logits
+        want = model(**call).logits
     torch._dynamo.reset()
     try:
         gaf = GraphAutoFusion(model, options=FuseOptions(weights="int8"))
         fused = gaf.fuse(check_speed=False)
         with torch.no_grad():
-            got = fused(ids).logits
+            got = fused(**call).logits
+        assert len(fused.autofusion.graphs) == 1  # the fused graph itself, not a recompile
         assert _cosine(got.numpy(), want.numpy()) >= 0.99
         compressed = [r.name for r in gaf.result.weights.compressed]
         assert compressed  # the projections (64x64 and up); the LM head stays fp32
@@ -336,8 +340,8 @@ def test_drop_in_module_int8_reports_its_layers_and_save_pretrained_keeps_them(t
         torch._dynamo.reset()
         loaded = load_fused(transformers.LlamaForCausalLM.from_pretrained(tmp_path), tmp_path)
         with torch.no_grad():
-            again = loaded(ids).logits
-        graph = loaded.autofusion.graphs[0]
+            again = loaded(**call).logits
+        (graph,) = loaded.autofusion.graphs
         assert [r.name for r in graph.ort_result.weights.compressed] == compressed
         np.testing.assert_allclose(again.numpy(), got.numpy(), rtol=0, atol=1e-5)
     finally:
