@@ -31,10 +31,17 @@ def test_backend_is_registered_by_entry_point():
     assert "autofusion" in torch._dynamo.list_backends()
 
 
+#: Greedy tokens per generate: the prefill, the first decode step and 8 calls of the graph
+#: with a symbolic cache length (the KV-cache path, after Dynamo's one dynamic recompile).
+NEW_TOKENS = 10
+
+
 def _generate_eager_then_compiled(model, ids, backend=None):
-    """Greedy 50-token generate in eager, then with the forward compiled by ``backend``."""
-    kw = dict(max_new_tokens=50, do_sample=False, eos_token_id=None, pad_token_id=0)
-    backend = backend or make_backend()
+    """Greedy :data:`NEW_TOKENS`-token generate in eager, then with the forward compiled by
+    ``backend`` (default: our backend without the engine timing; the timed choice is
+    test_torch_ort's)."""
+    kw = dict(max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0)
+    backend = backend or make_backend(check_speed=False)
     with torch.no_grad():
         want = model.generate(ids, **kw)
     model.forward = torch.compile(model.forward, backend=backend)
@@ -55,13 +62,13 @@ def test_llama_generate_same_tokens_without_recompiling(kv_heads):
 
     def model_generate(_graphs, ids):
         return model.generate(
-            ids, max_new_tokens=50, do_sample=False, eos_token_id=None, pad_token_id=0
+            ids, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0
         )
 
     # prefill, the first decode step, then one graph with symbolic cache length for the rest
     assert 1 <= len(graphs) <= 3, [g.summary() for g in graphs]
     assert all(g.fallback is None for g in graphs), [g.fallback for g in graphs]
-    assert graphs[-1].calls >= 45
+    assert graphs[-1].calls >= NEW_TOKENS - 5  # the decode graph serves the rest
     assert sum(g.result.kernel_counts()["groups"] for g in graphs) > 0
     decode = graphs[-1].result.program
     assert decode.gemv_nodes > 0 and sum(k.kernel_calls for k in decode.gemv) > 0
@@ -149,7 +156,7 @@ def test_unseen_decoders_match_eager(name):
     torch.manual_seed(0)
     model, inputs = SMALL_HF[name]()
     model.eval()
-    backend = make_backend()
+    backend = make_backend(check_speed=False)  # eager's answer, not the engine's speed
     with torch.no_grad():
         want = model(**inputs).logits
         got = torch.compile(model, backend=backend)(**inputs).logits
@@ -181,7 +188,7 @@ def test_zoo_models_match_eager(name):
     from graph_autofusion.testing.builders import build_model
 
     module, inputs = build_model(name, seq_len=32)
-    backend = make_backend()
+    backend = make_backend(check_speed=False)  # eager's answer, not the engine's speed
     with torch.no_grad():
         want = module(**inputs)
         got = torch.compile(module, backend=backend)(**inputs)
