@@ -117,10 +117,11 @@ def test_new_sequence_lengths_compile_nothing_after_the_dynamic_graph():
 
 def test_generate_gives_eager_tokens_on_two_prompt_lengths():
     model = tiny_llama(2)
-    fused = GraphAutoFusion(model).fuse()
+    fused = GraphAutoFusion(model).fuse(check_speed=False)  # tokens, not the engine choice
+    prompts = ((12, 8), (7, 6))  # (prompt length, new tokens)
     with warnings.catch_warnings():
         warnings.simplefilter("error", AutofusionWarning)
-        for n, new in ((12, 20), (7, 12)):
+        for n, new in prompts:
             ids = torch.randint(0, 1000, (1, n), generator=torch.Generator().manual_seed(n))
             with torch.no_grad():
                 want = model.generate(ids, max_new_tokens=new, **GEN)
@@ -131,26 +132,29 @@ def test_generate_gives_eager_tokens_on_two_prompt_lengths():
     # dynamic prefill: nothing after that, and nothing in eager
     assert len(graphs) <= 5, [g.summary() for g in graphs]
     assert all(g.fallback is None for g in graphs), [g.summary() for g in graphs]
-    assert max(g.calls for g in graphs) >= 20
+    # the dynamic decode graph serves every step but each prompt's prefill and the first
+    # prompt's first decode step
+    assert max(g.calls for g in graphs) >= sum(new for _n, new in prompts) - 2 * len(prompts)
+
+
+def _engine_timer(want_fastest: str):
+    """A timer under which ``want_fastest`` wins the engine choice (every side still runs)."""
+    speed = {"onnxruntime": 3e-3, "torch": 3e-3, "eager": 3e-3, want_fastest: 1e-3}
+
+    def t(key, side, fn):  # safe mode's own fused/unfused timings: equal, kept
+        fn()
+        return speed.get(side, 1e-3)
+
+    return t
 
 
 def test_the_engine_is_chosen_by_timing_and_reported():
     m = _TextModel().eval()
     ids = _ids(16)
-
-    def timer(want_fastest: str):
-        speed = {"onnxruntime": 3e-3, "torch": 3e-3, "eager": 3e-3, want_fastest: 1e-3}
-
-        def t(key, side, fn):  # safe mode's own fused/unfused timings: equal, kept
-            fn()
-            return speed.get(side, 1e-3)
-
-        return t
-
     for fastest in ("onnxruntime", "torch", "eager"):
         torch._dynamo.reset()
         backend = make_backend()
-        with use_timer(timer(fastest)), torch.no_grad():
+        with use_timer(_engine_timer(fastest)), torch.no_grad():
             torch.testing.assert_close(
                 torch.compile(m, backend=backend)(ids), m(ids), rtol=1e-4, atol=1e-5
             )
@@ -218,8 +222,11 @@ def test_onnxruntime_failing_on_a_call_falls_back_for_that_call_only():
 def test_saved_plan_reloads_on_the_same_engine(tmp_path):
     model = tiny_llama(2)
     ids = torch.randint(0, 1000, (1, 8), generator=torch.Generator().manual_seed(3))
-    fused = GraphAutoFusion(model).fuse()
+    # the torch program wins the timing: not the engine an untimed build defaults to
+    with use_timer(_engine_timer("torch")):
+        fused = GraphAutoFusion(model).fuse()
     (saved,) = [g.engine for g in fused.autofusion.graphs]  # the example call's graph
+    assert saved == "torch"
     fused.save_pretrained(tmp_path)
     plan = json.loads((tmp_path / "autofusion_plan.json").read_text())
     assert [g["engine"] for g in plan["graphs"]] == [saved]
