@@ -31,7 +31,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from graph_autofusion import GraphAutoFusion
@@ -39,7 +38,10 @@ from graph_autofusion.runtime.ort_session import model_weights, ort_session
 from graph_autofusion.runtime.peer_engines import cpu_facts
 from graph_autofusion.runtime.timing import round_robin
 from graph_autofusion.testing.builders import build_model
-from graph_autofusion.testing.kv_cache import export_decoder, greedy_decode_ort, past_names
+from graph_autofusion.testing.kv_cache import export_decoder, greedy_decode_ort
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vs_ort_decode import decode_feeds  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GEN = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
@@ -98,15 +100,7 @@ def main() -> None:
     tsess_spin = ort_session(
         program.model, level="all", threads=2, in_place=model_weights(program.model), spinning=True
     )
-    rng = np.random.default_rng(0)
-    ofeeds = {
-        "input_ids": np.array([[5]], np.int64),
-        "attention_mask": np.ones((1, past + 1), np.int64),
-        "position_ids": np.array([[past]], np.int64),
-        **{
-            p: rng.standard_normal((1, 8, past, 64)).astype(np.float32) for p in past_names("llama")
-        },
-    }
+    ofeeds = decode_feeds("llama", past)  # the decode step vs_ort_decode.py studies
     declared = {i.name for i in osess.get_inputs()}
     ofeeds = {k: v for k, v in ofeeds.items() if k in declared}
     prompt = ids.numpy()

@@ -55,7 +55,12 @@ from graph_autofusion.runtime.torch_runtime import infer_shapes
 OUT = Path(__file__).parent / "results"
 THREADS = 2
 
+
 # the patterns as ONNX operators (what the exporters write) and as torch functions
+def _rotate_half(x):
+    return torch.cat([-x[..., x.shape[-1] // 2 :], x[..., : x.shape[-1] // 2]], -1)
+
+
 PATTERNS = {
     "layernorm_residual": (
         "%s = Add(%x, %r)\n  %y = LayerNormalization<axis=-1, epsilon=1e-5>(%s, %g, %b)",
@@ -94,9 +99,7 @@ PATTERNS = {
         "  %c = Mul(%rot, %sin)\n  %y = Add(%a, %c)",
         ["x", "cos", "sin"],
         [],
-        lambda x, cos, sin: (
-            x * cos + torch.cat([-x[..., x.shape[-1] // 2 :], x[..., : x.shape[-1] // 2]], -1) * sin
-        ),
+        lambda x, cos, sin: x * cos + _rotate_half(x) * sin,
     ),
 }
 
@@ -111,10 +114,6 @@ def _layernorm_into():
         return out
 
     return f
-
-
-def _rotate_half(x):
-    return torch.cat([-x[..., x.shape[-1] // 2 :], x[..., : x.shape[-1] // 2]], -1)
 
 
 #: eager's unfused operators with the last one writing into ``out`` (a factory per call site)
