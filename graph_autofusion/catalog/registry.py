@@ -107,14 +107,8 @@ def register(schema: OpSchema) -> None:
     _REGISTRY[(schema.domain, schema.op_type)] = schema
 
 
-def _ensure_loaded() -> None:
-    # Importing the definition modules fills the registry.
-    from graph_autofusion.catalog import definitions  # noqa: F401
-
-
 def get_schema(op_type: str, domain: str = "") -> OpSchema:
     """Schema of an operator; unknown operators get an opaque schema (``known=False``)."""
-    _ensure_loaded()
     if domain == "ai.onnx":
         domain = ""
     schema = _REGISTRY.get((domain, op_type))
@@ -128,7 +122,6 @@ def schema_of(node: Node) -> OpSchema:
 
 
 def all_schemas() -> list[OpSchema]:
-    _ensure_loaded()
     return sorted(_REGISTRY.values(), key=lambda s: (s.domain, s.op_type))
 
 

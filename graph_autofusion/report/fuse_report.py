@@ -8,6 +8,7 @@ from typing import Any
 
 from graph_autofusion import reasons
 from graph_autofusion.report.html_report import html_report
+from graph_autofusion.report.report_data import SAFETY_KEYS
 
 
 def _pct(x: float | None) -> str:
@@ -124,20 +125,6 @@ class SafeFusionReport:
             lines.extend(weights.to_text().splitlines())
         lines.extend(f"note: {n}" for n in r.notes)
         return "\n".join(lines)
-
-
-#: The fields of a safe-mode result (``verify.safety.SafetyResult``) the reports show.
-SAFETY_KEYS = (
-    "passed",
-    "code",
-    "cosine",
-    "max_abs",
-    "max_rel",
-    "mc_spread",
-    "fp16_max",
-    "time_unfused_us",
-    "time_fused_us",
-)
 
 
 def _safety(res: Any) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from typing import Any
 
 from graph_autofusion.renderers import register_renderer
 from graph_autofusion.report.html_chart import timing_chart
+from graph_autofusion.report.report_data import report_data
 
 __all__ = ["DAGRE_VERSION", "analysis_page", "html_report", "render_html_report", "script_json"]
 
@@ -376,8 +377,6 @@ def render_html_report(data: dict[str, Any]) -> str:
 
 def html_report(**kwargs: Any) -> str:
     """``render_html_report(report_data(**kwargs))``: the page of a fuse result or analysis."""
-    from graph_autofusion.report.report_data import report_data
-
     return render_html_report(report_data(**kwargs))
 
 

@@ -27,10 +27,23 @@ from collections.abc import Mapping
 from typing import Any
 
 from graph_autofusion.cost.hardware import load_profile
-from graph_autofusion.report.fuse_report import SAFETY_KEYS
 from graph_autofusion.report.graph_view import block_of, graph_view
 
 __all__ = ["report_data"]
+
+#: The fields of a safe-mode result (``verify.safety.SafetyResult``) the reports show.
+SAFETY_KEYS = (
+    "passed",
+    "code",
+    "cosine",
+    "max_abs",
+    "max_rel",
+    "mc_spread",
+    "fp16_max",
+    "time_unfused_us",
+    "time_fused_us",
+)
+
 
 _SAFETY_FIELDS = ("message", *SAFETY_KEYS)
 
