@@ -6,6 +6,9 @@ argument defaults, the API's keyword defaults and the pipelines' read these name
 
 #: Minimum estimated relative saving for a fusion to be planned.
 BENEFIT_THRESHOLD = 0.2
+#: Safe mode's cosine floor of one fusion's outputs against its unfused operators' (a rule's
+#: ``tolerance`` unless it sets its own).
+FUSION_COSINE = 0.999
 #: Cosine-similarity floor of the whole fused model against the original.
 E2E_COSINE = 0.9999
 #: Automatic clustering limits: nodes per cluster, distinct external inputs per cluster.

@@ -1,6 +1,8 @@
 """One onnxruntime session helper: every session of the package, its benchmarks, tools and
 tests is made by :func:`graph_autofusion.runtime.ort_session.ort_session` (threads, spinning,
-optimization level and the custom-operator library decided in one place)."""
+optimization level and the custom-operator library decided in one place), whose core
+(:func:`graph_autofusion.runtime.ort_core.open_session`) is the one place that constructs a
+session; the host calibration, below the code generator, calls that core directly."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ CALL = "InferenceSession" + "("
 FOLDERS = ("graph_autofusion", "benchmarks", "tools", "tests")
 #: where a direct call belongs: file -> (calls, why); None: any number
 ALLOWED = {
-    "graph_autofusion/runtime/ort_session.py": (None, "the helper itself"),
+    "graph_autofusion/runtime/ort_core.py": (None, "the helper's core (ort_session calls it)"),
 }
 
 

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from graph_autofusion import env
 from graph_autofusion.codegen.c_backend import library_source
 from graph_autofusion.codegen.kernel_ir import Kernel
 from graph_autofusion.errors import GraphAutoFusionError
@@ -65,7 +66,7 @@ class CodegenOptions:
         extra_flags: More compiler flags.
     """
 
-    compiler: str = field(default_factory=lambda: os.environ.get("CC", "cc"))
+    compiler: str = field(default_factory=env.c_compiler)
     opt_level: int = 3
     march: str = "native"
     vector_width: int = 512
@@ -108,7 +109,7 @@ def _writable(root: Path) -> bool:
 
 
 def cache_root() -> Path:
-    base = os.environ.get("GRAPH_AUTOFUSION_CACHE")
+    base = env.cache_dir()
     root = Path(base) if base else Path.home() / ".cache" / "graph-autofusion"
     return root / "kernels"
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from graph_autofusion import reasons
+from graph_autofusion import defaults, reasons
 from graph_autofusion.ir.core import Model, Node, Value
 from graph_autofusion.patterns.candidates import RuleMatch
 from graph_autofusion.patterns.rewrite import RewriteError, fuse_match
@@ -46,7 +46,7 @@ class Lowered:
     inputs: list[str]  # activation values the new nodes read (not constants)
     outputs: list[str]  # values they produce, same names as the values they replace
     fused_ops: list[str]  # the operators that now compute it
-    tolerance: float = 0.999
+    tolerance: float = defaults.FUSION_COSINE
     payload: Any = None
 
 

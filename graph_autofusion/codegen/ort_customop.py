@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from graph_autofusion import reasons
+from graph_autofusion import defaults, env, reasons
 from graph_autofusion.codegen.call_plan import finalize_kernel, sample_shape
 from graph_autofusion.codegen.compiler import (
     BuiltSource,
@@ -113,7 +113,7 @@ __all__ = [
 
 #: ``$GRAPH_AUTOFUSION_CUSTOM_OP_CFLAGS``: extra compiler flags for the custom-operator
 #: library only (``-DGAF_BREAK`` style flags to test the fallback of a failing build).
-ENV_CFLAGS = "GRAPH_AUTOFUSION_CUSTOM_OP_CFLAGS"
+ENV_CFLAGS = env.CUSTOM_OP_CFLAGS
 
 
 HEADER = "onnxruntime_c_api.h"
@@ -146,9 +146,9 @@ def ort_include_dir() -> str | None:
     Looked up in ``$GRAPH_AUTOFUSION_ORT_INCLUDE`` (an empty value: none), the project's
     ``.cache/ort-headers/include/onnxruntime`` (``tools/ort_headers.sh``), the virtual
     environment's ``include/onnxruntime`` and the system's ``/usr/include/onnxruntime``."""
-    env = os.environ.get("GRAPH_AUTOFUSION_ORT_INCLUDE")
-    if env is not None:
-        return env if env and os.path.isfile(os.path.join(env, HEADER)) else None
+    given = env.ort_include()
+    if given is not None:
+        return given if given and os.path.isfile(os.path.join(given, HEADER)) else None
     import sys
 
     candidates = [
@@ -186,7 +186,7 @@ def customop_options(base: CodegenOptions | None = None) -> CustomOpCodegenOptio
     if include is None:
         raise CustomOpBuildError(f"{NO_HEADER} (run `make` or sh tools/ort_headers.sh)")
     base = base or CodegenOptions()
-    extra = tuple(base.extra_flags) + tuple(os.environ.get(ENV_CFLAGS, "").split())
+    extra = tuple(base.extra_flags) + env.custom_op_cflags()
     return CustomOpCodegenOptions(
         compiler=base.compiler,
         opt_level=base.opt_level,
@@ -245,7 +245,7 @@ class CustomOpGroup:
     input_names: list[str]  # the operator's inputs: the kernel's, in order
     output_names: list[str]  # the kernel's outputs, in order
     kernel: Kernel
-    tolerance: float = 0.999
+    tolerance: float = defaults.FUSION_COSINE
     original_nodes: list[str] = field(default_factory=list)  # every node of the group
 
     @property
@@ -299,7 +299,7 @@ def plan_groups(
             refused.append((ca.key, rule, exc.code, exc.message))
             continue
         pro = {n.name for n in low.prologue}
-        tol = getattr(getattr(item, "rule", None), "tolerance", 0.999)
+        tol = getattr(getattr(item, "rule", None), "tolerance", defaults.FUSION_COSINE)
         groups.append(
             CustomOpGroup(
                 ca.key,

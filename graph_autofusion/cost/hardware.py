@@ -43,6 +43,7 @@ from typing import Any
 
 import yaml
 
+from graph_autofusion import env
 from graph_autofusion.cost import calibrate
 from graph_autofusion.cost.profile import HardwareProfile
 from graph_autofusion.cost.profile_schema import (
@@ -134,9 +135,9 @@ def hardware_dir() -> Path:
 
     ``$GRAPH_AUTOFUSION_HARDWARE_DIR`` if set, else ``~/.cache/graph-autofusion/hardware``.
     """
-    env = os.environ.get("GRAPH_AUTOFUSION_HARDWARE_DIR")
-    if env:
-        return Path(env).expanduser()
+    given = env.hardware_dir()
+    if given:
+        return Path(given).expanduser()
     return Path.home() / ".cache" / "graph-autofusion" / "hardware"
 
 

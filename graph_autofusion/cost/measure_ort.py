@@ -12,6 +12,7 @@ from graph_autofusion.cost.model import (
     CONTRACTION_HALF_TIME_S,
     CONTRACTION_MAX_EFFICIENCY,
 )
+from graph_autofusion.runtime.ort_core import open_session
 
 
 def _ort_chain(n_nodes: int):
@@ -43,12 +44,10 @@ def measure_dispatch_overhead(quick: bool = True) -> tuple[float, str]:
         return t * 1e6, (
             "measured: NumPy per-call cost of a 16-element add (onnxruntime not installed)"
         )
-    from graph_autofusion.runtime.ort_session import ort_session
-
     feed = {"x": np.zeros(16, dtype=np.float32)}
     times = {}
     for n in (1, chain):  # onnxruntime's spinning workers, as deployed
-        sess = ort_session(_ort_chain(n), "disable", core_count(), spinning=True)
+        sess = open_session(_ort_chain(n), "disable", core_count(), spinning=True)
         times[n] = best_time(lambda sess=sess: sess.run(None, feed), repeats)
     slope = max((times[chain] - times[1]) / (chain - 1), 1e-9)
     return slope * 1e6, (
@@ -59,10 +58,8 @@ def measure_dispatch_overhead(quick: bool = True) -> tuple[float, str]:
 
 
 def ort_measure_session(model: bytes, threads: int | None = None):
-    from graph_autofusion.runtime.ort_session import ort_session
-
     # onnxruntime's spinning workers, as deployed
-    return ort_session(model, "disable", threads or core_count(), spinning=True)
+    return open_session(model, "disable", threads or core_count(), spinning=True)
 
 
 def _single_node_model(op: str, x_shape, w: np.ndarray, attrs: dict, out_shape) -> bytes:

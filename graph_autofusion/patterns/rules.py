@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from graph_autofusion import defaults
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.ir.core import Graph, Node, is_convex, topological_order
 from graph_autofusion.patterns.matcher import Match, Reason, Rejection, find_matches
@@ -88,7 +89,7 @@ class FusionRule:
     priority: int = 0
     benefit_threshold: float | None = None
     presets: tuple[str, ...] = ()
-    tolerance: float = 0.999
+    tolerance: float = defaults.FUSION_COSINE
     checks: tuple[Callable, ...] = ()
     exported: tuple[str, ...] = ()
     op1: str = ""

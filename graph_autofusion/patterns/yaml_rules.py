@@ -33,6 +33,7 @@ import reprlib
 from collections.abc import Callable
 from typing import Any
 
+from graph_autofusion import defaults
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.ir.dtypes import DType
 from graph_autofusion.patterns.constraints import CONSTRAINTS
@@ -264,7 +265,7 @@ def _rule_from_mapping(entry: Any, mark_line: int, path: str) -> FusionRule:
         priority=int(entry.get("priority", 0)),
         benefit_threshold=entry.get("benefit_threshold"),
         presets=tuple(entry.get("presets", ())),
-        tolerance=float(entry.get("tolerance", 0.999)),
+        tolerance=float(entry.get("tolerance", defaults.FUSION_COSINE)),
         exported=tuple(entry.get("exported", ())),
         doc=str(entry.get("doc", "")),
         checks=checks,

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from graph_autofusion import defaults
 from graph_autofusion.codegen.call_plan import sample_shape
 from graph_autofusion.codegen.compiler import KernelCompileError, compile_library
 from graph_autofusion.codegen.lower import KernelReason, KernelRefused
@@ -173,7 +174,7 @@ def fuse_model_cpu(
             shapes = [sample_shape(work, analysis.binding, i.name) for i in low.kernel.inputs]
             kernel = finalize_kernel(low.kernel, shapes)
             rule = ca.source.split(":", 1)[1] if ca.source.startswith("rule:") else ca.source
-            tol = getattr(getattr(ca.payload, "rule", None), "tolerance", 0.999)
+            tol = getattr(getattr(ca.payload, "rule", None), "tolerance", defaults.FUSION_COSINE)
             groups.append(
                 KernelGroup(
                     ca.key,

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from graph_autofusion import reasons
+from graph_autofusion import defaults, reasons
 from graph_autofusion.codegen.call_plan import finalize_kernel  # noqa: F401 - its public name here
 from graph_autofusion.codegen.kernel_ir import Kernel
 from graph_autofusion.codegen.onnxruntime import Lowered
@@ -35,7 +35,7 @@ class KernelGroup:
     output_names: list[str]
     kernel: Kernel
     prologue: list[str]  # nodes torch computes first (a contraction, run-time reshapes)
-    tolerance: float = 0.999
+    tolerance: float = defaults.FUSION_COSINE
     #: This group's values for the kernel's inputs (a kernel shared by identical groups
     #: names the first group's values).
     input_names: list[str] = field(default_factory=list)
@@ -51,7 +51,7 @@ class NativeGroup:
     root: str
     node_names: list[str]
     output_names: list[str]
-    tolerance: float = 0.999
+    tolerance: float = defaults.FUSION_COSINE
 
 
 def native_step(low: Lowered, opset: int, consts: Mapping[str, Any]) -> tuple[Any, list[str]]:

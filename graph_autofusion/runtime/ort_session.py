@@ -6,7 +6,6 @@ sess = ort_session(model_or_path_or_proto, level="all", threads=2)
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,13 +15,15 @@ import numpy as np
 from graph_autofusion.codegen import ort_customop as co
 from graph_autofusion.errors import MissingFileError
 from graph_autofusion.ir.core import Model
+from graph_autofusion.runtime.ort_core import IN_PLACE_MIN_BYTES, in_place_weights, open_session
 
-_LEVELS = {
-    "disable": "ORT_DISABLE_ALL",
-    "basic": "ORT_ENABLE_BASIC",
-    "extended": "ORT_ENABLE_EXTENDED",
-    "all": "ORT_ENABLE_ALL",
-}
+__all__ = [
+    "IN_PLACE_MIN_BYTES",
+    "fused_session",
+    "in_place_weights",
+    "model_weights",
+    "ort_session",
+]
 
 
 def ort_session(
@@ -71,23 +72,6 @@ def ort_session(
     kernels read them as stored. ``optimized_model_path``: onnxruntime writes the model its
     optimizer made there (what ``level`` turned the graph into).
     """
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[level])
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.log_severity_level = log_severity
-    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    if profile_prefix is not None:
-        so.enable_profiling = True
-        so.profile_file_prefix = str(profile_prefix)
-    if optimized_model_path is not None:
-        so.optimized_model_filepath = str(optimized_model_path)
-    if lean:
-        so.enable_cpu_mem_arena = False
-    if lean or not prepack:
-        so.add_session_config_entry("session.disable_prepacking", "1")
     if lean and isinstance(model, Model) and not in_place:
         in_place = model_weights(model)
     if isinstance(model, str | os.PathLike):
@@ -104,175 +88,24 @@ def ort_session(
     else:
         src = model.SerializeToString()
     lib = custom_ops_library or (_custom_ops_library(model) if find_library else None)
-    if lib:
-        so.register_custom_ops_library(lib)
-    if in_place:
-        return _session_in_place(src, so, in_place, level)
-    return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
-
-
-#: Only float initializers at least this large are read in place: onnxruntime reads small
-#: integer initializers (shapes, indices) from the model's bytes while it optimizes the graph.
-IN_PLACE_MIN_BYTES = 1 << 16
-
-
-def in_place_weights(arrays: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """The arrays of ``arrays`` (initializer name -> array) that a session can read in place:
-    contiguous floating-point arrays of at least :data:`IN_PLACE_MIN_BYTES`, and transposed
-    matrices (a parameter's transposed view: read through ``transB``, see
-    :func:`_transposed_operands`)."""
-    return {
-        name: a
-        for name, a in arrays.items()
-        if isinstance(a, np.ndarray)
-        and a.dtype.kind == "f"
-        and (a.flags.c_contiguous or (a.ndim == 2 and a.flags.f_contiguous))
-        and a.nbytes >= IN_PLACE_MIN_BYTES
-    }
+    return open_session(
+        src,
+        level,
+        threads,
+        spinning,
+        lib,
+        in_place,
+        log_severity=log_severity,
+        profile_prefix=profile_prefix,
+        lean=lean,
+        prepack=prepack,
+        optimized_model_path=optimized_model_path,
+    )
 
 
 def model_weights(model: Any) -> dict[str, np.ndarray]:
     """The initializers of IR ``model`` a session can read in place (:func:`in_place_weights`)."""
     return in_place_weights({n: v.const for n, v in model.graph.initializers.items()})
-
-
-def _session_in_place(
-    src: Any, so: Any, arrays: Mapping[str, np.ndarray], level: str = "all"
-) -> Any:
-    """A session whose initializers ``arrays`` are onnxruntime values over the arrays' memory
-    (``SessionOptions.add_initializer``). The model declares them as external data in a
-    placeholder file holding the same bytes, which lives in a temporary folder only while the
-    session is created: the session runs on the values given here, but onnxruntime's graph
-    optimizer reads some initializers from the model's own data (an fp16 MatMul's weight, whose
-    Cast to float32 it makes at every level), so the placeholder must hold the real bytes, not
-    zeros. With the optimizer off (``level="disable"``: safe mode's whole-model sessions),
-    nothing reads a float32 initializer there: those stay a hole in a sparse file (no copy of
-    the weights written)."""
-    import onnx
-    import onnxruntime as ort
-
-    if isinstance(src, onnx.ModelProto):
-        proto = src  # the caller's own copy (made for this session)
-    else:
-        proto = onnx.load_from_string(src) if isinstance(src, bytes) else onnx.load(src)
-    arrays = _transposed_operands(proto, arrays)
-    values = {}
-    offsets: dict[str, int] = {}
-    end = 0
-    for init in proto.graph.initializer:
-        a = arrays.get(init.name)
-        if a is None:
-            continue
-        offsets[init.name] = end
-        end += -(-a.nbytes // 4096) * 4096
-        init.ClearField("raw_data")
-        for field in ("float_data", "double_data", "int32_data", "int64_data"):
-            init.ClearField(field)
-        init.data_location = onnx.TensorProto.EXTERNAL
-        del init.external_data[:]
-        place = (("location", "weights.bin"), ("offset", str(offsets[init.name])))
-        for key, val in (*place, ("length", str(a.nbytes))):
-            entry = init.external_data.add()
-            entry.key, entry.value = key, val
-        values[init.name] = ort.OrtValue.ortvalue_from_numpy(a)
-        so.add_initializer(init.name, values[init.name])
-    with tempfile.TemporaryDirectory(prefix="autofusion-ort-") as d:
-        with open(os.path.join(d, "weights.bin"), "wb") as f:
-            for name, offset in offsets.items():
-                a = arrays[name]
-                if level == "disable" and a.dtype == np.float32:
-                    continue  # read from the given values only (see above)
-                f.seek(offset)
-                f.write(memoryview(a).cast("B"))
-            f.truncate(end)  # every declared range lies inside the file
-        path = os.path.join(d, "model.onnx")
-        onnx.save(proto, path)
-        sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-    # onnxruntime keeps raw pointers: the values (and the arrays under them) must outlive it
-    sess._autofusion_in_place = (values, dict(arrays))
-    return sess
-
-
-#: The contractions whose right operand may be given transposed (``transB``), by operator.
-_TRANS_B = {"MatMul": "FusedMatMul", "Gemm": "Gemm"}
-
-
-def _transposed_operands(proto: Any, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """``arrays`` with each transposed matrix (an F-contiguous ``[K, N]`` array: a linear
-    weight's transposed view of its ``[N, K]`` parameter) replaced by its C-contiguous transpose,
-    the parameter's own memory, which ``proto`` (modified) then reads through ``transB``: a
-    ``MatMul`` becomes ``com.microsoft.FusedMatMul(transB=1)`` and a ``Gemm`` flips ``transB``.
-    onnxruntime packs both from that layout, as it packs a ``MatMul``'s weight. A transposed
-    matrix read any other way (or not fp32) is given as a contiguous copy."""
-    odd = {n for n, a in arrays.items() if not a.flags.c_contiguous}
-    if not odd:
-        return dict(arrays)
-    import onnx
-
-    out = dict(arrays)
-    uses: dict[str, list[tuple[Any, int]]] = {n: [] for n in odd}
-    for node in proto.graph.node:
-        for i, name in enumerate(node.input):
-            if name in uses:
-                uses[name].append((node, i))
-        if any(
-            a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-            for a in node.attribute
-        ):
-            for name in _subgraph_names(node) & odd:
-                uses[name].append((node, -1))  # read inside a subgraph: not rewritten
-    outputs = {o.name for o in proto.graph.output}
-    rewritten = False
-    for name in odd:
-        a = arrays[name]
-        ok = (
-            a.dtype == np.float32
-            and name not in outputs
-            and bool(uses[name])
-            and all(
-                i == 1 and n.op_type in _TRANS_B and n.domain in ("", "ai.onnx")
-                for n, i in uses[name]
-            )
-        )
-        if not ok:
-            out[name] = np.ascontiguousarray(a)
-            continue
-        for node, _ in uses[name]:
-            if node.op_type == "Gemm":
-                trans = next((t for t in node.attribute if t.name == "transB"), None)
-                if trans is None:
-                    node.attribute.append(onnx.helper.make_attribute("transB", 1))
-                else:
-                    trans.i = 1 - trans.i
-            else:
-                node.op_type, node.domain = "FusedMatMul", "com.microsoft"
-                node.attribute.append(onnx.helper.make_attribute("transB", 1))
-        out[name] = a.T
-        for init in proto.graph.initializer:
-            if init.name == name:
-                del init.dims[:]
-                init.dims.extend(a.T.shape)
-        for vi in (*proto.graph.value_info, *proto.graph.input):
-            if vi.name == name and vi.type.tensor_type.HasField("shape"):
-                vi.type.tensor_type.ClearField("shape")
-        rewritten = True
-    if rewritten and not any(o.domain == "com.microsoft" for o in proto.opset_import):
-        proto.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
-    return out
-
-
-def _subgraph_names(node: Any) -> set[str]:
-    """Every value name a node's subgraphs (If branches, Loop bodies) read."""
-    import onnx
-
-    names: set[str] = set()
-    for attr in node.attribute:
-        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-        for g in graphs:
-            for n in g.node:
-                names.update(n.input)
-                names.update(_subgraph_names(n))
-    return names
 
 
 def _custom_ops_library(model: Any) -> str | None:

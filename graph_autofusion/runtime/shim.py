@@ -16,13 +16,13 @@ import functools
 import hashlib
 import importlib.util
 import os
-import shlex
 import subprocess
 import sysconfig
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from graph_autofusion import env
 from graph_autofusion.codegen.compiler import cache_root
 
 SOURCE = r"""
@@ -81,7 +81,7 @@ def load_shim() -> Any:
 
 
 def _load_shim() -> Any:
-    if os.environ.get("GRAPH_AUTOFUSION_NO_SHIM"):
+    if env.shim_disabled():
         return None
     try:
         import torch
@@ -103,7 +103,7 @@ def _load_shim() -> Any:
         with os.fdopen(fd, "w") as f:
             f.write(SOURCE)
         tmp = src[:-2] + suffix
-        cc = shlex.split(os.environ.get("CC", "cc"))
+        cc = env.c_compiler_argv()
         cmd = [*cc, "-O2", "-shared", "-fPIC", f"-I{include}", src, "-o", tmp]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         os.unlink(src)

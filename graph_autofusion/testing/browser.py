@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from graph_autofusion import env
 from graph_autofusion.errors import GraphAutoFusionError
 
 __all__ = ["BrowserError", "Chromium", "find_chromium"]
@@ -40,9 +41,9 @@ class BrowserError(GraphAutoFusionError):
 def find_chromium() -> tuple[str | None, str]:
     """``(path, "")`` of a Chromium, installed by ``tools/chromium.sh`` when missing (as root,
     with apt-get), or ``(None, why)``."""
-    env = os.environ.get("CHROMIUM")
-    if env and shutil.which(env):
-        return shutil.which(env), ""
+    named = env.chromium()
+    if named and shutil.which(named):
+        return shutil.which(named), ""
     for name in ("chromium", "chromium-browser", "google-chrome"):
         if shutil.which(name):
             return shutil.which(name), ""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from graph_autofusion import env
 from graph_autofusion.testing.specs import (
     LSTM_FEATURES,
     LSTM_HIDDEN,
@@ -96,7 +96,7 @@ class LSTMModel(nn.Module):
 @lru_cache(maxsize=1)
 def minilm_tokenizer() -> Any:
     """The all-MiniLM-L6-v2 tokenizer (loaded offline from the package, cached)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    env.hub_offline()
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(minilm_path()), local_files_only=True)
@@ -197,7 +197,7 @@ def _build_module(name: str) -> nn.Module:
     if name == "lstm":
         return LSTMModel()
     if name == "minilm":
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        env.hub_offline()
         bar = tf.utils.logging.is_progress_bar_enabled()
         tf.utils.logging.disable_progress_bar()  # "Loading weights" bar on stderr
         try:

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from graph_autofusion import env
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.report import progress
 from graph_autofusion.runtime.ort_session import ort_session
@@ -80,9 +81,9 @@ def cache_dir() -> Path:
     ``$GRAPH_AUTOFUSION_CACHE`` if set, else ``<repo>/.cache/models`` (the folder holding
     ``pyproject.toml`` above the package), else ``~/.cache/graph_autofusion``.
     """
-    env = os.environ.get("GRAPH_AUTOFUSION_CACHE")
-    if env:
-        path = Path(env).expanduser()
+    cache = env.cache_dir()
+    if cache:
+        path = Path(cache).expanduser()
     else:
         root = _repo_root()
         path = root / ".cache" / "models" if root else Path.home() / ".cache" / "graph_autofusion"

@@ -73,7 +73,7 @@ class FusionRecord:
     new_nodes: list[Node]
     inputs: list[str]
     outputs: list[str]
-    tolerance: float = 0.999
+    tolerance: float = defaults.FUSION_COSINE
 
 
 @dataclass
@@ -113,7 +113,7 @@ def record_from_applied(original: Model, applied: Any, *, key: str | None = None
         new_nodes=list(applied.nodes),
         inputs=_read_from_outside([by_name[n.name] for n in match.nodes], applied.nodes),
         outputs=[v.name for v in match.outputs],
-        tolerance=float(getattr(applied.rule, "tolerance", 0.999)),
+        tolerance=float(getattr(applied.rule, "tolerance", defaults.FUSION_COSINE)),
     )
 
 
