@@ -34,15 +34,13 @@ def ort_session(
     custom_ops_library: str | None = None,
     in_place: Mapping[str, np.ndarray] | None = None,
     *,
-    log_severity: int = 3,
-    profile_prefix: str | None = None,
-    lean: bool = False,
-    prepack: bool = True,
-    optimized_model_path: str | None = None,
     find_library: bool = True,
+    **options: Any,
 ) -> Any:
     """An onnxruntime CPU session of an IR :class:`Model`, a ``ModelProto``, its serialized
-    bytes or a path.
+    bytes or a path. ``options``: :func:`~graph_autofusion.runtime.ort_core.open_session`'s
+    keyword arguments (``log_severity``, ``profile_prefix``, ``lean``, ``prepack``,
+    ``optimized_model_path``), described below.
 
     ``level``: ``disable``, ``basic``, ``extended`` or ``all``. ``spinning``: let idle worker
     threads spin (onnxruntime's default, what deployments run); off by default because
@@ -72,7 +70,7 @@ def ort_session(
     kernels read them as stored. ``optimized_model_path``: onnxruntime writes the model its
     optimizer made there (what ``level`` turned the graph into).
     """
-    if lean and isinstance(model, Model) and not in_place:
+    if options.get("lean") and isinstance(model, Model) and not in_place:
         in_place = model_weights(model)
     if isinstance(model, str | os.PathLike):
         src: Any = os.fspath(model)
@@ -88,19 +86,7 @@ def ort_session(
     else:
         src = model.SerializeToString()
     lib = custom_ops_library or (_custom_ops_library(model) if find_library else None)
-    return open_session(
-        src,
-        level,
-        threads,
-        spinning,
-        lib,
-        in_place,
-        log_severity=log_severity,
-        profile_prefix=profile_prefix,
-        lean=lean,
-        prepack=prepack,
-        optimized_model_path=optimized_model_path,
-    )
+    return open_session(src, level, threads, spinning, lib, in_place, **options)
 
 
 def model_weights(model: Any) -> dict[str, np.ndarray]:
