@@ -72,19 +72,14 @@ def ort_session(
     """
     if options.get("lean") and isinstance(model, Model) and not in_place:
         in_place = model_weights(model)
-    if isinstance(model, str | os.PathLike):
-        src: Any = os.fspath(model)
-    elif isinstance(model, bytes):
-        src = model
-    elif isinstance(model, Model):
+    src: Any = model  # a path or bytes: open_session reads them as they are
+    if isinstance(model, Model):
         from graph_autofusion.frontend.onnx_frontend import to_onnx
 
-        # the weights read in place are not serialized: the proto goes to the session as is
+        # the weights read in place are not serialized: a fresh proto, the session's own
         src = to_onnx(model, without_data=set(in_place or ()))
-        if not in_place:
-            src = src.SerializeToString()
-    else:
-        src = model.SerializeToString()
+    elif not isinstance(model, str | bytes | os.PathLike):
+        src = model.SerializeToString()  # a caller's ModelProto is never modified (transB)
     lib = custom_ops_library or (_custom_ops_library(model) if find_library else None)
     return open_session(src, level, threads, spinning, lib, in_place, **options)
 
