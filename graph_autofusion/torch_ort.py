@@ -139,7 +139,9 @@ def build_ort_program(
     if why is not None:
         raise OrtEngineRefused(why)
     feeds = {v.name: _as_numpy(args[i]) for v, i in zip(model.graph.inputs, imported.user_inputs)}
-    opts = options.replace(target="onnxruntime", custom_ops=False)
+    # the session lives in this process, on this machine: the custom-operator library (our
+    # kernels, and the few-row Gemv reading a linear weight in place) needs no shipping
+    opts = options.replace(target="onnxruntime", custom_ops=True)
     try:
         with torch.no_grad():
             result = fuse_model(
@@ -172,10 +174,23 @@ FEW_ROWS = 8
 
 
 def _worth_packing(result: Any) -> bool:
-    if any(n.op_type == "MatMulNBits" for n in result.model.graph.nodes):
+    nodes = list(result.model.graph.nodes)
+    if any(n.op_type == "MatMulNBits" for n in nodes):
         return True  # unpacked, MatMulNBits dequantizes its whole weight on every call
+    if not any(_packable(n) for n in nodes):
+        return False  # every contraction by a weight is a Gemv over the parameter
     static = all(isinstance(d, int) for v in result.model.graph.inputs for d in (v.shape or ()))
     return not (static and few_rows(result))
+
+
+def _packable(node: Any) -> bool:
+    """Whether onnxruntime packs a weight for ``node``: a contraction by a constant matrix,
+    or an ``If`` (the few-row Gemv's, whose prefill branch is a GEMM)."""
+    if node.op_type == "If":
+        return True
+    if node.op_type not in ("MatMul", "Gemm", "FusedMatMul") or len(node.inputs) < 2:
+        return False
+    return node.inputs[1] is not None and node.inputs[1].const is not None
 
 
 def few_rows(result: Any) -> bool:

@@ -87,3 +87,40 @@ graph g(%x: {short}[4,128]) -> (%y) {{
         for level in ("disable", "all"):
             got = run_session(ort_session(model, level, lean=True), feeds)["y"]
             np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
+
+
+def test_a_subgraph_declares_its_weights_and_its_sessions_read_them_in_place():
+    """Safe mode's per-fusion models (``subgraph_model(in_place=...)``) declare a large
+    float32 weight by type and dims only and hand the array over: a session over the model
+    reads it in place (no copy serialized or held), a transposed weight through ``transB``;
+    arrays of another model in the same mapping are ignored, not copied."""
+    import numpy as np
+
+    from graph_autofusion.ir.text import parse_model
+    from graph_autofusion.runtime.ort_session import ort_session
+    from graph_autofusion.verify.subgraph import run_session, subgraph_model
+
+    model = parse_model(
+        """
+model opset {"": 18}
+graph g(%x: f32[4,128]) -> (%y) {
+  init %w: f32[128,256] = zeros
+  %h = MatMul(%x, %w) @mm
+  %y = Relu(%h) @act
+}
+"""
+    )
+    rng = np.random.default_rng(0)
+    param = rng.standard_normal((256, 128)).astype(np.float32)  # nn.Linear's [N, K]
+    model.graph.initializers["w"].const = param.T  # the importer's view: no copy
+    x = rng.standard_normal((4, 128)).astype(np.float32)
+    weights: dict = {"unrelated": rng.standard_normal((256, 128)).astype(np.float32).T}
+    proto = subgraph_model(model, list(model.graph.nodes), ["x"], ["y"], in_place=weights)
+    (init,) = proto.graph.initializer
+    assert init.name == "w" and not init.raw_data and list(init.dims) == [128, 256]
+    assert weights["w"] is model.graph.initializers["w"].const
+    sess = ort_session(proto, "disable", lean=True, in_place=weights)
+    held = sess._autofusion_in_place[1]
+    assert set(held) == {"w"} and np.shares_memory(held["w"], param)
+    got = run_session(sess, {"x": x})["y"]
+    np.testing.assert_allclose(got, np.maximum(x @ param.T, 0), rtol=1e-4, atol=1e-4)

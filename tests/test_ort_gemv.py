@@ -28,8 +28,9 @@ K, H, N = 64, 96, 200
 PROFILE = "x86_avx2"
 
 
-def _model(path: str) -> onnx.ModelProto:
-    """A decoder-shaped block: two projections by constant weights on a dynamic sequence."""
+def _model(path: str, x_shape: tuple = ("batch", "seq", K)) -> onnx.ModelProto:
+    """A decoder-shaped block: two projections by constant weights on a dynamic sequence
+    (``x_shape``: a static one is a decode step's graph)."""
     rng = np.random.default_rng(0)
     w1 = (rng.standard_normal((K, H)) / 8).astype(np.float32)
     w2 = (rng.standard_normal((H, N)) / 8).astype(np.float32)
@@ -40,8 +41,8 @@ def _model(path: str) -> onnx.ModelProto:
             helper.make_node("MatMul", ["r", "w2"], ["y"], name="down"),
         ],
         "block",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", K])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", N])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*x_shape[:-1], N])],
         [onnx.numpy_helper.from_array(w1, "w1"), onnx.numpy_helper.from_array(w2, "w2")],
     )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
@@ -168,6 +169,45 @@ def test_safe_mode_times_the_gemv_and_rolls_back_the_slower(tmp_path):
     (want,) = ort_session(model, "all").run(None, {"x": x})
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(np.abs(want).max()))
     assert abs(_init_bytes(proto) - _init_bytes(model)) < 64
+
+
+def _every_fusion_slower(key, side, fn):
+    """Safe mode's timer: every fused side takes 2x its unfused operators."""
+    fn()
+    return 20e-6 if side == "unfused" else 40e-6
+
+
+def test_a_static_one_row_graph_gets_gemv_alone_checked_and_not_timed_alone(tmp_path):
+    """A decode step's static graph (one row): each MatMul becomes ``Gemv`` itself (no ``If``,
+    no GEMM branch, so no packed copy of the weight); its numerics are checked, but it is not
+    timed alone (warm, the two tie; cold, as a decode step runs it, it streams the weight
+    once): a timer calling every fusion slower keeps it, and the report says why."""
+    src = str(tmp_path / "step.onnx")
+    model = _model(src, (1, 1, K))
+    with use_timer(_every_fusion_slower):
+        gaf = _fuse(src, str(tmp_path / "f.onnx"), custom_ops=True)
+    r = gaf.result
+    keys = sorted(low.key for low in r.lowered)
+    assert keys == ["gemv_matmul@down", "gemv_matmul@up"], r.skipped_by_reason()
+    for k in keys:
+        assert r.safety[k].passed and r.safety[k].time_fused_us is None
+        assert "one-row Gemv" in r.safety[k].details["timed_with_graph"]
+    proto = onnx.load(str(tmp_path / "f.onnx"))
+    assert [n.op_type for n in proto.graph.node] == ["Gemv", "Relu", "Gemv"]
+    assert abs(_init_bytes(proto) - _init_bytes(model)) < 64
+    x = _x(1, 1)
+    (got,) = fused_session(str(tmp_path / "f.onnx")).run(None, {"x": x})
+    (want,) = ort_session(model, "all").run(None, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(np.abs(want).max()))
+
+
+def test_a_static_graph_of_more_rows_than_gemv_serves_is_left_alone(tmp_path):
+    src = str(tmp_path / "step.onnx")
+    _model(src, (1, 12, K))
+    gaf = _fuse(src, str(tmp_path / "f.onnx"), seq=12, custom_ops=True, check_speed=False)
+    assert not [low for low in gaf.result.lowered if low.rule == "gemv_matmul"]
+    proto = onnx.load(str(tmp_path / "f.onnx"))
+    assert [n.op_type for n in proto.graph.node] == ["MatMul", "Relu", "MatMul"]
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 200, 64), (3, 13, 37), (8, 1, 5), (11, 40, 8)])

@@ -281,6 +281,40 @@ def test_linear_weights_are_the_parameters_memory_in_the_ir_and_the_session():
         torch.testing.assert_close(got, model(ids, use_cache=False).logits, rtol=1e-4, atol=1e-4)
 
 
+def _fusions_slower(key, side, fn):
+    """Safe mode's timer: onnxruntime is the fastest engine, every fusion 2x its operators."""
+    fn()
+    if key.startswith("engine@"):
+        return 1e-3 if side == "eager" else 1e-4
+    return 20e-6 if side == "unfused" else 40e-6
+
+
+def test_a_one_row_graph_runs_its_linears_on_gemv_over_the_parameters_unpacked():
+    """A decode step's graph (one row, static shapes): every linear is the ``Gemv`` custom
+    operator reading the ``[N, K]`` parameter itself, and the session packs nothing, so it
+    holds no copy of any weight; the sites are checked, not timed alone (a timer calling
+    every fusion slower keeps them); an in-place weight update is seen."""
+    m = _TextModel().eval()
+    backend = make_backend(engine="onnxruntime")
+    c = torch.compile(m, backend=backend)
+    with use_timer(_fusions_slower), torch.no_grad():
+        torch.testing.assert_close(c(_ids(1)), m(_ids(1)), rtol=1e-4, atol=1e-5)
+    (g,) = backend.config.graphs
+    res = g.ort_result
+    assert sorted(low.rule for low in res.lowered) == ["gemv_matmul", "gemv_matmul"]
+    ops = [n.op_type for n in res.model.graph.nodes]
+    assert ops.count("Gemv") == 2 and "If" not in ops and "FusedMatMul" not in ops
+    (ort,) = _sessions([g])
+    assert ort.prepack is False
+    arrays = list(ort.session._autofusion_in_place[1].values())
+    for lin in (m.up, m.down):
+        w = lin.weight.detach().numpy()
+        assert any(a.shape == w.shape and np.shares_memory(a, w) for a in arrays)
+    with torch.no_grad():
+        m.down.weight.mul_(-1.0)
+        torch.testing.assert_close(c(_ids(1, 3)), m(_ids(1, 3)), rtol=1e-4, atol=1e-5)
+
+
 def test_a_session_reads_a_transposed_matrix_through_transB_or_as_a_copy():
     """``ort_session(in_place=...)`` with a transposed (F-contiguous) matrix: read in place
     where a MatMul or Gemm takes it as its right operand, a contiguous copy otherwise; the

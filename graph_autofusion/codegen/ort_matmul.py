@@ -67,6 +67,7 @@ class GemvSite:
     output: str
     k: int
     n: int
+    rows: int | None = None  # x's row count when it is static (the direct form), else None
 
 
 def _key(node_name: str) -> str:
@@ -87,9 +88,27 @@ def _site_refusal(node: Any, g: Any) -> str | None:
         return "x is not a float32 activation of rank >= 2"
     if x.shape[-1] != int(w.const.shape[0]):
         return "x's last dim is not static or differs from B's rows"
-    if all(isinstance(d, int) for d in x.shape[:-1]):
-        return "x's row count is static (no decode step to serve)"
+    if _static_rows(x) is not None and _static_rows(x) > MAX_ROWS:
+        return f"x's row count is static and above {MAX_ROWS} (no decode step to serve)"
     return None
+
+
+def timed_alone(low: Any) -> bool:
+    """Whether safe mode times this lowering on its own. A one-row site of the direct form
+    (a decode step's static shape) is not: it streams its weight from memory once per call,
+    and timed with the weight cold, as a decode step runs it, ``Gemv`` is 1.06-1.49x faster
+    than onnxruntime's packed GEMM at one row (``benchmarks/results/gemv_ort.md``), while
+    safe mode's warm timing (the weight in cache) calls the two a tie either way; the packed
+    GEMM also holds a copy of the weight. Its numerics are checked as every fusion's, and the
+    whole graph is timed by whoever runs it (the torch route's engine choice)."""
+    site = low.payload if getattr(low, "rule", None) == RULE else None
+    return not (isinstance(site, GemvSite) and site.rows == 1)
+
+
+def _static_rows(x: Any) -> int | None:
+    """``x``'s row count (the product of its leading dims) when every one is static."""
+    lead = x.shape[:-1]
+    return int(np.prod(lead)) if all(isinstance(d, int) for d in lead) else None
 
 
 def plan_sites(
@@ -130,9 +149,11 @@ def plan_sites(
             continue
         k, nn = (int(d) for d in w.const.shape)
         for n in nodes:
+            x = n.inputs[0]
             sites.append(
-                GemvSite(_key(n.name), n.name, wname, n.inputs[0].name, n.outputs[0].name, k, nn)
-            )
+                GemvSite(_key(n.name), n.name, wname, x.name, n.outputs[0].name, k, nn,
+                         _static_rows(x))
+            )  # fmt: skip
     return sites, refused
 
 
@@ -194,6 +215,20 @@ def apply_sites(
                 name += "_"
             wt = g.add_initializer(name, np.ascontiguousarray(w.const.T))
             transposed[s.weight] = wt
+        y = node.outputs[0]
+        if _static_rows(x) is not None:  # at most MAX_ROWS rows, always: Gemv alone
+            gemv = g.make_node(OP, [x, wt], domain=DOMAIN, name=f"{s.node}_gemv", before=node)
+            g.replace_all_uses_with(y, gemv.outputs[0])
+            g.remove_node(node)
+            g.rename_value(gemv.outputs[0], y.name)
+            gemv.outputs[0].dtype, gemv.outputs[0].shape = y.dtype, y.shape
+            new_nodes = [gemv]
+            if _kept_by_group(owner.get(s.node), node, new_nodes):
+                continue
+            out.append(
+                Lowered(s.key, RULE, [s.node], new_nodes, [x.name], [y.name], [FUSED_OP], 0.9999, s)
+            )
+            continue
         # the condition, once per leading shape (the first x of that shape computes it; any
         # row count gives the right result, the condition only picks the faster branch)
         lead = tuple(d if d is not None else f"?{x.name}" for d in x.shape[:-1])
@@ -210,7 +245,6 @@ def apply_sites(
             few.outputs[0].dtype, few.outputs[0].shape = DType.BOOL, ()
             conds[ck] = (few.outputs[0], [size, few])
         cond, cond_nodes = conds[ck]
-        y = node.outputs[0]
         t_out, e_out = g.fresh_name(f"{y.name}_gemv"), g.fresh_name(f"{y.name}_matmul")
         then_g = _branch([helper.make_node(OP, [x.name, wt.name], [t_out], domain=DOMAIN)], t_out)
         else_g = _branch(
@@ -240,12 +274,7 @@ def apply_sites(
         g.remove_node(node)
         g.rename_value(new_y, y.name)
         new_nodes = [*cond_nodes, if_node]
-        grp = owner.get(s.node)
-        if grp is not None:  # checked (and rolled back) with the group that keeps it
-            kept = [n for n in grp.new_nodes if n is not node]
-            grp.new_nodes = [*(c for c in cond_nodes if c not in kept), *kept, if_node]
-            if FUSED_OP not in grp.fused_ops:
-                grp.fused_ops = [*grp.fused_ops, FUSED_OP]
+        if _kept_by_group(owner.get(s.node), node, new_nodes):
             continue
         out.append(
             Lowered(s.key, RULE, [s.node], new_nodes, [x.name], [y.name], [FUSED_OP], 0.9999, s)
@@ -253,3 +282,16 @@ def apply_sites(
     model.opset_imports.setdefault(DOMAIN, 1)
     model.opset_imports.setdefault(MS_DOMAIN, 1)
     return out
+
+
+def _kept_by_group(grp: Any, node: Any, new_nodes: list[Any]) -> bool:
+    """A site whose MatMul the custom-operator group ``grp`` keeps is checked (and rolled
+    back) with that group: its new nodes replace the MatMul among the group's. Returns
+    whether there was such a group."""
+    if grp is None:
+        return False
+    kept = [n for n in grp.new_nodes if n is not node]
+    grp.new_nodes = [*(c for c in new_nodes[:-1] if c not in kept), *kept, new_nodes[-1]]
+    if FUSED_OP not in grp.fused_ops:
+        grp.fused_ops = [*grp.fused_ops, FUSED_OP]
+    return True

@@ -111,7 +111,8 @@ def _session_in_place(
         proto = src  # the caller's own copy (made for this session)
     else:
         proto = onnx.load_from_string(src) if isinstance(src, bytes) else onnx.load(src)
-    arrays = _transposed_operands(proto, arrays)
+    present = {init.name for init in proto.graph.initializer}
+    arrays = _transposed_operands(proto, {n: a for n, a in arrays.items() if n in present})
     values = {}
     offsets: dict[str, int] = {}
     end = 0

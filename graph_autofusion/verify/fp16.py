@@ -59,6 +59,7 @@ def fp16_analysis(
     orig_proto: onnx.ModelProto,
     feeds: Mapping[str, np.ndarray],
     internal: list[str],
+    weights: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[float | None, str]:
     """Largest fp32-reference magnitude among the values float16 would have to hold, and a
     failure sentence (empty when in range). ``(None, "")`` when no float16 is involved."""
@@ -78,7 +79,8 @@ def fp16_analysis(
         for _, op, attrs in flat_ops(fused, record.new_nodes)
     )
     feeds32 = {k: (v.astype(np.float32) if v.dtype == np.float16 else v) for k, v in feeds.items()}
-    ref = run_session(ort_session(to_fp32(orig_proto)), feeds32)
+    # ``weights``: the float32 constants ``orig_proto`` declares without data (read in place)
+    ref = run_session(ort_session(to_fp32(orig_proto), in_place=weights or None), feeds32)
     if fp16_fused and not upcasts:  # the fused op holds every intermediate in float16
         checked = [*record.outputs, *internal]
         where = "the fused operator computes in float16"

@@ -168,6 +168,7 @@ def _speed(
     record: FusionRecord,
     activations: Mapping[str, np.ndarray],
     fused_proto: Any,
+    fused_weights: Mapping[str, np.ndarray],
     feeds: Mapping[str, np.ndarray],
     ort_level: str,
     threads: int,
@@ -178,16 +179,22 @@ def _speed(
     """Median unfused and fused times (us) of one fusion and whether the fused one is slower
     than ``speed_margin`` x the unfused (:class:`~graph_autofusion.verify.speed.SpeedPolicy`:
     confirmed by a second, longer measurement)."""
+    weights: dict[str, np.ndarray] = dict(fused_weights)
     timed_orig = subgraph_model(
-        original, record.original_nodes, record.inputs, record.outputs, arrays=activations
+        original,
+        record.original_nodes,
+        record.inputs,
+        record.outputs,
+        arrays=activations,
+        in_place=weights,
     )
     # onnxruntime's default spinning workers, as deployed: without them, a fused kernel
     # that splits its rows over the thread pool pays a worker wake-up (~8 us here) per
     # run that the small unfused operators, each below the pool's cut-off, do not, and
     # an isolated fused RMSNorm at 16 x 512 times 17 us against 11 us unfused (9 us
     # fused with spinning). Only these two sessions run while they are timed.
-    a = ort_session(timed_orig, ort_level, threads, spinning=True)
-    b = ort_session(fused_proto, ort_level, threads, spinning=True)
+    a = ort_session(timed_orig, ort_level, threads, spinning=True, in_place=weights or None)
+    b = ort_session(fused_proto, ort_level, threads, spinning=True, in_place=weights or None)
     fa, fb = _feeds_for(a, feeds), _feeds_for(b, feeds)
     na, nb = [o.name for o in a.get_outputs()], [o.name for o in b.get_outputs()]
     policy = SpeedPolicy(speed_margin, time_runs)  # the one speed policy (verify/speed.py)
@@ -281,6 +288,7 @@ def check_fusion(
         res.passed, res.code, res.message = False, code, message
         return res
 
+    weights: dict[str, np.ndarray] = {}  # the constants every session reads in place
     hazard = _alias_hazard(original, fused, record)
     if hazard:
         return fail(reasons.ALIAS, hazard)
@@ -299,12 +307,22 @@ def check_fusion(
             record.inputs,
             [*record.outputs, *internal],
             arrays=activations,
+            in_place=weights,
         )
         fused_proto = subgraph_model(
-            fused, record.new_nodes, record.inputs, record.outputs, arrays=activations
+            fused,
+            record.new_nodes,
+            record.inputs,
+            record.outputs,
+            arrays=activations,
+            in_place=weights,
         )
-        orig_sess = ort_session(orig_proto, "disable", threads)
-        fused_sess = ort_session(fused_proto, "disable", threads)
+        # numerics only: the weights are read in place and not packed (a 65 MB LM head is
+        # not copied into every session)
+        orig_sess = ort_session(orig_proto, "disable", threads, lean=True, in_place=weights or None)
+        fused_sess = ort_session(
+            fused_proto, "disable", threads, lean=True, in_place=weights or None
+        )
         wanted = [i.name for s in (orig_sess, fused_sess) for i in s.get_inputs()]
         feeds = {k: np.asarray(activations[k]) for k in wanted if k in activations}
         missing = [k for k in wanted if k not in feeds]
@@ -328,7 +346,9 @@ def check_fusion(
     new_nonfinite = [k for k, s in per_output.items() if s["nonfinite"]]
 
     try:
-        res.fp16_max, overflow = fp16_analysis(original, fused, record, orig_proto, feeds, internal)
+        res.fp16_max, overflow = fp16_analysis(
+            original, fused, record, orig_proto, feeds, internal, weights
+        )
     except Exception as exc:
         return fail(reasons.ERROR, f"fp16 range analysis failed: {type(exc).__name__}: {exc}")
     if overflow:
@@ -377,7 +397,7 @@ def check_fusion(
         else:
             try:
                 tu, tf, slower = _speed(
-                    original, record, activations, fused_proto, feeds, ort_level, threads,
+                    original, record, activations, fused_proto, weights, feeds, ort_level, threads,
                     time_runs, timer or current_timer(), speed_margin,
                 )  # fmt: skip
             except Exception as exc:

@@ -16,7 +16,7 @@ from graph_autofusion.frontend.onnx_export import node_to_proto
 from graph_autofusion.frontend.onnx_frontend import to_onnx
 from graph_autofusion.frontend.onnx_types import make_value_info, tensor_for_value
 from graph_autofusion.ir.core import Model, Node, Value
-from graph_autofusion.runtime.ort_session import model_weights, ort_session
+from graph_autofusion.runtime.ort_session import in_place_weights, model_weights, ort_session
 
 
 class SafetyCheckError(GraphAutoFusionError, RuntimeError):
@@ -93,8 +93,13 @@ def subgraph_model(
     outputs: Sequence[str],
     *,
     arrays: Mapping[str, np.ndarray] | None = None,
+    in_place: dict[str, np.ndarray] | None = None,
 ) -> onnx.ModelProto:
     """A standalone model of just ``nodes``.
+
+    ``in_place``: a dict that receives the large float32 constants (name -> array) a session
+    of the model must read in place (``ort_session(proto, ..., in_place=that dict)``); the
+    model declares them with their type and dims only, so no copy of a weight is serialized.
 
     Graph inputs are ``inputs`` (and any other non-constant value the nodes read), typed from
     ``arrays`` when given (exact) or from the IR; constants the nodes read become initializers;
@@ -115,7 +120,13 @@ def subgraph_model(
     for name in wanted:
         v = read.get(name)
         if v is not None and v.const is not None:
-            g.initializer.append(tensor_for_value(v))
+            if in_place is not None and _by_reference(v.const):
+                t = onnx.TensorProto(name=name, data_type=onnx.TensorProto.FLOAT)
+                t.dims.extend(v.const.shape)
+                g.initializer.append(t)
+                in_place[name] = v.const
+            else:
+                g.initializer.append(tensor_for_value(v))
             continue
         if arrays is not None and name in arrays:
             arr = np.asarray(arrays[name])
@@ -141,6 +152,11 @@ def subgraph_model(
     for domain, version in sorted(domains.items()):
         proto.opset_import.append(helper.make_opsetid(domain, version))
     return proto
+
+
+def _by_reference(a: Any) -> bool:
+    """Whether a session can read constant ``a`` in place (a large float32 array)."""
+    return isinstance(a, np.ndarray) and a.dtype == np.float32 and bool(in_place_weights({"a": a}))
 
 
 def _called_functions(model: Model, nodes: Sequence[Node]) -> list[Any]:
