@@ -31,6 +31,7 @@ import torch
 
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.ir.dtypes import DType
+from graph_autofusion.ir.node import const_value
 from graph_autofusion.runtime.ort_session import model_weights, ort_session
 
 
@@ -178,19 +179,42 @@ def _worth_packing(result: Any) -> bool:
     if any(n.op_type == "MatMulNBits" for n in nodes):
         return True  # unpacked, MatMulNBits dequantizes its whole weight on every call
     if not any(_packable(n) for n in nodes):
-        return False  # every contraction by a weight is a Gemv over the parameter
+        return False  # e.g. every contraction by a weight is a Gemv over the parameter
     static = all(isinstance(d, int) for v in result.model.graph.inputs for d in (v.shape or ()))
     return not (static and few_rows(result))
 
 
+#: Operators onnxruntime may pack a constant operand of (a copy in its own layout): every
+#: contraction, convolution and recurrence, and the control flow whose bodies may hold them.
+_PACKING_OPS = frozenset(
+    "MatMul Gemm FusedMatMul FusedGemm MatMulNBits MatMulInteger DynamicQuantizeMatMul "
+    "Conv FusedConv ConvTranspose LSTM GRU RNN Attention QAttention If Loop Scan".split()
+)
+_CONTRACTIONS = frozenset(("MatMul", "FusedMatMul", "Gemm"))
+
+
 def _packable(node: Any) -> bool:
-    """Whether onnxruntime packs a weight for ``node``: a contraction by a constant matrix,
-    or an ``If`` (the few-row Gemv's, whose prefill branch is a GEMM)."""
-    if node.op_type == "If":
-        return True
-    if node.op_type not in ("MatMul", "Gemm", "FusedMatMul") or len(node.inputs) < 2:
+    """Whether onnxruntime may pack a weight for ``node``. Conservative: any operator of
+    :data:`_PACKING_OPS`, except a plain contraction of two activations (attention's
+    products), whose operands are computed per call."""
+    if node.op_type not in _PACKING_OPS:
         return False
-    return node.inputs[1] is not None and node.inputs[1].const is not None
+    if node.op_type in _CONTRACTIONS and node.domain in ("", "ai.onnx", "com.microsoft"):
+        return any(_from_constants(v) for v in node.inputs[:2] if v is not None)
+    return True
+
+
+def _from_constants(v: Any, depth: int = 6) -> bool:
+    """Whether ``v`` is constant data: an initializer or ``Constant`` (through ``Identity``),
+    or computed from such values alone (a ``Transpose`` or ``Cast`` of a weight, which
+    onnxruntime folds and then packs)."""
+    if const_value(v) is not None:
+        return True
+    p = v.producer
+    if p is None or depth == 0 or p.captures:
+        return False
+    ins = [x for x in p.inputs if x is not None]
+    return bool(ins) and all(_from_constants(x, depth - 1) for x in ins)
 
 
 def few_rows(result: Any) -> bool:

@@ -124,3 +124,32 @@ graph g(%x: f32[4,128]) -> (%y) {
     assert set(held) == {"w"} and np.shares_memory(held["w"], param)
     got = run_session(sess, {"x": x})["y"]
     np.testing.assert_allclose(got, np.maximum(x @ param.T, 0), rtol=1e-4, atol=1e-4)
+
+
+def test_a_subgraph_keeps_the_bytes_of_a_weight_that_is_not_float32():
+    """The importer holds bfloat16 data as a float32 array: such a weight keeps its own type's
+    bytes in the subgraph model, it is not declared float32 and handed over."""
+    import numpy as np
+    import onnx
+
+    from graph_autofusion.ir.dtypes import DType
+    from graph_autofusion.ir.text import parse_model
+    from graph_autofusion.verify.subgraph import subgraph_model
+
+    model = parse_model(
+        """
+model opset {"": 18}
+graph g(%x: f32[4,128]) -> (%y) {
+  init %w: f32[128,256] = zeros
+  %y = MatMul(%x, %w) @mm
+}
+"""
+    )
+    w = model.graph.initializers["w"]
+    w.const = np.ones((128, 256), np.float32)
+    w.dtype = DType.BFLOAT16
+    weights: dict = {}
+    proto = subgraph_model(model, list(model.graph.nodes), ["x"], ["y"], in_place=weights)
+    (init,) = proto.graph.initializer
+    assert weights == {}
+    assert init.data_type == onnx.TensorProto.BFLOAT16 and init.raw_data

@@ -382,3 +382,33 @@ def test_a_session_packs_its_weights_only_once_its_graph_is_called_again():
     assert ort.prepack and ort.session is not unpacked
     for got in (first, second, third):
         torch.testing.assert_close(got, m(ids), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "body,packs",
+    [
+        # a decode step after the Gemv rewrite: attention's product of two activations only
+        ("%h = Gemv(%x, %w) @gv\n  %y = MatMul(%h, %x2) @mm", False),
+        # a weight behind a Transpose: onnxruntime folds it, then packs the MatMul's operand
+        ("%wt = Transpose(%w) @t\n  %y = MatMul(%x, %wt) @mm", True),
+        ("%y = MatMul(%x, %w) @mm", True),
+    ],
+)
+def test_a_session_opens_unpacked_only_when_nothing_would_pack(body, packs):
+    from types import SimpleNamespace
+
+    from graph_autofusion.ir.text import parse_model
+    from graph_autofusion.torch_ort import _worth_packing
+
+    gemv = "Gemv" in body
+    body = body.replace("Gemv(", "ai.graph_autofusion::Gemv(") if gemv else body
+    w_shape = "[256,128]" if gemv else ("[128,256]" if "Transpose" not in body else "[256,128]")
+    text = f"""
+model opset {{"": 18, "ai.graph_autofusion": 1}}
+graph g(%x: f32[1,128], %x2: f32[256,4]) -> (%y) {{
+  init %w: f32{w_shape} = zeros
+  {body}
+}}
+"""
+    result = SimpleNamespace(model=parse_model(text), analysis=None)
+    assert _worth_packing(result) is packs

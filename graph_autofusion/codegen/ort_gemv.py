@@ -15,7 +15,8 @@ onnxruntime's own intra-op pool (``KernelContext_ParallelFor``), never a second 
 Rows: any ``M`` works (same result); the kernel re-reads ``Wt`` once per activation row from
 L1, so it is only *used* where ``M <= MAX_ROWS``
 (:mod:`graph_autofusion.codegen.ort_matmul` puts it in the then-branch of an ``If`` whose
-else-branch is onnxruntime's GEMM on the same weight).
+else-branch is onnxruntime's GEMM on the same weight, or alone where the row count is
+static and at most ``MAX_ROWS``).
 
 The C goes into the model's one custom-operator library
 (:func:`graph_autofusion.codegen.ort_customop_c.customop_library_source` with

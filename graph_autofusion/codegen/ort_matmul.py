@@ -20,10 +20,15 @@ Both branches read ``Wt`` as an outer-scope constant initializer, which onnxrunt
 prepacks for ``FusedMatMul`` (its ``MatMul`` kernel with ``transB``): prefill keeps MLAS's
 packed GEMM. ``If`` costs ~2 us per run at M=1 (measured, ``benchmarks/gemv_ort.py``).
 
+A graph whose row count is static (a decode step's graph at fixed shapes: an export at one
+cache length, or a Dynamo graph) and at most 8 gets the direct form ``y = Gemv(x, Wt)``: no
+``If``, no GEMM branch, so onnxruntime packs nothing and holds no copy of the weight.
+
 Eligible: a default-domain ``MatMul`` whose ``B`` is a float32 ``[K, N]`` initializer read
 only by such ``MatMul`` nodes (they are rewritten together or not at all: the weight is
 transposed once), whose ``x`` is a float32 activation of rank >= 2 with a static last dim
-``K`` and a dynamic row count (a symbolic leading dim: one graph for prefill and decode).
+``K`` and either a dynamic row count (a symbolic leading dim: one graph for prefill and
+decode; the ``If`` form) or a static one of at most 8 rows (the direct form).
 
 Measured (``benchmarks/gemv_ort.py``, 2 threads, weights cold as in a decode step, workers not
 spinning): the ``If`` form is 1.2-1.35x faster than ``MatMul`` at M=1 on the Llama decoder's
@@ -32,7 +37,8 @@ M=128 (prepacking kept). Safe mode times each site warm and spinning, where the 
 keeps a varying subset.
 
 Each site is its own fusion (``gemv_matmul@<node>``, counted as
-``ai.graph_autofusion::Gemv``), checked and timed by safe mode like every other; a site whose
+``ai.graph_autofusion::Gemv``), checked and timed by safe mode like every other (except a
+one-row direct site, checked but not timed alone: :func:`timed_alone`); a site whose
 ``MatMul`` a custom-operator group keeps before its kernel (SwiGLU's gate and up projections)
 is rewritten inside that group's fusion instead, and checked with it.
 """
@@ -99,8 +105,9 @@ def timed_alone(low: Any) -> bool:
     and timed with the weight cold, as a decode step runs it, ``Gemv`` is 1.06-1.49x faster
     than onnxruntime's packed GEMM at one row (``benchmarks/results/gemv_ort.md``), while
     safe mode's warm timing (the weight in cache) calls the two a tie either way; the packed
-    GEMM also holds a copy of the weight. Its numerics are checked as every fusion's, and the
-    whole graph is timed by whoever runs it (the torch route's engine choice)."""
+    GEMM also holds a copy of the weight. Its numerics are checked as every fusion's; on the
+    torch route the engine choice then times the whole graph against the torch program and
+    eager, on the ONNX route nothing times it further."""
     site = low.payload if getattr(low, "rule", None) == RULE else None
     return not (isinstance(site, GemvSite) and site.rows == 1)
 
@@ -175,7 +182,7 @@ def apply_sites(
     those in ``allowed`` when given: the keys planned on the sample shapes). ``groups``:
     the custom-operator groups' ``Lowered`` records already applied; a site whose MatMul one
     of them keeps is rewritten inside it (its ``new_nodes`` get the ``If`` and the condition,
-    its ``fused_ops`` ``Gemv``). Returns the sites' own ``Lowered`` records."""
+    or the direct ``Gemv``; its ``fused_ops`` ``Gemv``). Returns the sites' own ``Lowered`` records."""
     from onnx import helper
 
     g = model.graph

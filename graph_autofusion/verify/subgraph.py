@@ -16,6 +16,7 @@ from graph_autofusion.frontend.onnx_export import node_to_proto
 from graph_autofusion.frontend.onnx_frontend import to_onnx
 from graph_autofusion.frontend.onnx_types import make_value_info, tensor_for_value
 from graph_autofusion.ir.core import Model, Node, Value
+from graph_autofusion.ir.dtypes import DType
 from graph_autofusion.runtime.ort_session import in_place_weights, model_weights, ort_session
 
 
@@ -120,11 +121,13 @@ def subgraph_model(
     for name in wanted:
         v = read.get(name)
         if v is not None and v.const is not None:
-            if in_place is not None and _by_reference(v.const):
+            if in_place is not None and _by_reference(v):
                 t = onnx.TensorProto(name=name, data_type=onnx.TensorProto.FLOAT)
                 t.dims.extend(v.const.shape)
                 g.initializer.append(t)
-                in_place[name] = v.const
+                # the original's and the fused model's constant of one name are the same
+                # (clone_model shares the arrays, or copies them equal)
+                in_place.setdefault(name, v.const)
             else:
                 g.initializer.append(tensor_for_value(v))
             continue
@@ -154,9 +157,17 @@ def subgraph_model(
     return proto
 
 
-def _by_reference(a: Any) -> bool:
-    """Whether a session can read constant ``a`` in place (a large float32 array)."""
-    return isinstance(a, np.ndarray) and a.dtype == np.float32 and bool(in_place_weights({"a": a}))
+def _by_reference(v: Value) -> bool:
+    """Whether a session can read constant ``v`` in place: a large float32 array of a float32
+    value (the importer holds bfloat16 and float8 data as float32 arrays: those keep their
+    own type's bytes in the model)."""
+    a = v.const
+    return (
+        v.dtype == DType.FLOAT
+        and isinstance(a, np.ndarray)
+        and a.dtype == np.float32
+        and bool(in_place_weights({v.name: a}))
+    )
 
 
 def _called_functions(model: Model, nodes: Sequence[Node]) -> list[Any]:
