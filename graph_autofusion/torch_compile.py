@@ -237,6 +237,8 @@ class CompiledGraph:
                 "; ".join(f"{k}: {v}" for k, v in self.engine_notes.items()) or "no engine"
             )
         engine, program = self._choose(built, args)
+        if engine != "onnxruntime":  # onnxruntime's outputs are row-major already
+            program = _row_major(program)
         self.engine = engine
         self.plan_source = self.plan_source or "planned"
         built.clear()  # the engines not chosen, and what they hold (derived weights), go
@@ -380,6 +382,33 @@ class CompiledGraph:
 _VERSION = operator.attrgetter("_version")
 
 
+def _row_major(program: Callable[..., Any]) -> Callable[..., Any]:
+    """``program`` returning its tensors row-major (contiguous), as onnxruntime's come back.
+
+    A graph's outputs are the next frame's inputs (a decode step's cache), and Dynamo guards
+    their strides: with one graph on onnxruntime (row-major) and the one before it on the
+    torch program or eager (a value cache is a transposed view there), every step would fail
+    a stride guard and compile again, until Dynamo's recompile limit sends the frame to
+    eager. One layout for every engine keeps one compiled frame per shape. A copy is made
+    only for an output that is not contiguous (a fresh prefill's cache)."""
+
+    def run(*args: Any) -> Any:
+        out = program(*args)
+        if isinstance(out, tuple | list):
+            fixed = _row_major_all(out)
+            return out if fixed is out else type(out)(fixed)
+        return out.contiguous() if isinstance(out, torch.Tensor) else out
+
+    return run
+
+
+def _row_major_all(outs: Sequence[Any]) -> Sequence[Any]:
+    """``outs`` with every non-contiguous tensor copied row-major (``outs`` itself when none)."""
+    if all(t.is_contiguous() for t in outs if isinstance(t, torch.Tensor)):
+        return outs
+    return tuple(t.contiguous() if isinstance(t, torch.Tensor) else t for t in outs)
+
+
 def _picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple]:
     """A function returning the arguments at ``indices`` as a tuple (``itemgetter`` returns a
     bare item for one index and needs at least one)."""
@@ -413,7 +442,7 @@ class _OrtCall:
                     stacklevel=3,
                 )
             out = g.core_gm.forward(*args)
-            return tuple(out) if isinstance(out, tuple | list) else (out,)
+            return _row_major_all(tuple(out) if isinstance(out, tuple | list) else (out,))
 
 
 def make_backend(

@@ -148,6 +148,69 @@ def _engine_timer(want_fastest: str):
     return t
 
 
+@pytest.mark.parametrize("prefill", ["torch", "eager"])
+def test_engines_mixed_within_a_generate_keep_one_frame_per_shape(prefill):
+    """The prefill on another engine than the decode steps (as measured timings pick on some
+    machines): a graph's cache is the next frame's input, and every engine returns it
+    row-major (eager's value cache is a transposed view), so Dynamo's stride guards hold:
+    three graphs serve the whole ``generate()`` (no recompile, nothing in eager) and the
+    tokens are eager's."""
+    model = tiny_llama(2)
+    pick = {"graph0": prefill}
+
+    def timer(key, side, fn):
+        fn()
+        graph = key.rsplit("@", 1)[-1]
+        return 1e-3 if side == pick.get(graph, "onnxruntime") else 3e-3
+
+    backend = make_backend()
+    ids = torch.randint(0, 1000, (1, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=8, **GEN)
+        model.forward = torch.compile(model.forward, backend=backend)
+        with use_timer(timer), warnings.catch_warnings():
+            warnings.simplefilter("error", AutofusionWarning)
+            got = model.generate(ids, max_new_tokens=8, **GEN)
+    assert torch.equal(got, want)
+    graphs = backend.config.graphs
+    assert [g.engine for g in graphs] == [prefill, "onnxruntime", "onnxruntime"], [
+        g.summary() for g in graphs
+    ]
+    assert graphs[2].calls == 6 and all(g.fallback is None for g in graphs)
+
+
+class _Heads(torch.nn.Module):
+    """A projection split into heads the way attention keeps its value cache: a transposed
+    view in eager."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.v = torch.nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.v(x).view(1, x.shape[1], 4, 16).transpose(1, 2)
+
+
+@pytest.mark.parametrize("engine", ["onnxruntime", "torch", "eager"])
+def test_every_engine_returns_row_major_tensors(engine):
+    """One layout for every engine (onnxruntime's is row-major): a graph's outputs feed the
+    next frame's stride guards, so a transposed view from one engine and a row-major tensor
+    from another would make Dynamo compile the next frame again and again."""
+    m = _Heads().eval()
+    x = torch.randn(1, 6, 64)
+    assert not m(x).is_contiguous()
+    backend = make_backend()
+    with use_timer(_engine_timer(engine)), torch.no_grad():
+        got = torch.compile(m, backend=backend)(x)
+        again = torch.compile(m, backend=backend)(x)
+    (g,) = backend.config.graphs
+    assert g.engine == engine
+    for out in (got, again):
+        assert out.is_contiguous()
+        torch.testing.assert_close(out, m(x), rtol=1e-4, atol=1e-5)
+
+
 def test_the_engine_is_chosen_by_timing_and_reported():
     m = _TextModel().eval()
     ids = _ids(16)

@@ -102,8 +102,10 @@ def _site_refusal(node: Any, g: Any) -> str | None:
 def timed_alone(low: Any) -> bool:
     """Whether safe mode times this lowering on its own. A one-row site of the direct form
     (a decode step's static shape) is not: it streams its weight from memory once per call,
-    and timed with the weight cold, as a decode step runs it, ``Gemv`` is 1.06-1.49x faster
-    than onnxruntime's packed GEMM at one row (``benchmarks/results/gemv_ort.md``), while
+    and timed with the weight cold, as a decode step runs it, ``Gemv`` is 1.04-1.51x faster
+    than onnxruntime's packed GEMM at one row on an AVX2 and an AVX-512 machine
+    (``benchmarks/results/gemv_ort.md``, ``gemv_ort_avx512.md``: 1.04x on a 65 MB LM head,
+    1.2-1.5x on 1-3 MB layer weights), while
     safe mode's warm timing (the weight in cache) calls the two a tie either way; the packed
     GEMM also holds a copy of the weight. Its numerics are checked as every fusion's; on the
     torch route the engine choice then times the whole graph against the torch program and
