@@ -190,18 +190,18 @@ _PACKING_OPS = frozenset(
     "MatMul Gemm FusedMatMul FusedGemm MatMulNBits MatMulInteger DynamicQuantizeMatMul "
     "Conv FusedConv ConvTranspose LSTM GRU RNN Attention QAttention If Loop Scan".split()
 )
-_CONTRACTIONS = frozenset(("MatMul", "FusedMatMul", "Gemm"))
 
 
 def _packable(node: Any) -> bool:
-    """Whether onnxruntime may pack a weight for ``node``. Conservative: any operator of
-    :data:`_PACKING_OPS`, except a plain contraction of two activations (attention's
-    products), whose operands are computed per call."""
+    """Whether onnxruntime may pack a weight for ``node``. Conservative: control flow (its
+    bodies may hold contractions), and any operator of :data:`_PACKING_OPS` whose first or
+    second operand is constant data (a GEMM's ``B``, a convolution's or a recurrence's ``W``,
+    contrib ``Attention``'s weights); not a product of two activations (attention's)."""
     if node.op_type not in _PACKING_OPS:
         return False
-    if node.op_type in _CONTRACTIONS and node.domain in ("", "ai.onnx", "com.microsoft"):
-        return any(_from_constants(v) for v in node.inputs[:2] if v is not None)
-    return True
+    if node.op_type in ("If", "Loop", "Scan"):
+        return True
+    return any(_from_constants(v) for v in node.inputs[:2] if v is not None)
 
 
 def _from_constants(v: Any, depth: int = 6) -> bool:

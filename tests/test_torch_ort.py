@@ -455,6 +455,9 @@ def test_a_session_packs_its_weights_only_once_its_graph_is_called_again():
         # a weight behind a Transpose: onnxruntime folds it, then packs the MatMul's operand
         ("%wt = Transpose(%w) @t\n  %y = MatMul(%x, %wt) @mm", True),
         ("%y = MatMul(%x, %w) @mm", True),
+        # a convolution's constant weight packs; the standard Attention of activations does not
+        ("%y = Conv(%x, %w) @c", True),
+        ("%y = Attention(%x, %x, %x) @a", False),
     ],
 )
 def test_a_session_opens_unpacked_only_when_nothing_would_pack(body, packs):
