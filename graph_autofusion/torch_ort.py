@@ -31,7 +31,7 @@ import torch
 
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.ir.dtypes import DType
-from graph_autofusion.ir.node import const_value
+from graph_autofusion.ir.node import from_constants
 from graph_autofusion.runtime.ort_session import model_weights, ort_session
 
 
@@ -201,20 +201,7 @@ def _packable(node: Any) -> bool:
         return False
     if node.op_type in ("If", "Loop", "Scan"):
         return True
-    return any(_from_constants(v) for v in node.inputs[:2] if v is not None)
-
-
-def _from_constants(v: Any, depth: int = 6) -> bool:
-    """Whether ``v`` is constant data: an initializer or ``Constant`` (through ``Identity``),
-    or computed from such values alone (a ``Transpose`` or ``Cast`` of a weight, which
-    onnxruntime folds and then packs)."""
-    if const_value(v) is not None:
-        return True
-    p = v.producer
-    if p is None or depth == 0 or p.captures:
-        return False
-    ins = [x for x in p.inputs if x is not None]
-    return bool(ins) and all(_from_constants(x, depth - 1) for x in ins)
+    return any(from_constants(v) for v in node.inputs[:2] if v is not None)
 
 
 def few_rows(result: Any) -> bool:

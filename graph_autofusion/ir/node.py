@@ -296,6 +296,19 @@ def const_value(value: Value) -> np.ndarray | None:
     return None
 
 
+def from_constants(v: Value, depth: int = 8) -> bool:
+    """Whether ``v`` is data, not an activation: constant data (:func:`const_value`) or a
+    value computed from such values alone, within ``depth`` producers (a ``Transpose`` or
+    ``Cast`` of a weight)."""
+    if const_value(v) is not None:
+        return True
+    p = v.producer
+    if p is None or depth == 0 or p.captures:
+        return False
+    ins = [x for x in p.inputs if x is not None]
+    return bool(ins) and all(from_constants(x, depth - 1) for x in ins)
+
+
 def float_dtype(v: Value | None, depth: int = 16) -> DType | None:
     """``v``'s element type; an untyped value computed by a node takes the first float type
     among its producer's inputs (what elementwise operators and reductions keep)."""

@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 
 from graph_autofusion import defaults, reasons
-from graph_autofusion.ir.core import Model, Node, Value
-from graph_autofusion.patterns.matcher import const_value
+from graph_autofusion.ir.core import Model, Node
+from graph_autofusion.ir.node import from_constants
 from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.runtime.timing import Timer, current_timer
 from graph_autofusion.samples.inputs import generate_inputs
@@ -222,18 +222,6 @@ def _perturb(a: np.ndarray, rng: np.random.Generator, scale: float) -> np.ndarra
     return np.asarray(np.where(movable, wide + noise, wide).astype(a.dtype))
 
 
-def _constant_folded(v: Value, depth: int = 8) -> bool:
-    """True for data, not activations: an initializer, a Constant node's output, or a value
-    computed from those alone (these are not perturbed: a jittered exponent is another op)."""
-    if const_value(v) is not None:
-        return True
-    p = v.producer
-    if p is None or depth == 0 or p.captures:
-        return False
-    ins = [x for x in p.inputs if x is not None]
-    return bool(ins) and all(_constant_folded(x, depth - 1) for x in ins)
-
-
 def _feeds_for(sess: Any, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {i.name: arrays[i.name] for i in sess.get_inputs()}
 
@@ -373,7 +361,8 @@ def check_fusion(
     if mc_samples > 0:
         rng = np.random.default_rng(seed)
         outside = {v.name: v for n in record.original_nodes for v in n.all_inputs()}
-        fixed = {k for k, v in outside.items() if _constant_folded(v)}
+        # data, not activations, is not perturbed (a jittered exponent is another op)
+        fixed = {k for k, v in outside.items() if from_constants(v)}
         cosines = []
         for _ in range(mc_samples):
             pert = {k: a if k in fixed else _perturb(a, rng, mc_scale) for k, a in feeds.items()}
