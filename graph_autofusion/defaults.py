@@ -33,7 +33,7 @@ SPEED_CLEAR = 0.75
 #: Rounds of an engine measurement (``verify.speed.SpeedPolicy.engine_times``): the cpu
 #: target's on an ONNX model (onnxruntime with our kernels against the torch runner;
 #: ``pipeline/cpu_engines.py``) and the torch backend's on a graph's first call (onnxruntime
-#: program, torch program, eager; ``torch_compile.CompiledGraph._choose``).
+#: program, torch program, eager; ``torch_compile.CompiledGraph._build_and_choose``).
 ENGINE_TIMING_ROUNDS = 5
 #: Compressed weights (``FuseOptions.weights``, :mod:`graph_autofusion.pipeline.weights`):
 #: the block of ``MatMulNBits`` along K, per form (one fp32 scale per block).

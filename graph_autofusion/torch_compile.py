@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import operator
+import statistics
 import threading
 import time
 import warnings
@@ -227,16 +228,7 @@ class CompiledGraph:
             self.engine_notes["torch"] = (
                 f"not built: weights={self.config.options.weights} runs on onnxruntime only"
             )
-        for engine in wanted:
-            try:
-                built[engine] = self._build_engine(engine, imported, args, outs)
-            except Exception as exc:  # noqa: BLE001 - the other engine (or eager) runs it
-                self.engine_notes[engine] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-        if not built:
-            raise GraphAutoFusionError(
-                "; ".join(f"{k}: {v}" for k, v in self.engine_notes.items()) or "no engine"
-            )
-        engine, program = self._choose(built, args)
+        engine, program = self._build_and_choose(wanted, built, imported, args, outs)
         if engine != "onnxruntime":  # onnxruntime's outputs are row-major already
             program = _row_major(program)
         self.engine = engine
@@ -245,6 +237,8 @@ class CompiledGraph:
         if engine != "torch" and self.result is not None:
             self.result.program = None  # its kernels stay (reports, the kernel folder)
         ort = getattr(program, "program", None) if engine == "onnxruntime" else None
+        if ort is not None and ort.session is None and not ort.can_defer_packing():
+            ort.reopen()  # let go while the next engine was built and timed
         if ort is not None and ort.can_defer_packing():
             # packed again on the graph's next calls (PACK_AFTER_CALLS); set_packing collects
             # (the engines not chosen, the packed session) before it opens the unpacked one
@@ -336,25 +330,70 @@ class CompiledGraph:
         self.source = program.source
         return program
 
-    def _choose(self, built: dict[str, Any], args: Sequence[Any]) -> tuple[str, Any]:
-        """The fastest of the built engines and eager on this call's inputs, by safe mode's
-        one speed policy (:meth:`~graph_autofusion.verify.speed.SpeedPolicy.choose`, timed
-        through :func:`~graph_autofusion.runtime.timing.current_timer` as
-        ``timer("engine@graph<i>", engine, fn)``, in a seeded shuffled order each round, each
-        timed on its second consecutive call); eager when every engine is slower than eager
-        by the speed margin, confirmed by a second measurement. Without speed checks:
-        onnxruntime when it was built, else the torch program."""
-        if not self.config.options.check_speed:
+    def _build_and_choose(
+        self,
+        wanted: Sequence[str],
+        built: dict[str, Any],
+        imported: Any,
+        args: Sequence[Any],
+        outs: tuple,
+    ) -> tuple[str, Any]:
+        """Build the engines ``wanted`` (into ``built``), one at a time, and return the fastest
+        on this call's inputs: eager when every engine is slower than eager.
+
+        Each engine is timed against eager right after it is built, by safe mode's one speed
+        policy (:meth:`~graph_autofusion.verify.speed.SpeedPolicy.choose`, timed through
+        :func:`~graph_autofusion.runtime.timing.current_timer` as ``timer("engine@graph<i>",
+        side, fn)``, in a seeded shuffled order each round, each side timed on its second
+        consecutive call; eager wins only when a second measurement confirms the engine
+        slower by the speed margin), and engines are compared by their time relative to
+        eager's in their own measurement. An onnxruntime session that packed its weights lets
+        them go before the next engine is built, so the compile never holds two engines'
+        packed copies of the weights at once (a prefill's: onnxruntime's and oneDNN's, ~110 MB
+        each on the zoo Llama); the caller opens it again if it is chosen. Without speed
+        checks: onnxruntime when it was built, else the torch program."""
+        check = self.config.options.check_speed
+        relative: dict[str, float] = {}  # engine -> its median / eager's, where it beat eager
+        eager_s: list[float] = []
+        for i, engine in enumerate(wanted):
+            try:
+                program = self._build_engine(engine, imported, args, outs)
+            except Exception as exc:  # noqa: BLE001 - the other engine (or eager) runs it
+                self.engine_notes[engine] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                continue
+            built[engine] = program
+            if not check:
+                continue
+            sides = {engine: program, "eager": self.core_gm.forward}
+            calls = {name: functools.partial(fn, *args) for name, fn in sides.items()}
+            policy = SpeedPolicy(self.config.options.speed_margin)
+            with torch.no_grad():
+                best, medians = policy.choose(
+                    calls,
+                    "eager",
+                    f"engine@graph{self.index}",
+                    rounds=defaults.ENGINE_TIMING_ROUNDS,
+                )
+            self.engine_times[engine] = medians[engine]
+            eager_s.append(medians["eager"])
+            if best == engine:
+                relative[engine] = medians[engine] / medians["eager"]
+            ort = getattr(program, "program", None) if engine == "onnxruntime" else None
+            if ort is not None and ort.prepack and i + 1 < len(wanted):
+                ort.release()
+                give_back_memory(collect=False)
+        if not built:
+            raise GraphAutoFusionError(
+                "; ".join(f"{k}: {v}" for k, v in self.engine_notes.items()) or "no engine"
+            )
+        if not check:
             engine = "onnxruntime" if "onnxruntime" in built else next(iter(built))
             return engine, built[engine]
-        sides = dict(built, eager=self.core_gm.forward)
-        calls = {name: functools.partial(fn, *args) for name, fn in sides.items()}
-        policy = SpeedPolicy(self.config.options.speed_margin)
-        with torch.no_grad():
-            best, self.engine_times = policy.choose(
-                calls, "eager", f"engine@graph{self.index}", rounds=defaults.ENGINE_TIMING_ROUNDS
-            )
-        return best, sides[best]
+        self.engine_times["eager"] = statistics.median(eager_s)
+        if not relative:
+            return "eager", self.core_gm.forward
+        engine = min(relative, key=relative.__getitem__)
+        return engine, built[engine]
 
     # ------------------------------------------------------------------ facts
     def summary(self) -> dict[str, Any]:

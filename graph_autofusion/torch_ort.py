@@ -84,6 +84,15 @@ class OrtGraphProgram:
         except Exception:  # noqa: BLE001 - the session it had opens again
             self.session = self._open(old)
 
+    def release(self) -> None:
+        """Let the session (and its packed weights) go; :meth:`reopen` opens it again."""
+        self.session = None
+
+    def reopen(self) -> None:
+        """Open the session again after :meth:`release` (as it was: packed or not)."""
+        if self.session is None:
+            self.session = self._open(self.prepack)
+
     def can_defer_packing(self) -> bool:
         """Whether the session may run unpacked until the graph proves hot: packed, and no
         ``MatMulNBits`` (which, unpacked, dequantizes its whole weight on every call)."""
