@@ -215,7 +215,6 @@ class CompiledGraph:
         with torch.no_grad():
             expected = core(*args)
         outs = tuple(expected) if isinstance(expected, tuple | list) else (expected,)
-        built: dict[str, Any] = {}
         wanted = ENGINES[:-1] if self.config.engine == "auto" else (self.config.engine,)
         self.plan_source = ""
         if self.config.saved_engines is not None:  # a loaded plan: the engine it ran on
@@ -228,12 +227,11 @@ class CompiledGraph:
             self.engine_notes["torch"] = (
                 f"not built: weights={self.config.options.weights} runs on onnxruntime only"
             )
-        engine, program = self._build_and_choose(wanted, built, imported, args, outs)
+        engine, program = self._build_and_choose(wanted, imported, args, outs)
         if engine != "onnxruntime":  # onnxruntime's outputs are row-major already
             program = _row_major(program)
         self.engine = engine
         self.plan_source = self.plan_source or "planned"
-        built.clear()  # the engines not chosen, and what they hold (derived weights), go
         if engine != "torch" and self.result is not None:
             self.result.program = None  # its kernels stay (reports, the kernel folder)
         ort = getattr(program, "program", None) if engine == "onnxruntime" else None
@@ -333,13 +331,13 @@ class CompiledGraph:
     def _build_and_choose(
         self,
         wanted: Sequence[str],
-        built: dict[str, Any],
         imported: Any,
         args: Sequence[Any],
         outs: tuple,
     ) -> tuple[str, Any]:
-        """Build the engines ``wanted`` (into ``built``), one at a time, and return the fastest
-        on this call's inputs: eager when every engine is slower than eager.
+        """Build the engines ``wanted``, one at a time, and return the fastest on this call's
+        inputs: eager when every engine is slower than eager. The engines not chosen, and what
+        they hold (derived weights), go when it returns.
 
         Each engine is timed against eager right after it is built, by safe mode's one speed
         policy (:meth:`~graph_autofusion.verify.speed.SpeedPolicy.choose`, timed through
@@ -353,6 +351,7 @@ class CompiledGraph:
         each on the zoo Llama); the caller opens it again if it is chosen. Without speed
         checks: onnxruntime when it was built, else the torch program."""
         check = self.config.options.check_speed
+        built: dict[str, Any] = {}
         relative: dict[str, float] = {}  # engine -> its median / eager's, where it beat eager
         eager_s: list[float] = []
         for i, engine in enumerate(wanted):

@@ -94,7 +94,8 @@ def _site_refusal(node: Any, g: Any) -> str | None:
         return "x is not a float32 activation of rank >= 2"
     if x.shape[-1] != int(w.const.shape[0]):
         return "x's last dim is not static or differs from B's rows"
-    if _static_rows(x) is not None and _static_rows(x) > MAX_ROWS:
+    rows = _static_rows(x)
+    if rows is not None and rows > MAX_ROWS:
         return f"x's row count is static and above {MAX_ROWS} (no decode step to serve)"
     return None
 
@@ -184,9 +185,8 @@ def apply_sites(
     those in ``allowed`` when given: the keys planned on the sample shapes). ``groups``:
     the custom-operator groups' ``Lowered`` records already applied; a site whose MatMul one
     of them keeps is rewritten inside it (its ``new_nodes`` get the ``If`` and the condition,
-    or the direct ``Gemv``; its ``fused_ops`` ``Gemv``). Returns the sites' own ``Lowered`` records."""
-    from onnx import helper
-
+    or the direct ``Gemv``; its ``fused_ops`` ``Gemv``). Returns the sites' own ``Lowered``
+    records."""
     g = model.graph
     sites, _ = plan_sites(model)
     keyset = None if keys is None else set(keys)
@@ -232,57 +232,8 @@ def apply_sites(
             g.rename_value(gemv.outputs[0], y.name)
             gemv.outputs[0].dtype, gemv.outputs[0].shape = y.dtype, y.shape
             new_nodes = [gemv]
-            if _kept_by_group(owner.get(s.node), node, new_nodes):
-                continue
-            out.append(
-                Lowered(s.key, RULE, [s.node], new_nodes, [x.name], [y.name], [FUSED_OP], 0.9999, s)
-            )
-            continue
-        # the condition, once per leading shape (the first x of that shape computes it; any
-        # row count gives the right result, the condition only picks the faster branch)
-        lead = tuple(d if d is not None else f"?{x.name}" for d in x.shape[:-1])
-        ck = (lead, s.k)
-        if ck not in conds:
-            limit = g.add_initializer(
-                g.fresh_name("gemv_rows_limit"), np.array(MAX_ROWS * s.k, np.int64)
-            )
-            size = g.make_node("Size", [x], name=f"{s.node}_gemv_size", before=node)
-            size.outputs[0].dtype, size.outputs[0].shape = DType.INT64, ()
-            few = g.make_node(
-                "LessOrEqual", [size.outputs[0], limit], name=f"{s.node}_gemv_few", before=node
-            )
-            few.outputs[0].dtype, few.outputs[0].shape = DType.BOOL, ()
-            conds[ck] = (few.outputs[0], [size, few])
-        cond, cond_nodes = conds[ck]
-        t_out, e_out = g.fresh_name(f"{y.name}_gemv"), g.fresh_name(f"{y.name}_matmul")
-        then_g = _branch([helper.make_node(OP, [x.name, wt.name], [t_out], domain=DOMAIN)], t_out)
-        else_g = _branch(
-            [
-                helper.make_node(
-                    "FusedMatMul", [x.name, wt.name], [e_out], domain=MS_DOMAIN, transB=1
-                )
-            ],
-            e_out,
-        )
-        caps = [x.name, wt.name]
-        new_y = Value(g.fresh_name(f"{y.name}_if"), y.dtype, y.shape)
-        if_node = Node(
-            "If",
-            [cond],
-            {
-                "then_branch": RawAttribute(then_g, captures=caps),
-                "else_branch": RawAttribute(else_g, captures=caps),
-            },
-            name=f"{s.node}_gemv_if",
-            outputs=[new_y],
-        )
-        g.add_node(if_node, before=node)
-        if_node.set_captures([x, wt])
-        if_node.meta["onnx_capture_names"] = list(caps)
-        g.replace_all_uses_with(y, new_y)
-        g.remove_node(node)
-        g.rename_value(new_y, y.name)
-        new_nodes = [*cond_nodes, if_node]
+        else:
+            new_nodes = _if_form(g, node, x, wt, s, conds)
         if _kept_by_group(owner.get(s.node), node, new_nodes):
             continue
         out.append(
@@ -304,3 +255,53 @@ def _kept_by_group(grp: Any, node: Any, new_nodes: list[Any]) -> bool:
     if FUSED_OP not in grp.fused_ops:
         grp.fused_ops = [*grp.fused_ops, FUSED_OP]
     return True
+
+
+def _if_form(g: Any, node: Any, x: Value, wt: Value, s: GemvSite, conds: dict) -> list[Any]:
+    """Replace ``node`` (the site's MatMul) by ``If(few rows, Gemv, FusedMatMul)`` reading
+    ``wt``; ``conds``: the row conditions made so far, one per leading shape of x (made here
+    for the first x of a shape). Returns the condition's nodes, then the ``If``."""
+    from onnx import helper
+
+    y = node.outputs[0]
+    # the condition, once per leading shape (the first x of that shape computes it; any
+    # row count gives the right result, the condition only picks the faster branch)
+    lead = tuple(d if d is not None else f"?{x.name}" for d in x.shape[:-1])
+    ck = (lead, s.k)
+    if ck not in conds:
+        limit = g.add_initializer(
+            g.fresh_name("gemv_rows_limit"), np.array(MAX_ROWS * s.k, np.int64)
+        )
+        size = g.make_node("Size", [x], name=f"{s.node}_gemv_size", before=node)
+        size.outputs[0].dtype, size.outputs[0].shape = DType.INT64, ()
+        few = g.make_node(
+            "LessOrEqual", [size.outputs[0], limit], name=f"{s.node}_gemv_few", before=node
+        )
+        few.outputs[0].dtype, few.outputs[0].shape = DType.BOOL, ()
+        conds[ck] = (few.outputs[0], [size, few])
+    cond, cond_nodes = conds[ck]
+    t_out, e_out = g.fresh_name(f"{y.name}_gemv"), g.fresh_name(f"{y.name}_matmul")
+    then_g = _branch([helper.make_node(OP, [x.name, wt.name], [t_out], domain=DOMAIN)], t_out)
+    else_g = _branch(
+        [helper.make_node("FusedMatMul", [x.name, wt.name], [e_out], domain=MS_DOMAIN, transB=1)],
+        e_out,
+    )
+    caps = [x.name, wt.name]
+    new_y = Value(g.fresh_name(f"{y.name}_if"), y.dtype, y.shape)
+    if_node = Node(
+        "If",
+        [cond],
+        {
+            "then_branch": RawAttribute(then_g, captures=caps),
+            "else_branch": RawAttribute(else_g, captures=caps),
+        },
+        name=f"{s.node}_gemv_if",
+        outputs=[new_y],
+    )
+    g.add_node(if_node, before=node)
+    if_node.set_captures([x, wt])
+    if_node.meta["onnx_capture_names"] = list(caps)
+    g.replace_all_uses_with(y, new_y)
+    g.remove_node(node)
+    g.rename_value(new_y, y.name)
+    return [*cond_nodes, if_node]

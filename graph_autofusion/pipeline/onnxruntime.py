@@ -305,6 +305,7 @@ class _OrtSafeMode:
             low.outputs,
             low.tolerance,
         )
+        alone = timed_alone(low)
         res = check_fusion(
             self.original,
             self.result.model,
@@ -312,13 +313,13 @@ class _OrtSafeMode:
             self.acts,
             cosine_floor=self.opts.cosine_floor,
             mc_samples=self.opts.mc_samples,
-            check_speed=speed is not None and self.timed and timed_alone(low),
+            check_speed=speed is not None and self.timed and alone,
             speed_margin=speed.margin if speed is not None else self.opts.speed_margin,
             repeats=self.repeats,
         )
         if speed is not None and not self.timed:  # not timed: see _same_after_ort
             res.details["same_optimized_graph"] = True
-        elif speed is not None and not timed_alone(low):
+        elif speed is not None and not alone:
             res.details["timed_with_graph"] = "one-row Gemv: streams its weight once"
         return res
 

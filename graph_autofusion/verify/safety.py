@@ -168,7 +168,7 @@ def _speed(
     record: FusionRecord,
     activations: Mapping[str, np.ndarray],
     fused_proto: Any,
-    fused_weights: Mapping[str, np.ndarray],
+    weights: dict[str, np.ndarray],
     feeds: Mapping[str, np.ndarray],
     ort_level: str,
     threads: int,
@@ -178,8 +178,8 @@ def _speed(
 ) -> tuple[float, float, bool]:
     """Median unfused and fused times (us) of one fusion and whether the fused one is slower
     than ``speed_margin`` x the unfused (:class:`~graph_autofusion.verify.speed.SpeedPolicy`:
-    confirmed by a second, longer measurement)."""
-    weights: dict[str, np.ndarray] = dict(fused_weights)
+    confirmed by a second, longer measurement). ``weights``: the constants ``fused_proto``
+    declares without data (:func:`subgraph_model`'s ``in_place``), and the original's."""
     timed_orig = subgraph_model(
         original,
         record.original_nodes,
