@@ -15,7 +15,7 @@ straight-line Python (:mod:`graph_autofusion.runtime.pyprogram`): GEMMs and ever
 without a kernel run on torch's own kernels.
 
 Fallbacks: a graph the importer, planner or compiler cannot handle (one that writes into its
-inputs or buffers among them) runs as Dynamo captured it (eager), with one warning naming the
+parameters or buffers among them) runs as Dynamo captured it (eager), with one warning naming the
 graph and the reason; a graph break is Dynamo's business (each piece is compiled apart); a call
 autograd must record runs eagerly. Before a compiled program is used, the generated function
 itself is run on the first call's inputs and compared with eager's outputs (cosine and
@@ -41,7 +41,13 @@ from graph_autofusion import defaults
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.options import FuseOptions, OptionsError
 from graph_autofusion.patterns.library import builtin_rules
-from graph_autofusion.torch_outputs import SizeOutputs, give_back_memory, same_as_eager, tolerance
+from graph_autofusion.torch_outputs import (
+    SizeOutputs,
+    Writes,
+    give_back_memory,
+    same_as_eager,
+    tolerance,
+)
 from graph_autofusion.verify.speed import SpeedPolicy
 
 #: The engines a graph may run on, in order of preference when no timing decides; ``auto``
@@ -138,6 +144,7 @@ class CompiledGraph:
         self.ort_result: Any = None  # the ONNX route's FuseResult (onnxruntime engine)
         self.ort_failures = 0  # calls onnxruntime failed (run in eager instead)
         self._unpacked: list[Any] = []  # onnxruntime programs to pack once the graph is hot
+        self._writes: Writes | None = None  # the arguments the graph writes into
 
     def __call__(self, *args: Any) -> Any:
         self.calls += 1
@@ -208,13 +215,22 @@ class CompiledGraph:
         split = SizeOutputs.of(self.gm)
         core = split.core if split is not None else self.gm
         self.core_gm = core
-        # the import has no side effects and refuses graphs that write into their inputs,
-        # so the reference run below is this call's only eager run
+        # the import has no side effects; a graph that writes into its arguments (a static
+        # KV cache) runs eager on copies of them, so the user's tensors are written once, by
+        # the program that serves this call
         imported = import_fx(core, args)
         self.imported = imported.model
+        ref_args = args
+        n_out = len(imported.model.graph.outputs) - len(imported.mutated)
+        self._writes = writes = Writes.of(imported, n_out)
+        if writes is not None:
+            if split is not None:
+                raise GraphAutoFusionError("a graph that writes into its arguments returns sizes")
+            ref_args = writes.scratch(args)
         with torch.no_grad():
-            expected = core(*args)
+            expected = core(*ref_args)
         outs = tuple(expected) if isinstance(expected, tuple | list) else (expected,)
+        full = outs if writes is None else outs + writes.written(ref_args)
         wanted = ENGINES[:-1] if self.config.engine == "auto" else (self.config.engine,)
         self.plan_source = ""
         if self.config.saved_engines is not None:  # a loaded plan: the engine it ran on
@@ -227,14 +243,17 @@ class CompiledGraph:
             self.engine_notes["torch"] = (
                 f"not built: weights={self.config.options.weights} runs on onnxruntime only"
             )
-        engine, program = self._build_and_choose(wanted, imported, args, outs)
+        engine, program = self._build_and_choose(wanted, imported, args, full)
+        functional = program
+        if writes is not None and engine != "eager":  # eager writes into the arguments itself
+            program = writes.wrap(program)
         if engine != "onnxruntime":  # onnxruntime's outputs are row-major already
             program = _row_major(program)
         self.engine = engine
         self.plan_source = self.plan_source or "planned"
         if engine != "torch" and self.result is not None:
             self.result.program = None  # its kernels stay (reports, the kernel folder)
-        ort = getattr(program, "program", None) if engine == "onnxruntime" else None
+        ort = getattr(functional, "program", None) if engine == "onnxruntime" else None
         if ort is not None and ort.session is None and not ort.can_defer_packing():
             ort.reopen()  # let go while the next engine was built and timed
         if ort is not None and ort.can_defer_packing():
@@ -253,9 +272,16 @@ class CompiledGraph:
                 stacklevel=4,
             )
         with torch.no_grad():
-            got = program(*args)
-        if engine != "eager":
-            same_as_eager(got, outs, *tolerance(self.config.options))
+            if writes is not None and engine != "eager":
+                # checked before it writes: a program that fails here leaves the arguments
+                # as they were for the eager run that then serves the call
+                got = functional(*args)
+                same_as_eager(got, full, *tolerance(self.config.options))
+                got = _row_major_all(writes.apply(args, got))
+            else:
+                got = program(*args)
+                if engine != "eager":
+                    same_as_eager(got, outs, *tolerance(self.config.options))
         # this call returns the program's outputs, as every later call will: their layouts
         # feed Dynamo's guards on the next frame (a decode step's cache), and eager's may differ
         wrap = list if isinstance(expected, list) else tuple
@@ -351,6 +377,7 @@ class CompiledGraph:
         each on the zoo Llama); the caller opens it again if it is chosen. Without speed
         checks: onnxruntime when it was built, else the torch program."""
         check = self.config.options.check_speed
+        w = self._writes
         built: dict[str, Any] = {}
         relative: dict[str, float] = {}  # engine -> its median / eager's, where it beat eager
         eager_s: list[float] = []
@@ -363,7 +390,8 @@ class CompiledGraph:
             built[engine] = program
             if not check:
                 continue
-            sides = {engine: program, "eager": self.core_gm.forward}
+            eager = self.core_gm.forward
+            sides = {engine: program, "eager": eager if w is None else w.on_scratch(eager)}
             calls = {name: functools.partial(fn, *args) for name, fn in sides.items()}
             policy = SpeedPolicy(self.config.options.speed_margin)
             with torch.no_grad():
@@ -479,8 +507,9 @@ class _OrtCall:
                     AutofusionWarning,
                     stacklevel=3,
                 )
-            out = g.core_gm.forward(*args)
-            return _row_major_all(tuple(out) if isinstance(out, tuple | list) else (out,))
+            out = g.core_gm.forward(*args)  # writes into the arguments itself
+            out = _row_major_all(tuple(out) if isinstance(out, tuple | list) else (out,))
+            return out if g._writes is None else (*out, *g._writes.written(args))
 
 
 def make_backend(

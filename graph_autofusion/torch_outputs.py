@@ -1,6 +1,7 @@
 """What a compiled graph's engines must give: eager's outputs (within a tolerance per dtype,
 or the compressed weights' own), graphs that also return sizes split from their tensor work,
-and the compile's transient memory given back to the system.
+the writes a graph makes into its arguments, and the compile's transient memory given back to
+the system.
 """
 
 from __future__ import annotations
@@ -121,6 +122,57 @@ class SizeOutputs:
         others = iter(self.sizes(*args))
         it = iter(tensors)
         return tuple(next(it) if k else next(others) for k in self.kinds)
+
+
+class Writes:
+    """A graph that writes into its arguments (a static KV cache's ``index_copy_``, its
+    length's ``add_``; :attr:`FxImport.mutated <graph_autofusion.frontend.torch_frontend.
+    FxImport.mutated>`). Its engines are functional: they return the written values after the
+    graph's own outputs, and :meth:`apply` copies them into the arguments, as eager's in-place
+    writes do, and returns the graph's outputs (an output that is a written argument itself is
+    that argument, as in eager). The compile runs eager on :meth:`scratch` copies, so the
+    user's tensors are written once per call, by the program that serves it."""
+
+    def __init__(self, mutated: Sequence[int], aliases: Sequence[tuple[int, int]], n_out: int):
+        self.mutated = tuple(mutated)
+        self.aliases = tuple(aliases)
+        self.n_out = n_out  # the graph's own outputs (the written values follow)
+
+    @staticmethod
+    def of(imported: Any, n_out: int) -> Writes | None:
+        mutated = getattr(imported, "mutated", ())
+        return Writes(mutated, imported.aliases, n_out) if mutated else None
+
+    def scratch(self, args: Sequence[Any]) -> list[Any]:
+        """``args`` with a copy of each argument the graph writes into."""
+        out = list(args)
+        for i in self.mutated:
+            out[i] = args[i].clone()
+        return out
+
+    def written(self, args: Sequence[Any]) -> tuple[Any, ...]:
+        """The written arguments of ``args`` (after eager ran on them: the expected values)."""
+        return tuple(args[i] for i in self.mutated)
+
+    def apply(self, args: Sequence[Any], outs: Sequence[Any]) -> tuple[Any, ...]:
+        """Copy a functional program's written values into ``args``; its own outputs."""
+        n = self.n_out
+        for k, i in enumerate(self.mutated):
+            t = outs[n + k]
+            if t is not args[i]:
+                args[i].copy_(t)
+        res = list(outs[:n])
+        for j, i in self.aliases:
+            res[j] = args[i]
+        return tuple(res)
+
+    def wrap(self, program: Any) -> Any:
+        """``program`` (functional) writing into its arguments as the graph does."""
+        return lambda *a: self.apply(a, program(*a))
+
+    def on_scratch(self, fn: Any) -> Any:
+        """``fn`` (eager, which writes) run on :meth:`scratch` copies: the arguments stay."""
+        return lambda *a: fn(*self.scratch(a))
 
 
 def output_tensors(out: Any) -> list[torch.Tensor]:

@@ -267,17 +267,84 @@ def test_autograd_calls_run_in_eager_and_train():
     assert m.a.weight.grad is not None and m.a.weight.grad.abs().sum() > 0
 
 
-def test_a_graph_writing_into_its_input_runs_in_eager_exactly_once():
+@pytest.mark.parametrize("engine", ["onnxruntime", "torch"])
+def test_a_graph_writing_into_its_input_runs_fused_and_writes_exactly_once(engine):
+    """A write into an argument (``add_``) is imported functional: the engine returns the
+    written value and the call copies it into the argument, once per call (the compile's
+    own eager run and timings work on copies)."""
+
     def accumulate(x, acc):
         acc.add_(x)
         return acc * 2
 
     acc, x = torch.zeros(4), torch.ones(4)
-    compiled = torch.compile(accumulate, backend=make_backend(check_speed=False))
+    backend = make_backend(engine=engine, check_speed=False)  # the engine, not eager
+    compiled = torch.compile(accumulate, backend=backend)
     with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore", AutofusionWarning)
+        warnings.simplefilter("error", AutofusionWarning)
         assert compiled(x, acc).tolist() == [2.0] * 4 and acc.tolist() == [1.0] * 4
         assert compiled(x, acc).tolist() == [4.0] * 4 and acc.tolist() == [2.0] * 4
+    (graph,) = backend.config.graphs
+    assert graph.fallback is None and graph.engine == engine, graph.summary()
+
+
+def test_a_static_cache_write_runs_on_onnxruntime_like_eager():
+    """A static KV cache's update (``index_copy_`` at the step's positions, a length's
+    ``add_``, the written length returned): ScatterElements in onnxruntime, the cache and the
+    length written in place, the returned length the argument itself (eager's aliasing)."""
+
+    def step(cache, length, k, q):
+        pos = torch.arange(k.shape[2]) + length
+        length.add_(k.shape[2])
+        cache.index_copy_(2, pos, k)
+        return torch.softmax(q @ cache.transpose(-1, -2), dim=-1) @ cache, length
+
+    gen = torch.Generator().manual_seed(0)
+    backend = make_backend(engine="onnxruntime", check_speed=False)
+    compiled = torch.compile(step, backend=backend)
+    caches = [torch.zeros(1, 2, 12, 8), torch.zeros(1, 2, 12, 8)]
+    lengths = [torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)]
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("error", AutofusionWarning)
+        for n in (3, 1, 1, 1):
+            k, q = torch.randn(1, 2, n, 8, generator=gen), torch.randn(1, 2, n, 8, generator=gen)
+            want, want_len = step(caches[0], lengths[0], k, q)
+            got, got_len = compiled(caches[1], lengths[1], k, q)
+            assert torch.allclose(got, want, atol=1e-5)
+            assert torch.equal(caches[1], caches[0]) and int(lengths[1]) == int(lengths[0])
+            assert got_len is lengths[1]
+    graphs = backend.config.graphs
+    assert all(g.fallback is None and g.engine == "onnxruntime" for g in graphs), [
+        g.summary() for g in graphs
+    ]
+    ops = {n.op_type for g in graphs for n in g.ort_result.model.graph.nodes}
+    assert "ScatterElements" in ops and not any(
+        n.domain == "aten" for g in graphs for n in g.imported.graph.nodes
+    )
+
+
+def test_a_graph_writing_into_a_buffer_runs_in_eager_exactly_once():
+    """A write into a module's buffer (which the program reads as a constant) keeps eager,
+    with one warning naming it."""
+
+    class Counter(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("count", torch.zeros(()))
+
+        def forward(self, x):
+            self.count.add_(1)
+            return x * self.count
+
+    m = Counter()
+    compiled = torch.compile(m, backend=make_backend(check_speed=False))
+    with warnings.catch_warnings(record=True) as seen, torch.no_grad():
+        warnings.simplefilter("always", AutofusionWarning)
+        assert compiled(torch.ones(2)).tolist() == [1.0, 1.0]
+        assert compiled(torch.ones(2)).tolist() == [2.0, 2.0]
+    msgs = [str(w.message) for w in seen if issubclass(w.category, AutofusionWarning)]
+    assert len(msgs) == 1 and "parameters or buffers" in msgs[0], msgs
+    assert float(m.count) == 2.0
 
 
 def test_an_output_computed_from_constants_is_a_new_tensor_each_call():

@@ -137,6 +137,32 @@ def test_generate_gives_eager_tokens_on_two_prompt_lengths():
     assert max(g.calls for g in graphs) >= sum(new for _n, new in prompts) - 2 * len(prompts)
 
 
+def test_generate_with_a_static_cache_runs_fused_with_eager_tokens():
+    """Hugging Face's compile recipe, a static cache (``cache_implementation="static"``),
+    writes each step's keys and values into the cache in place: imported functional
+    (ScatterElements), written back by the call, so prefill and decode run on onnxruntime
+    with eager's tokens, over two prompt lengths, and nothing runs in eager."""
+    model = tiny_llama(2)
+    kw = dict(GEN, cache_implementation="static")
+    backend = make_backend(engine="onnxruntime", check_speed=False)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", AutofusionWarning)
+        for n, new in ((9, 7), (5, 6)):
+            ids = torch.randint(0, 1000, (1, n), generator=torch.Generator().manual_seed(n))
+            model.forward = type(model).forward.__get__(model)
+            want = model.generate(ids, max_new_tokens=new, **kw)
+            model.forward = torch.compile(model.forward, backend=backend)
+            got = model.generate(ids, max_new_tokens=new, **kw)
+            assert torch.equal(got, want)
+    graphs = backend.config.graphs
+    assert all(g.fallback is None and g.engine == "onnxruntime" for g in graphs), [
+        g.summary() for g in graphs
+    ]
+    assert any(
+        n.op_type == "ScatterElements" for g in graphs for n in g.ort_result.model.graph.nodes
+    )
+
+
 def _engine_timer(want_fastest: str):
     """A timer under which ``want_fastest`` wins the engine choice (every side still runs)."""
     speed = {"onnxruntime": 3e-3, "torch": 3e-3, "eager": 3e-3, want_fastest: 1e-3}

@@ -237,6 +237,14 @@ class FxImport:
     #: Arguments taken as constants (parameters, buffers): a caller passing other tensors
     #: there needs another import.
     constant_inputs: tuple[int, ...] = ()
+    #: Arguments the graph writes into (a static KV cache's ``index_copy_``, a length's
+    #: ``add_``), in the order of the model's extra outputs that follow the graph's own: the
+    #: model is functional, and its caller copies output ``len(outputs) - len(mutated) + k``
+    #: into argument ``mutated[k]``.
+    mutated: tuple[int, ...] = ()
+    #: (graph output, argument): outputs that are a written argument itself (``x.add_(1)``
+    #: returned), which the caller returns as that argument, as eager does.
+    aliases: tuple[tuple[int, int], ...] = ()
 
 
 def import_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> FxImport:
@@ -245,8 +253,9 @@ def import_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> FxImpo
     The graph is re-exported with ``torch.export`` (non-strict) and converted like a module.
     Inputs that are parameters or buffers of the compiled module (Dynamo passes them as
     graph inputs) become initializers; the remaining tensors become graph inputs. A graph
-    that writes into any of its inputs (a parameter or buffer included) is refused: the
-    export's signature lists the writes. Sizes Dynamo made symbolic stay symbolic (``str`` dims, the
+    that writes into a parameter or buffer is refused (the export's signature lists the
+    writes); one that writes into other inputs (a static KV cache) is imported functional,
+    the written values as extra outputs after the graph's own (``FxImport.mutated``). Sizes Dynamo made symbolic stay symbolic (``str`` dims, the
     symbol's name): a ``SymInt`` input is read from the tensor that carries its symbol, or, when
     no tensor carries it, is a 0-d int64 graph input of its own (exported as a dynamic ``int``).
 
@@ -339,20 +348,45 @@ def import_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> FxImpo
         except Exception as e:
             raise FrontendError(f"torch.export of the FX graph failed: {e}") from e
         _refuse_mutations(ep)  # functionalized: in-place writes now show in the signature
-        model = convert_exported_program(ep, name="fx_graph", fqn_map=wrapper.fqns)
+        model = convert_exported_program(ep, name="fx_graph", fqn_map=wrapper.fqns, mutations=True)
     if len(model.graph.inputs) != len(user):
         raise FrontendError(
             f"the FX graph has {len(user)} inputs but its export {len(model.graph.inputs)}"
         )
-    return FxImport(model, tuple(user_index), tuple(sorted(consts)))
+    mutated, aliases = _written_inputs(ep, user_index)
+    return FxImport(model, tuple(user_index), tuple(sorted(consts)), mutated, aliases)
+
+
+def _written_inputs(
+    ep: torch.export.ExportedProgram, user_index: Sequence[int]
+) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
+    """The graph arguments the export writes into, in its mutation outputs' order, and the
+    user outputs that are such a written value (see :class:`FxImport`)."""
+    specs = ep.graph_signature.input_specs
+    arg_of = {
+        s.arg.name: user_index[k]
+        for k, s in enumerate(x for x in specs if x.kind == InputKind.USER_INPUT)
+    }
+    outs = ep.graph_signature.output_specs
+    writes = [s for s in outs if s.kind == OutputKind.USER_INPUT_MUTATION]
+    mutated = tuple(arg_of[s.target] for s in writes)
+    written = {s.arg.name: arg_of[s.target] for s in writes}
+    users = [s for s in outs if s.kind == OutputKind.USER_OUTPUT]
+    aliases = tuple(
+        (j, written[s.arg.name])
+        for j, s in enumerate(users)
+        if getattr(s.arg, "name", None) in written
+    )
+    return mutated, aliases
 
 
 def _refuse_mutations(ep: torch.export.ExportedProgram) -> None:
-    sig = ep.graph_signature
-    mutated = [*sig.buffers_to_mutate.values(), *sig.user_inputs_to_mutate.values()]
+    """Refuse a graph that writes into a parameter or buffer (the program reads them as
+    constants); writes into other inputs become outputs (:func:`_written_inputs`)."""
+    mutated = list(ep.graph_signature.buffers_to_mutate.values())
     if mutated:
         raise FrontendError(
-            f"the graph writes into its inputs or buffers ({', '.join(map(str, mutated[:4]))})"
+            f"the graph writes into its parameters or buffers ({', '.join(map(str, mutated[:4]))})"
         )
 
 
@@ -367,7 +401,7 @@ def _convert_undecomposed(ep: torch.export.ExportedProgram, fqns: dict[str, str]
         if n.op == "call_function" and schema is not None and schema.is_mutable:
             return None
     try:
-        model = convert_exported_program(ep, name="fx_graph", fqn_map=fqns)
+        model = convert_exported_program(ep, name="fx_graph", fqn_map=fqns, mutations=True)
     except Exception:  # noqa: BLE001 - the decomposed form is the reference path
         return None
     if any(n.domain == ATEN_DOMAIN for n in model.graph.nodes):
@@ -395,9 +429,14 @@ def _output_names(ep: torch.export.ExportedProgram, n: int) -> list[str]:
 
 
 def convert_exported_program(
-    ep: torch.export.ExportedProgram, name: str = "main", fqn_map: dict[str, str] | None = None
+    ep: torch.export.ExportedProgram,
+    name: str = "main",
+    fqn_map: dict[str, str] | None = None,
+    mutations: bool = False,
 ) -> Model:
-    """Convert an (already decomposed) ``ExportedProgram`` into a :class:`Model`."""
+    """Convert an (already decomposed) ``ExportedProgram`` into a :class:`Model`
+    (``mutations``: the values written into user inputs are outputs too, after the
+    program's own, named ``written_<input>``)."""
     graph = Graph(safe_name(name))
     cx = ConvertContext(graph)
     fqn_map = fqn_map or {}
@@ -430,6 +469,12 @@ def convert_exported_program(
             cx.env[node.name] = _convert_node(cx, node)
     outputs = [s for s in ep.graph_signature.output_specs if s.kind == OutputKind.USER_OUTPUT]
     names = _output_names(ep, len(outputs))
+    if mutations:
+        written = [
+            s for s in ep.graph_signature.output_specs if s.kind == OutputKind.USER_INPUT_MUTATION
+        ]
+        outputs += written
+        names += [safe_name(f"written_{s.target}") for s in written]
     outs: list[Value] = []
     for spec, out_name in zip(outputs, names):
         arg = spec.arg
