@@ -78,10 +78,24 @@ MODELS: dict[str, tuple[str | None, int, int, str]] = {
     "llama_gqa": ("gpt2", 8, 512, "llm"),
     "minilm": ("bert", 12, 384, "transformer"),
     "resnet50": (None, 0, 0, "cnn"),
+    # CNNs outside the zoo (testing.specs.BENCH_NAMES), built from their default configs and
+    # fused with the default preset, as a user would (ConvNeXt's blocks end in a Linear MLP)
+    "mobilenet_v2": (None, 0, 0, "all"),
+    "convnext": (None, 0, 0, "all"),
 }
-DEFAULT_MODELS = ("bert", "gpt2", "llama", "llama_gqa", "minilm", "resnet50")
+DEFAULT_MODELS = (
+    "bert",
+    "gpt2",
+    "llama",
+    "llama_gqa",
+    "minilm",
+    "resnet50",
+    "mobilenet_v2",
+    "convnext",
+)
 DEFAULT_SHAPES = ("1x16", "1x128")
-ONLY_SHAPES = {"resnet50": ("1x224",)}  # an image model: one input shape (batch 1, 224x224)
+# image models: one input shape (batch 1, 224x224)
+ONLY_SHAPES = {n: ("1x224",) for n in ("resnet50", "mobilenet_v2", "convnext")}
 EXTRA_SHAPES = {"bert": ("8x128",)}  # added with --extra
 LEVELS = ("basic", "all")
 VARIANTS = ("original", "peer", "openvino", "ours")
@@ -633,6 +647,36 @@ def fmt_ms(s: dict[str, float] | None) -> str:
     return f"{s['median']:.2f} [{s['p10']:.2f}-{s['p90']:.2f}]"
 
 
+def _run(data: dict[str, Any]) -> dict[str, Any]:
+    env = data.get("environment", {})
+    return {
+        "date": data.get("date"),
+        "commit": data.get("git", {}).get("head", "?")[:10],
+        "cpu": env.get("cpu", "?"),
+        "isa": env.get("isa", []),
+    }
+
+
+def _run_line(run: dict[str, Any]) -> str:
+    return f"{run['date']} at {run['commit']} ({run['cpu']}, ISA {' '.join(run['isa']) or '?'})"
+
+
+def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``new`` with ``old``'s rows of the models ``new`` did not run (each row keeps its
+    run's date, commit and CPU), and ``old``'s kernel checks when ``new`` has none."""
+    rerun = {r["model"] for r in new["results"]}
+    for r in new["results"]:
+        r["run"] = _run(new)
+    kept = [
+        dict(r, run=r.get("run") or _run(old)) for r in old["results"] if r["model"] not in rerun
+    ]
+    order = {m: i for i, m in enumerate(DEFAULT_MODELS)}
+    new["results"] = sorted(kept + new["results"], key=lambda r: order.get(r["model"], 99))
+    if "kernels" not in new and "kernels" in old:
+        new["kernels"] = old["kernels"]
+    return new
+
+
 def markdown(data: dict[str, Any]) -> str:
     env = data["environment"]
     lines = [
@@ -662,6 +706,16 @@ def markdown(data: dict[str, Any]) -> str:
         "ORT_ENABLE_ALL; `ours/best` is ours over the fastest of the others at that level "
         "(at `all`: ORT ALL, the transformers optimizer and OpenVINO).",
         "",
+    ]
+    runs = {}
+    for r in data["results"]:
+        if "run" in r:
+            runs.setdefault(_run_line(r["run"]), []).append(r["model"])
+    if len(runs) > 1:  # a --merge: rows from more than one run
+        lines += ["Rows by run (`--merge` kept the other models' rows of an earlier run):", ""]
+        lines += [f"* {', '.join(dict.fromkeys(ms))}: {line}" for line, ms in runs.items()]
+        lines.append("")
+    lines += [
         "| model | exporter | shape | level | original | peer | OpenVINO | ours | ours/peer | "
         "ours/original | ours/best | peer fused | ours fused | ours rolled back |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -781,6 +835,11 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=ROUND_BUDGET_S, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=f"results folder (default {RESULTS})")
     ap.add_argument("--render", action="store_true", help="rewrite the .md from the .json")
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the results file's rows of the models not in --models (each row says its run)",
+    )
     ap.add_argument("--worker", nargs=2, metavar=("MODEL", "EXPORTER"), help=argparse.SUPPRESS)
     ap.add_argument("--worker-json", help=argparse.SUPPRESS)
     ap.add_argument("--kernels-json", help=argparse.SUPPRESS)
@@ -872,6 +931,8 @@ def main() -> None:
     data["wall_s"] = time.time() - start
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.merge and (out / "vs_ort_optimizer.json").is_file():
+        data = merge(json.loads((out / "vs_ort_optimizer.json").read_text()), data)
     (out / "vs_ort_optimizer.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
     (out / "vs_ort_optimizer.md").write_text(markdown(data))
     log(f"wrote {out / 'vs_ort_optimizer.md'} in {data['wall_s']:.0f}s")

@@ -172,7 +172,7 @@ def example_inputs(name: str, *, seq_len: int = 16, batch: int = 1) -> dict[str,
     if name == "minilm":
         return minilm_tokenize([MINILM_EXAMPLE_SENTENCE] * batch, seq_len=seq_len)
     gen = torch.Generator().manual_seed(1)
-    if name in ("resnet50", "resnet50_bn"):
+    if name in ("resnet50", "resnet50_bn", "mobilenet_v2", "convnext"):
         return {"pixel_values": torch.randn(batch, 3, 224, 224, generator=gen)}
     return {"x": torch.randn(batch, seq_len, LSTM_FEATURES, generator=gen)}
 
@@ -217,7 +217,12 @@ def _build_module(name: str) -> nn.Module:
         return CausalLMLogits(tf.GPT2LMHeadModel(cfg))
     if name == "bert":
         return EncoderOutputs(tf.BertModel(cfg), pooled=True)
-    model = tf.ResNetForImageClassification(cfg)
+    if name == "mobilenet_v2":
+        model = tf.MobileNetV2ForImageClassification(cfg)
+    elif name == "convnext":
+        model = tf.ConvNextForImageClassification(cfg)
+    else:
+        model = tf.ResNetForImageClassification(cfg)
     _perturb_batchnorm(model)
     return ImageLogits(model)
 
@@ -228,7 +233,8 @@ def build_model(name: str, *, seq_len: int = 16) -> tuple[nn.Module, dict[str, t
     Every call builds a fresh module with identical weights, so callers may mutate it.
 
     Args:
-        name: One of :data:`ALL_NAMES` (the models plus the ``resnet50_bn`` variant).
+        name: One of :data:`ALL_NAMES` (the models plus the ``resnet50_bn`` variant) or
+            :data:`BENCH_NAMES` (held-out CNNs the benchmarks build).
         seq_len: Sequence length of the example inputs (see :func:`example_inputs`).
 
     Returns:

@@ -97,3 +97,37 @@ def test_zoo_models(model, source, count):
     from graph_autofusion.testing.rules import zoo_matches
 
     assert zoo_matches(RULE, model, source) == count
+
+
+PADDED = """
+graph g(%x: f32[1,3,8,8]) -> (%y) {{
+  init %w: f32[4,3,3,3] = randn(1)
+  init %b: f32[4] = randn(2)
+  {pads}
+  %p = Pad(%x, %pads)
+  %c = Conv<pads=[1, 1, 1, 1], strides=[1, 1]>(%p, %w, %b)
+  %y = Relu(%c)
+}}
+"""
+
+
+def test_a_constant_zero_pad_folds_into_the_fused_conv():
+    """onnxruntime folds a constant Pad into the Conv after it (not into FusedConv): the
+    rewrite folds it into FusedConv's pads itself."""
+    text = PADDED.format(pads="init %pads: i64[8] = [0, 0, 1, 2, 0, 0, 2, 0]")
+    ops = ["Pad", "com.microsoft::FusedConv"]  # the Pad is left dead (the lowering prunes it)
+    model = check_rule(RULE, text, matches=1, native=True, ops_after=ops)
+    pad, node = model.graph.nodes
+    assert node.attrs["pads"] == [2, 3, 3, 1]
+    assert node.inputs[0] is model.graph.inputs[0] and not pad.outputs[0].users
+
+
+def test_a_pad_computed_at_run_time_keeps_the_conv_for_onnxruntime():
+    """TF-style padding (pads computed from the input's shape): FusedConv would hide the
+    Conv from onnxruntime's pad fusion, so the rule refuses and says why."""
+    text = PADDED.format(
+        pads="%s = Shape(%x)\n  %pads = Concat<axis=0>(%s, %s)".replace(
+            "%s = Shape(%x)", "%sh = Shape(%x)"
+        ).replace("(%s, %s)", "(%sh, %sh)")
+    )
+    check_no_match(RULE, text, reason=Reason.CHECK_FAILED)

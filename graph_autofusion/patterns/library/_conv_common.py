@@ -120,6 +120,61 @@ def fold_bn(ctx: RewriteContext) -> tuple[Value, Value]:
     return w_new, b_new
 
 
+def foldable_pad(conv_node: Node) -> tuple[Node, list[int]] | None:
+    """The ``Pad`` feeding ``conv_node`` and its spatial pads (begins, then ends), when the Pad
+    folds into the Conv's own ``pads``: constant mode, zero fill, constant non-negative pads
+    on the spatial axes only, no ``auto_pad``. ``None`` when no Pad feeds it or it does not
+    fold (see :func:`pad_not_hidden`)."""
+    x = conv_node.inputs[0] if conv_node.inputs else None
+    pad = x.producer if x is not None else None
+    if pad is None or pad.op_type != "Pad" or pad.domain not in ("", "ai.onnx"):
+        return None
+    if conv_node.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+        return None
+    if pad.attrs.get("mode", "constant") not in ("constant", b"constant"):
+        return None
+    if "pads" in pad.attrs:  # opset < 11
+        pads, fill = np.asarray(pad.attrs["pads"]), float(pad.attrs.get("value", 0.0))
+    else:
+        if len(pad.inputs) < 2 or pad.inputs[1] is None:
+            return None
+        data = const_value(pad.inputs[1])
+        if data is None:
+            return None
+        pads, fill = np.asarray(data).reshape(-1), 0.0
+        if len(pad.inputs) > 2 and pad.inputs[2] is not None:
+            value = const_value(pad.inputs[2])
+            if value is None or value.size != 1:
+                return None
+            fill = float(value.reshape(-1)[0])
+        if len(pad.inputs) > 3 and pad.inputs[3] is not None:
+            return None  # explicit axes
+    rank = pads.size // 2
+    if fill != 0.0 or rank < 3 or pads.size != 2 * rank or (pads < 0).any():
+        return None
+    begins, ends = pads[:rank], pads[rank:]
+    if begins[:2].any() or ends[:2].any():
+        return None  # batch or channel padding
+    return pad, [int(v) for v in begins[2:]] + [int(v) for v in ends[2:]]
+
+
+def pad_not_hidden(ctx: MatchContext) -> str | None:
+    """Check: the Conv does not read a Pad that FusedConv would hide from onnxruntime.
+    onnxruntime folds a constant ``Pad`` into the ``Conv`` after it (its pad fusion, after
+    its own constant folding) but not into a ``FusedConv``: a Pad whose pads are computed at
+    run time here (TF-style padding: pads from the input's shape) would stay a node, and
+    the layout reorders around it (NCHWc) cost more than the fusion saves."""
+    node = ctx.nodes["conv"]
+    x = node.inputs[0] if node.inputs else None
+    pad = x.producer if x is not None else None
+    if pad is None or pad.op_type != "Pad" or foldable_pad(node) is not None:
+        return None
+    return (
+        f"Conv {node.name!r} reads Pad {pad.name!r}, whose pads are not constant here: "
+        f"onnxruntime folds such a Pad into a Conv, not into a FusedConv"
+    )
+
+
 def fused_conv(
     ctx: RewriteContext,
     conv_node: Node,
@@ -129,12 +184,22 @@ def fused_conv(
     activation: str,
     params: list[float] | None = None,
 ) -> list[Value]:
-    """``com.microsoft::FusedConv(X, W, B, Z)`` with the Conv's attributes and an activation."""
+    """``com.microsoft::FusedConv(X, W, B, Z)`` with the Conv's attributes and an activation
+    (a constant zero ``Pad`` before the Conv folded into its ``pads``, as onnxruntime would
+    fold it into the Conv)."""
     attrs = conv_attrs(conv_node)
     attrs["activation"] = activation
     if params:
         attrs["activation_params"] = [float(x) for x in params]
-    inputs: list[Value | None] = [live_input(conv_node, 0), w, b]
+    x = live_input(conv_node, 0)
+    folded = foldable_pad(conv_node)
+    if folded is not None:
+        pad, extra = folded
+        n = len(extra) // 2
+        own = list(attrs.get("pads", [0] * (2 * n)))
+        attrs["pads"] = [int(a) + int(e) for a, e in zip(own, extra)]
+        x = live_input(pad, 0)
+    inputs: list[Value | None] = [x, w, b]
     if z is not None:
         inputs.append(z)
     while inputs and inputs[-1] is None:

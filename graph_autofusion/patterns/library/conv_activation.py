@@ -16,6 +16,7 @@ from graph_autofusion.patterns.library._conv_common import (
     conv_bias,
     fused_conv,
     live_input,
+    pad_not_hidden,
 )
 from graph_autofusion.patterns.matcher import const_value
 from graph_autofusion.patterns.pattern import MatchContext, PatternBuilder
@@ -55,7 +56,7 @@ RULE = FusionRule(
     # pass: the saving is small next to the contraction's time, but any saving counts.
     benefit_threshold=EPILOGUE_THRESHOLD,
     presets=("cnn",),
-    checks=(clip_bounds_constant,),
+    checks=(clip_bounds_constant, pad_not_hidden),
     rewrite=_rewrite,
     fused_domain=MS,
     doc=__doc__.strip().splitlines()[0],

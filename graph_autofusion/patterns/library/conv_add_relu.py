@@ -14,6 +14,7 @@ from graph_autofusion.patterns.library._conv_common import (
     conv_bias,
     fused_conv,
     live_input,
+    pad_not_hidden,
 )
 from graph_autofusion.patterns.matcher import const_value
 from graph_autofusion.patterns.pattern import MatchContext, PatternBuilder
@@ -54,7 +55,7 @@ RULE = FusionRule(
     # pass: the saving is small next to the contraction's time, but any saving counts.
     benefit_threshold=EPILOGUE_THRESHOLD,
     presets=("cnn",),
-    checks=(residual_same_shape,),
+    checks=(residual_same_shape, pad_not_hidden),
     rewrite=_rewrite,
     fused_domain=MS,
     doc=__doc__.strip().splitlines()[0],

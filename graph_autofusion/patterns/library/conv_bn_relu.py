@@ -15,6 +15,7 @@ from graph_autofusion.patterns.library._conv_common import (
     conv,
     fold_bn,
     fused_conv,
+    pad_not_hidden,
 )
 from graph_autofusion.patterns.pattern import PatternBuilder
 from graph_autofusion.patterns.rewrite import RewriteContext
@@ -37,7 +38,7 @@ RULE = FusionRule(
     # pass: the saving is small next to the contraction's time, but any saving counts.
     benefit_threshold=EPILOGUE_THRESHOLD,
     presets=("cnn",),
-    checks=(bn_single_output,),
+    checks=(bn_single_output, pad_not_hidden),
     rewrite=_rewrite,
     fused_domain=MS,
     doc=__doc__.strip().splitlines()[0],
