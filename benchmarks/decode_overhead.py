@@ -16,6 +16,13 @@ One process, 2 threads, the zoo Llama, greedy, a 16-token prompt:
   compiled forward; ``onnx-route ms/token``: the same with ``testing.kv_cache.greedy_decode_ort``
   (a plain Python loop of session runs); ``eager ms/token``: ``generate()`` in eager.
 
+* ``where a torch-route token goes``: the same generate with timers around the compiled
+  forward (Dynamo's frame), the graph's call (``CompiledGraph.__call__``) and the session
+  run: Hugging Face ``generate()`` outside the forward, Dynamo, our call path, onnxruntime
+  (paired differences of ``generate(N)`` and ``generate(1)``, medians; the timers add ~1 us);
+* ``static cache``: ``generate(cache_implementation="static")``, Hugging Face's recipe for
+  compiled generation (the graphs write into the cache tensors), compiled and in eager.
+
 The difference between a route's ms/token and its session step is the per-token cost outside
 onnxruntime (HF ``generate()``'s Python, Dynamo's guards and frame, our call path). Every
 configuration is timed in rounds in a seeded shuffled order (``runtime.timing.round_robin``).
@@ -31,6 +38,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from graph_autofusion import GraphAutoFusion
@@ -45,6 +53,11 @@ from vs_ort_decode import decode_feeds  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GEN = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+
+
+def _tokens(model, ids, n: int, kw: dict) -> list[int]:
+    with torch.no_grad():
+        return model.generate(ids, max_new_tokens=n, **kw)[0].tolist()
 
 
 def _capture_decode_program(model, ids, tokens: int):
@@ -70,6 +83,70 @@ def _capture_decode_program(model, ids, tokens: int):
     finally:
         torch_ort.OrtGraphProgram.__call__ = original
     return seen["program"], seen["feeds"]
+
+
+def _token_split(model, ids, n: int, rounds: int) -> dict[str, float]:
+    """ms per token of a compiled ``generate()`` in: Hugging Face outside the forward, Dynamo's
+    frame, our call path, the onnxruntime session run (see the module docstring)."""
+    import time
+
+    import graph_autofusion.torch_compile as tc
+    import graph_autofusion.torch_ort as to
+
+    acc = {"fwd": 0.0, "graph": 0.0, "run": 0.0}
+    compiled = model.forward
+
+    def fwd(*a, **k):
+        t = time.perf_counter()
+        try:
+            return compiled(*a, **k)
+        finally:
+            acc["fwd"] += time.perf_counter() - t
+
+    graph_call, session_call = tc.CompiledGraph.__call__, to.OrtGraphProgram.__call__
+
+    def gcall(self, *a):
+        t = time.perf_counter()
+        try:
+            return graph_call(self, *a)
+        finally:
+            acc["graph"] += time.perf_counter() - t
+
+    def pcall(self, *a):  # OrtGraphProgram.__call__ with the run timed apart
+        feeds = {n: to._as_numpy(a[i]) for n, i in zip(self.input_names, self.user_inputs)}
+        t = time.perf_counter()
+        outs = self.session.run(self.output_names, feeds)
+        acc["run"] += time.perf_counter() - t
+        return tuple(torch.from_numpy(np.asarray(o)) for o in outs)
+
+    model.forward, tc.CompiledGraph.__call__, to.OrtGraphProgram.__call__ = fwd, gcall, pcall
+    per: dict[str, list[float]] = {k: [] for k in ("gen", "fwd", "graph", "run")}
+    try:
+        with torch.no_grad():
+            for _ in range(rounds):
+                row = {}
+                for k in (n, 1):
+                    acc.update(fwd=0.0, graph=0.0, run=0.0)
+                    t = time.perf_counter()
+                    model.generate(ids, max_new_tokens=k, **GEN)
+                    row[k] = (time.perf_counter() - t, dict(acc))
+                per["gen"].append((row[n][0] - row[1][0]) / (n - 1) * 1e3)
+                for k in ("fwd", "graph", "run"):
+                    per[k].append((row[n][1][k] - row[1][1][k]) / (n - 1) * 1e3)
+    finally:
+        model.forward, tc.CompiledGraph.__call__, to.OrtGraphProgram.__call__ = (
+            compiled,
+            graph_call,
+            session_call,
+        )
+    m = {k: statistics.median(v) for k, v in per.items()}
+    return {
+        "Hugging Face generate() outside the forward": m["gen"] - m["fwd"],
+        "Dynamo's frame (guards, argument gathering, outputs)": m["fwd"] - m["graph"],
+        "our call path (argument checks, numpy views, outputs)": m["graph"] - m["run"],
+        "onnxruntime session run": m["run"],
+        "token": m["gen"],
+    }
 
 
 def main() -> None:
@@ -126,12 +203,41 @@ def main() -> None:
     }
     times = round_robin(fns, args.runs, warmup=1, rotate=True)
     ms = {k: statistics.median(v) * 1e3 / (steps if "step" in k else 1) for k, v in times.items()}
+    split = _token_split(model, ids, n, max(5, args.runs // 2))
+
+    static = dict(GEN, cache_implementation="static")
+
+    def gen_static(k: int) -> None:
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=k, **static)
+
+    compiled = model.forward
+    gen_static(n)  # compiles the static-cache graphs
+    model.forward = base
+    same_static = _tokens(model, ids, n, static)
+    model.forward = compiled
+    same_static = same_static == _tokens(model, ids, n, static)
+    fns_static = {"ours n": lambda: gen_static(n), "ours 1": lambda: gen_static(1)}
+    times_static = round_robin(fns_static, max(5, args.runs // 2), warmup=1, rotate=True)
     model.forward = base
     eager = round_robin({"n": lambda: gen(n), "1": lambda: gen(1)}, max(3, args.runs // 3), 1)
+    eager_static = round_robin(
+        {"n": lambda: gen_static(n), "1": lambda: gen_static(1)}, max(3, args.runs // 3), 1
+    )
     per_token = {
         "torch route": (ms[f"torch-route generate {n}"] - ms["torch-route generate 1"]) / (n - 1),
         "onnx route": (ms[f"onnx-route greedy {n}"] - ms["onnx-route greedy 1"]) / (n - 1),
         "eager": (statistics.median(eager["n"]) - statistics.median(eager["1"])) * 1e3 / (n - 1),
+        "torch route, static cache": (
+            statistics.median(times_static["ours n"]) - statistics.median(times_static["ours 1"])
+        )
+        * 1e3
+        / (n - 1),
+        "eager, static cache": (
+            statistics.median(eager_static["n"]) - statistics.median(eager_static["1"])
+        )
+        * 1e3
+        / (n - 1),
     }
     data = {
         "cpu": cpu_facts(),
@@ -141,6 +247,8 @@ def main() -> None:
         "runs": args.runs,
         "ms": {k: round(v, 3) for k, v in ms.items()},
         "ms_per_token": {k: round(v, 3) for k, v in per_token.items()},
+        "torch_route_token_split_ms": {k: round(v, 3) for k, v in split.items()},
+        "static_cache_same_tokens_as_eager": same_static,
         "outside_onnxruntime_ms_per_token": {
             "torch route": round(per_token["torch route"] - ms["torch-route session step"], 3),
             "onnx route": round(per_token["onnx route"] - ms["onnx-route session step"], 3),
@@ -166,6 +274,19 @@ def main() -> None:
         f"| our ONNX route, Python loop of session runs | {per_token['onnx route']:.2f} | "
         f"{data['outside_onnxruntime_ms_per_token']['onnx route']:.2f} |",
         f"| eager generate() | {per_token['eager']:.2f} | |",
+        f"| torch.compile(backend='autofusion') + generate(cache_implementation='static') | "
+        f"{per_token['torch route, static cache']:.2f} | |",
+        f"| eager generate(cache_implementation='static') | "
+        f"{per_token['eager, static cache']:.2f} | |",
+        "",
+        f"Static cache: the compiled generate gives eager's tokens: {same_static}.",
+        "",
+        "Where a torch-route token goes (the same generate with timers around the compiled "
+        "forward, the graph's call and the session run; medians of paired differences):",
+        "",
+        "| part | ms/token |",
+        "|---|---|",
+        *[f"| {k} | {v:.3f} |" for k, v in split.items()],
         "",
     ]
     (RESULTS / "decode_overhead.md").write_text("\n".join(lines))
