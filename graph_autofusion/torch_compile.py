@@ -371,7 +371,8 @@ class CompiledGraph:
         side, fn)``, in a seeded shuffled order each round, each side timed on its second
         consecutive call; eager wins only when a second measurement confirms the engine
         slower by the speed margin), and engines are compared by their time relative to
-        eager's in their own measurement. An onnxruntime session that packed its weights lets
+        eager's in their own measurement (the torch program wins only by more than
+        :data:`~graph_autofusion.defaults.ENGINE_TIE_MARGIN`). An onnxruntime session that packed its weights lets
         them go before the next engine is built, so the compile never holds two engines'
         packed copies of the weights at once (a prefill's: onnxruntime's and oneDNN's, ~110 MB
         each on the zoo Llama); the caller opens it again if it is chosen. Without speed
@@ -420,6 +421,13 @@ class CompiledGraph:
         if not relative:
             return "eager", self.core_gm.forward
         engine = min(relative, key=relative.__getitem__)
+        ort = relative.get("onnxruntime")
+        if (
+            engine == "torch"
+            and ort is not None
+            and ort <= relative["torch"] * (defaults.ENGINE_TIE_MARGIN)
+        ):
+            engine = "onnxruntime"  # a near-tie (see defaults.ENGINE_TIE_MARGIN)
         return engine, built[engine]
 
     # ------------------------------------------------------------------ facts
