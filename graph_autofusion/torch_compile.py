@@ -388,6 +388,8 @@ class CompiledGraph:
             except Exception as exc:  # noqa: BLE001 - the other engine (or eager) runs it
                 self.engine_notes[engine] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
                 continue
+            if check and engine == "onnxruntime":
+                program = self._thread_choice(program, args)
             built[engine] = program
             if not check:
                 continue
@@ -429,6 +431,41 @@ class CompiledGraph:
         ):
             engine = "onnxruntime"  # a near-tie (see defaults.ENGINE_TIE_MARGIN)
         return engine, built[engine]
+
+    def _thread_choice(self, program: Any, args: Sequence[Any]) -> Any:
+        """``program`` (an onnxruntime program), or the same fused model on one thread when
+        the graph is small (under :data:`~graph_autofusion.defaults.FEW_THREADS_BELOW_S` on
+        its first calls) and one thread measures faster by the tie margin: waking sleeping
+        workers costs more than a sub-millisecond graph's parallel work saves."""
+        from graph_autofusion.torch_ort import OrtGraphProgram
+
+        ort = program.program
+        if ort.threads <= 1:
+            return program
+        with torch.no_grad():
+            quick = []
+            for _ in range(3):
+                t = time.perf_counter()
+                program(*args)
+                quick.append(time.perf_counter() - t)
+        if min(quick) >= defaults.FEW_THREADS_BELOW_S:
+            return program
+        solo = _OrtCall(OrtGraphProgram(ort.model, ort.user_inputs, 1, prepack=ort.prepack), self)
+        many = f"{ort.threads} threads"
+        sides = {many: program, "1 thread": solo}
+        calls = {k: functools.partial(fn, *args) for k, fn in sides.items()}
+        with torch.no_grad():
+            times = SpeedPolicy(self.config.options.speed_margin).engine_times(
+                calls, f"threads@graph{self.index}"
+            )
+        med = {k: statistics.median(v) for k, v in times.items()}
+        if med["1 thread"] * defaults.ENGINE_TIE_MARGIN < med[many]:
+            self.engine_notes["threads"] = (
+                f"onnxruntime on one thread: {med['1 thread'] * 1e3:.3f} ms against "
+                f"{med[many] * 1e3:.3f} on {ort.threads}"
+            )
+            return solo
+        return program
 
     # ------------------------------------------------------------------ facts
     def summary(self) -> dict[str, Any]:

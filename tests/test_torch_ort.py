@@ -273,6 +273,36 @@ def test_the_torch_program_wins_only_by_more_than_the_tie_margin(torch_ms, want)
     assert g.engine == want, g.summary()
 
 
+@pytest.mark.parametrize("solo_faster", [True, False])
+def test_a_small_graph_runs_onnxruntime_on_one_thread_when_that_measures_faster(
+    solo_faster, monkeypatch
+):
+    """A sub-millisecond graph's session is also timed on one thread (waking sleeping
+    workers costs more than its parallel work saves); one thread is kept only when faster by
+    the tie margin, and the graph's notes say so."""
+    from graph_autofusion import defaults
+    from graph_autofusion.options import FuseOptions
+
+    monkeypatch.setattr(defaults, "FEW_THREADS_BELOW_S", 60.0)  # every graph is "small"
+    speed = {"1 thread": 0.5e-3 if solo_faster else 1e-3, "torch": 3e-3, "eager": 3e-3}
+
+    def timer(key, side, fn):
+        fn()
+        return speed.get(side, 1e-3)
+
+    m = _TextModel().eval()
+    ids = _ids(16)
+    backend = make_backend(options=FuseOptions(target="cpu", threads=2))
+    with use_timer(timer), torch.no_grad():
+        out = torch.compile(m, backend=backend)(ids)
+    torch.testing.assert_close(out, m(ids), rtol=1e-4, atol=1e-5)
+    (g,) = backend.config.graphs
+    assert g.engine == "onnxruntime", g.summary()
+    (prog,) = _sessions([g])
+    assert prog.threads == (1 if solo_faster else 2)
+    assert ("threads" in g.engine_notes) == solo_faster, g.engine_notes
+
+
 def test_a_graph_onnx_cannot_express_keeps_the_torch_program_with_one_warning():
     class M(torch.nn.Module):
         def __init__(self) -> None:
