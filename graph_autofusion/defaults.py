@@ -35,19 +35,13 @@ SPEED_CLEAR = 0.75
 #: ``pipeline/cpu_engines.py``) and the torch backend's on a graph's first call (onnxruntime
 #: program, torch program, eager; ``torch_compile.CompiledGraph._build_and_choose``).
 ENGINE_TIMING_ROUNDS = 5
-#: A compiled graph's torch program is chosen over its onnxruntime program only when its time
-#: relative to eager is below onnxruntime's by more than this factor: the two are timed in
-#: separate measurements against eager (a few percent of noise each), and on near-ties the
-#: onnxruntime session, with less Python per call, served the rest of the run faster
-#: (``benchmarks/results/torch_e2e.md``: MiniLM s128 and Llama decode picked the torch
-#: program at 0.5% and 4%, then ran 1.06x and 1.43x our ONNX route).
-ENGINE_TIE_MARGIN = 1.05
 #: A compiled graph whose onnxruntime program takes less than this on its first calls is also
 #: timed on one thread: onnxruntime's idle workers sleep (the package's sessions do not spin),
 #: and waking them costs more than a sub-millisecond graph's parallel work saves (a tiny
 #: Qwen2's session step: 0.33 ms on one thread, 0.50 on two). One thread is kept when it is
-#: faster by :data:`ENGINE_TIE_MARGIN`.
+#: faster by :data:`FEW_THREADS_MARGIN`.
 FEW_THREADS_BELOW_S = 1.5e-3
+FEW_THREADS_MARGIN = 1.05
 #: Compressed weights (``FuseOptions.weights``, :mod:`graph_autofusion.pipeline.weights`):
 #: the block of ``MatMulNBits`` along K, per form (one fp32 scale per block).
 WEIGHTS_BLOCK_SIZE = {"int8": 32, "int4": 32}

@@ -371,8 +371,7 @@ class CompiledGraph:
         side, fn)``, in a seeded shuffled order each round, each side timed on its second
         consecutive call; eager wins only when a second measurement confirms the engine
         slower by the speed margin), and engines are compared by their time relative to
-        eager's in their own measurement (the torch program wins only by more than
-        :data:`~graph_autofusion.defaults.ENGINE_TIE_MARGIN`). An onnxruntime session that packed its weights lets
+        eager's in their own measurement. An onnxruntime session that packed its weights lets
         them go before the next engine is built, so the compile never holds two engines'
         packed copies of the weights at once (a prefill's: onnxruntime's and oneDNN's, ~110 MB
         each on the zoo Llama); the caller opens it again if it is chosen. Without speed
@@ -423,19 +422,13 @@ class CompiledGraph:
         if not relative:
             return "eager", self.core_gm.forward
         engine = min(relative, key=relative.__getitem__)
-        ort = relative.get("onnxruntime")
-        if (
-            engine == "torch"
-            and ort is not None
-            and ort <= relative["torch"] * (defaults.ENGINE_TIE_MARGIN)
-        ):
-            engine = "onnxruntime"  # a near-tie (see defaults.ENGINE_TIE_MARGIN)
         return engine, built[engine]
 
     def _thread_choice(self, program: Any, args: Sequence[Any]) -> Any:
         """``program`` (an onnxruntime program), or the same fused model on one thread when
         the graph is small (under :data:`~graph_autofusion.defaults.FEW_THREADS_BELOW_S` on
-        its first calls) and one thread measures faster by the tie margin: waking sleeping
+        its first calls) and one thread measures faster by
+        :data:`~graph_autofusion.defaults.FEW_THREADS_MARGIN`: waking sleeping
         workers costs more than a sub-millisecond graph's parallel work saves."""
         from graph_autofusion.torch_ort import OrtGraphProgram
 
@@ -459,7 +452,7 @@ class CompiledGraph:
                 calls, f"threads@graph{self.index}"
             )
         med = {k: statistics.median(v) for k, v in times.items()}
-        if med["1 thread"] * defaults.ENGINE_TIE_MARGIN < med[many]:
+        if med["1 thread"] * defaults.FEW_THREADS_MARGIN < med[many]:
             self.engine_notes["threads"] = (
                 f"onnxruntime on one thread: {med['1 thread'] * 1e3:.3f} ms against "
                 f"{med[many] * 1e3:.3f} on {ort.threads}"
