@@ -42,6 +42,9 @@ ENGINE_TIMING_ROUNDS = 5
 #: faster by :data:`FEW_THREADS_MARGIN`.
 FEW_THREADS_BELOW_S = 1.5e-3
 FEW_THREADS_MARGIN = 1.05
+#: ... or whose weights are fewer bytes than this (a small model on a loaded machine, whose
+#: first calls take longer than :data:`FEW_THREADS_BELOW_S`).
+FEW_THREADS_WEIGHT_BYTES = 8 << 20
 #: Compressed weights (``FuseOptions.weights``, :mod:`graph_autofusion.pipeline.weights`):
 #: the block of ``MatMulNBits`` along K, per form (one fp32 scale per block).
 WEIGHTS_BLOCK_SIZE = {"int8": 32, "int4": 32}
