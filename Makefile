@@ -17,7 +17,7 @@ TEST_THREADS := OMP_NUM_THREADS=$(WORKER_THREADS) MKL_NUM_THREADS=$(WORKER_THREA
 $(STAMP): pyproject.toml tools/sysdeps.sh
 	sh tools/sysdeps.sh
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,bench]'
 	touch $(STAMP)
 
 $(ORT_HEADERS): tools/ort_headers.sh
