@@ -426,24 +426,26 @@ class CompiledGraph:
 
     def _thread_choice(self, program: Any, args: Sequence[Any]) -> Any:
         """``program`` (an onnxruntime program), or the same fused model on one thread when
-        the graph is small (under :data:`~graph_autofusion.defaults.FEW_THREADS_BELOW_S` on
-        its first calls, or weights under
-        :data:`~graph_autofusion.defaults.FEW_THREADS_WEIGHT_BYTES`) and one thread measures faster by
-        :data:`~graph_autofusion.defaults.FEW_THREADS_MARGIN`: waking sleeping
-        workers costs more than a sub-millisecond graph's parallel work saves."""
+        the graph is small (weights under :data:`~graph_autofusion.defaults.
+        FEW_THREADS_WEIGHT_BYTES`, or calls under :data:`~graph_autofusion.defaults.
+        FEW_THREADS_BELOW_S`) and one thread measures faster by :data:`~graph_autofusion.
+        defaults.FEW_THREADS_MARGIN`: waking sleeping workers costs more than a
+        sub-millisecond graph's parallel work saves."""
         from graph_autofusion.torch_ort import OrtGraphProgram
 
         ort = program.program
         if ort.threads <= 1:
             return program
-        with torch.no_grad():
+        small = ort.in_place_bytes < defaults.FEW_THREADS_WEIGHT_BYTES
+        if not small:
             quick = []
-            for _ in range(3):
-                t = time.perf_counter()
-                program(*args)
-                quick.append(time.perf_counter() - t)
-        small_weights = ort.in_place_bytes < defaults.FEW_THREADS_WEIGHT_BYTES
-        if min(quick) >= defaults.FEW_THREADS_BELOW_S and not small_weights:
+            with torch.no_grad():
+                for _ in range(3):
+                    t = time.perf_counter()
+                    program(*args)
+                    quick.append(time.perf_counter() - t)
+            small = min(quick) < defaults.FEW_THREADS_BELOW_S
+        if not small:
             return program
         solo = _OrtCall(OrtGraphProgram(ort.model, ort.user_inputs, 1, prepack=ort.prepack), self)
         many = f"{ort.threads} threads"

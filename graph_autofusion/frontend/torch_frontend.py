@@ -255,9 +255,10 @@ def import_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> FxImpo
     graph inputs) become initializers; the remaining tensors become graph inputs. A graph
     that writes into a parameter or buffer is refused (the export's signature lists the
     writes); one that writes into other inputs (a static KV cache) is imported functional,
-    the written values as extra outputs after the graph's own (``FxImport.mutated``). Sizes Dynamo made symbolic stay symbolic (``str`` dims, the
-    symbol's name): a ``SymInt`` input is read from the tensor that carries its symbol, or, when
-    no tensor carries it, is a 0-d int64 graph input of its own (exported as a dynamic ``int``).
+    the written values as extra outputs after the graph's own (``FxImport.mutated``). Sizes
+    Dynamo made symbolic stay symbolic (``str`` dims, the symbol's name): a ``SymInt`` input
+    is read from the tensor that carries its symbol, or, when no tensor carries it, is a 0-d
+    int64 graph input of its own (exported as a dynamic ``int``).
 
     Call it outside Dynamo's compilation (on the compiled graph's first call, with the real
     inputs): an export inside it adds guards to the frame being compiled.
