@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from graph_autofusion.ir.core import Node, Value
+from graph_autofusion.ir.dtypes import DType
 from graph_autofusion.patterns.matcher import const_value
 from graph_autofusion.patterns.pattern import MatchContext, Pattern, PatternBuilder
 from graph_autofusion.patterns.rewrite import RewriteContext, RewriteError
@@ -120,6 +121,59 @@ def fold_bn(ctx: RewriteContext) -> tuple[Value, Value]:
     return w_new, b_new
 
 
+def _const_eval(value: Value, depth: int = 16) -> np.ndarray | None:
+    """The data of ``value`` when it is computed from constants by a short chain of shape
+    operators (a TorchScript export's TF-style pads: ConstantOfShape, Concat, Reshape, Slice,
+    Transpose, Cast; Shape of a static tensor), else ``None``."""
+    data = const_value(value)
+    if data is not None or depth <= 0:
+        return data
+    node = value.producer
+    if node is None or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
+        return None
+    op = node.op_type
+    if op == "Shape":
+        x = node.inputs[0]
+        if x is None or x.shape is None or not all(isinstance(d, int) for d in x.shape):
+            return None
+        shape = np.asarray(x.shape, np.int64)
+        return shape[node.attrs.get("start", 0) : node.attrs.get("end", len(shape))]
+    args = []
+    for v in node.inputs:
+        a = None if v is None else _const_eval(v, depth - 1)
+        if v is not None and a is None:
+            return None
+        args.append(a)
+    try:
+        if op == "ConstantOfShape":
+            fill = np.asarray(node.attrs.get("value", np.zeros(1, np.float32))).reshape(-1)
+            return np.full(tuple(int(d) for d in args[0]), fill[0], fill.dtype)
+        if op == "Concat":
+            return np.concatenate(args, axis=int(node.attrs["axis"]))
+        if op == "Reshape" and not node.attrs.get("allowzero", 0):
+            shape = [int(d) if d != 0 else args[0].shape[i] for i, d in enumerate(args[1])]
+            return args[0].reshape(shape)
+        if op == "Transpose":
+            return np.transpose(args[0], node.attrs.get("perm"))
+        if op == "Cast":
+            return args[0].astype(DType(int(node.attrs["to"])).to_numpy())
+        if op == "Slice":
+            x, starts, ends = args[0], args[1], args[2]
+            axes = args[3] if len(args) > 3 and args[3] is not None else range(len(starts))
+            steps = args[4] if len(args) > 4 and args[4] is not None else [1] * len(starts)
+            index = [slice(None)] * x.ndim
+            for a, b, e, st in zip(axes, starts, ends, steps):
+                index[int(a)] = slice(int(b), int(e), int(st))
+            return x[tuple(index)]
+        if op in ("Unsqueeze", "Squeeze") and len(args) > 1 and args[1] is not None:
+            axes = tuple(int(a) for a in args[1])
+            f = np.expand_dims if op == "Unsqueeze" else np.squeeze
+            return f(args[0], axes)
+    except (ValueError, IndexError, KeyError, TypeError):
+        return None
+    return None
+
+
 def foldable_pad(conv_node: Node) -> tuple[Node, list[int]] | None:
     """The ``Pad`` feeding ``conv_node`` and its spatial pads (begins, then ends), when the Pad
     folds into the Conv's own ``pads``: constant mode, zero fill, constant non-negative pads
@@ -138,12 +192,12 @@ def foldable_pad(conv_node: Node) -> tuple[Node, list[int]] | None:
     else:
         if len(pad.inputs) < 2 or pad.inputs[1] is None:
             return None
-        data = const_value(pad.inputs[1])
+        data = _const_eval(pad.inputs[1])
         if data is None:
             return None
         pads, fill = np.asarray(data).reshape(-1), 0.0
         if len(pad.inputs) > 2 and pad.inputs[2] is not None:
-            value = const_value(pad.inputs[2])
+            value = _const_eval(pad.inputs[2])
             if value is None or value.size != 1:
                 return None
             fill = float(value.reshape(-1)[0])
@@ -163,15 +217,17 @@ def pad_not_hidden(ctx: MatchContext) -> str | None:
     onnxruntime folds a constant ``Pad`` into the ``Conv`` after it (its pad fusion, after
     its own constant folding) but not into a ``FusedConv``: a Pad whose pads are computed at
     run time here (TF-style padding: pads from the input's shape) would stay a node, and
-    the layout reorders around it (NCHWc) cost more than the fusion saves."""
+    the layout reorders around it (NCHWc) cost more than the fusion saves. Pads computed
+    from constants by shape operators (:func:`_const_eval`) fold."""
     node = ctx.nodes["conv"]
     x = node.inputs[0] if node.inputs else None
     pad = x.producer if x is not None else None
     if pad is None or pad.op_type != "Pad" or foldable_pad(node) is not None:
         return None
     return (
-        f"Conv {node.name!r} reads Pad {pad.name!r}, whose pads are not constant here: "
-        f"onnxruntime folds such a Pad into a Conv, not into a FusedConv"
+        f"Conv {node.name!r} reads Pad {pad.name!r}, which does not fold into its pads here "
+        f"(pads computed at run time, or padding more than the spatial axes): onnxruntime "
+        f"folds a Pad into a Conv, not into a FusedConv"
     )
 
 
