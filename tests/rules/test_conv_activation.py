@@ -122,12 +122,29 @@ def test_a_constant_zero_pad_folds_into_the_fused_conv():
     assert node.inputs[0] is model.graph.inputs[0] and not pad.outputs[0].users
 
 
-def test_a_pad_computed_at_run_time_keeps_the_conv_for_onnxruntime():
-    """TF-style padding (pads computed from the input's shape): FusedConv would hide the
-    Conv from onnxruntime's pad fusion, so the rule refuses and says why."""
-    text = PADDED.format(
-        pads="%s = Shape(%x)\n  %pads = Concat<axis=0>(%s, %s)".replace(
-            "%s = Shape(%x)", "%sh = Shape(%x)"
-        ).replace("(%s, %s)", "(%sh, %sh)")
+def test_pads_computed_from_constants_fold_too():
+    """TorchScript's TF-style padding computes the pads from constants by shape operators
+    (ConstantOfShape, Concat, Reshape, Transpose, Cast ...): they fold like constant pads."""
+    chain = (
+        "init %two: i64[1] = [2]\n"
+        "  init %pb: f32[2] = [1, 2]\n"
+        "  init %pe: f32[2] = [2, 1]\n"
+        "  init %shape: i64[2] = [4, 2]\n"
+        "  init %eight: i64[1] = [8]\n"
+        "  %zeros = ConstantOfShape(%two)\n"
+        "  %all = Concat<axis=0>(%zeros, %pb, %zeros, %pe)\n"
+        "  %grid = Reshape(%all, %shape)\n"
+        "  %flat = Reshape(%grid, %eight)\n"
+        "  %pads = Cast<to=7>(%flat)"
     )
+    model = check_rule(RULE, PADDED.format(pads=chain), matches=1, native=True, ops_after=None)
+    node = next(n for n in model.graph.nodes if n.op_type == "FusedConv")
+    assert node.inputs[0] is model.graph.inputs[0]
+    assert node.attrs["pads"] == [1 + 1, 1 + 2, 1 + 2, 1 + 1]
+
+
+def test_a_pad_fed_at_run_time_keeps_the_conv_for_onnxruntime():
+    """Pads fed at run time: FusedConv would hide the Conv from onnxruntime's pad fusion, so
+    the rule refuses and says why."""
+    text = PADDED.format(pads="").replace("(%x: f32[1,3,8,8])", "(%x: f32[1,3,8,8], %pads: i64[8])")
     check_no_match(RULE, text, reason=Reason.CHECK_FAILED)
