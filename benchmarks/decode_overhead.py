@@ -14,7 +14,9 @@ One process, 2 threads, the zoo Llama, greedy, a 16-token prompt:
   (its default; the package's sessions do not spin);
 * ``torch-route ms/token``: ``(generate(N) - generate(1)) / (N - 1)``, HF ``generate()`` on the
   compiled forward; ``onnx-route ms/token``: the same with ``testing.kv_cache.greedy_decode_ort``
-  (a plain Python loop of session runs); ``eager ms/token``: ``generate()`` in eager.
+  (a plain Python loop of session runs); ``eager ms/token``: ``generate()`` in eager;
+  ``drop-in module``: ``GraphAutoFusion(model).fuse().generate()``, Hugging Face's generate()
+  for the first tokens, then our decode loop (``graph_autofusion/torch_decode.py``).
 
 * ``where a torch-route token goes``: the same generate with timers around the compiled
   forward (Dynamo's frame), the graph's call (``CompiledGraph.__call__``) and the session
@@ -47,6 +49,7 @@ from graph_autofusion.runtime.peer_engines import cpu_facts
 from graph_autofusion.runtime.timing import round_robin
 from graph_autofusion.testing.builders import build_model
 from graph_autofusion.testing.kv_cache import export_decoder, greedy_decode_ort
+from graph_autofusion.torch_decode import PROBE_TOKENS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vs_ort_decode import decode_feeds  # noqa: E402
@@ -162,6 +165,7 @@ def main() -> None:
         0, model.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0)
     )
     base = model.forward
+    module = GraphAutoFusion(model).fuse()  # the drop-in module: generate() ends in our loop
     model.forward = torch.compile(base, backend="autofusion")
     program, tfeeds = _capture_decode_program(model, ids, n)
     past = next(v for v in tfeeds.values() if v.ndim == 4).shape[2]
@@ -186,6 +190,11 @@ def main() -> None:
         with torch.no_grad():
             model.generate(ids, max_new_tokens=k, **GEN)
 
+    def gen_module(k: int) -> list[int]:
+        return module.generate(ids, max_new_tokens=k, **GEN)[0].tolist()
+
+    same_module = gen_module(n) == _tokens(model, ids, n, GEN)
+
     steps = 20  # session steps per timed call (one step is a few ms)
     fns = {
         "torch-route session step": lambda: [tsess.run(None, tfeeds) for _ in range(steps)],
@@ -198,6 +207,8 @@ def main() -> None:
         ],
         f"torch-route generate {n}": lambda: gen(n),
         "torch-route generate 1": lambda: gen(1),
+        f"drop-in module generate {n}": lambda: gen_module(n),
+        "drop-in module generate 1": lambda: gen_module(1),
         f"onnx-route greedy {n}": lambda: greedy_decode_ort(osess, "llama", prompt, n - 1),
         "onnx-route greedy 1": lambda: greedy_decode_ort(osess, "llama", prompt, 0),
     }
@@ -226,6 +237,8 @@ def main() -> None:
     )
     per_token = {
         "torch route": (ms[f"torch-route generate {n}"] - ms["torch-route generate 1"]) / (n - 1),
+        "drop-in module": (ms[f"drop-in module generate {n}"] - ms["drop-in module generate 1"])
+        / (n - 1),
         "onnx route": (ms[f"onnx-route greedy {n}"] - ms["onnx-route greedy 1"]) / (n - 1),
         "eager": (statistics.median(eager["n"]) - statistics.median(eager["1"])) * 1e3 / (n - 1),
         "torch route, static cache": (
@@ -249,8 +262,13 @@ def main() -> None:
         "ms_per_token": {k: round(v, 3) for k, v in per_token.items()},
         "torch_route_token_split_ms": {k: round(v, 3) for k, v in split.items()},
         "static_cache_same_tokens_as_eager": same_static,
+        "drop_in_module_same_tokens_as_eager": same_module,
+        "drop_in_module_loop_tokens": module.autofusion.decode.loop_tokens,
         "outside_onnxruntime_ms_per_token": {
             "torch route": round(per_token["torch route"] - ms["torch-route session step"], 3),
+            "drop-in module": round(
+                per_token["drop-in module"] - ms["torch-route session step"], 3
+            ),
             "onnx route": round(per_token["onnx route"] - ms["onnx-route session step"], 3),
         },
     }
@@ -271,6 +289,9 @@ def main() -> None:
         "|---|---|---|",
         f"| torch.compile(backend='autofusion') + generate() | {per_token['torch route']:.2f} | "
         f"{data['outside_onnxruntime_ms_per_token']['torch route']:.2f} |",
+        f"| GraphAutoFusion(model).fuse().generate() (decode loop after {PROBE_TOKENS} tokens) "
+        f"| {per_token['drop-in module']:.2f} | "
+        f"{data['outside_onnxruntime_ms_per_token']['drop-in module']:.2f} |",
         f"| our ONNX route, Python loop of session runs | {per_token['onnx route']:.2f} | "
         f"{data['outside_onnxruntime_ms_per_token']['onnx route']:.2f} |",
         f"| eager generate() | {per_token['eager']:.2f} | |",
@@ -279,7 +300,8 @@ def main() -> None:
         f"| eager generate(cache_implementation='static') | "
         f"{per_token['eager, static cache']:.2f} | |",
         "",
-        f"Static cache: the compiled generate gives eager's tokens: {same_static}.",
+        f"Static cache: the compiled generate gives eager's tokens: {same_static}. The drop-in "
+        f"module's generate() gives eager's tokens: {same_module}.",
         "",
         "Where a torch-route token goes (the same generate with timers around the compiled "
         "forward, the graph's call and the session run; medians of paired differences):",

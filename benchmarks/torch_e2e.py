@@ -240,6 +240,20 @@ def bench_decode(name: str, args: argparse.Namespace, tmp: str) -> dict:
             return gen, {}
 
         calls[cfg] = _build(rec, cfg, make, (n,), check)
+    log(f"{name}/decode: build the drop-in module")
+
+    def make_module() -> tuple:
+        from graph_autofusion import GraphAutoFusion
+
+        model.forward = base_forward
+        fused = GraphAutoFusion(model).fuse()  # its generate() finishes with our decode loop
+
+        def gen(k: int) -> list[int]:
+            return fused.generate(ids, max_new_tokens=k, **GEN_KW)[0, plen:].tolist()
+
+        return gen, {}
+
+    calls["ours_module"] = _build(rec, "ours_module", make_module, (n,), check)
     for exporter in args.exporters:
         path = _export(rec, row, name, exporter, decoder=True)
         for engine in ONNX_ENGINES if path else ():
@@ -291,8 +305,8 @@ def _cell(r: dict) -> str:
     return f"{r['ms']:.2f} ({r['p10']:.2f}-{r['p90']:.2f}){ex}"
 
 
-def _ratios(cfgs: dict) -> tuple[str, str]:
-    ours = cfgs.get("ours", {}).get("ms")
+def _ratios(cfgs: dict, key: str = "ours") -> tuple[str, str]:
+    ours = cfgs.get(key, {}).get("ms")
     route = cfgs.get("ours_onnx", {}).get("ms")
     peers = {k: r["ms"] for k, r in cfgs.items() if k not in OURS and "ms" in r}
     vs_route = f"{ours / route:.2f}" if ours and route else "-"
@@ -346,18 +360,25 @@ def markdown(data: dict) -> str:
         "",
         "ms: median (p10-p90) of rounds in which every configuration ran once, the order "
         "rotating each round; decode rows: ms/token, (t(N tokens) - t(1 token)) / (N - 1) per "
-        'round. `ours` is `torch.compile(m, backend="autofusion")`; `our ONNX route` is '
+        'round. `ours` is `torch.compile(m, backend="autofusion")` (decode: its forward in '
+        "Hugging Face's `generate()`); `drop-in module` (decode rows) is "
+        "`GraphAutoFusion(m).fuse().generate()`, whose greedy decoding is finished by our "
+        "decode loop after 5 tokens of Hugging Face's; `our ONNX route` is "
         "`GraphAutoFusion(export).fuse()` in onnxruntime ALL; the best peer is the fastest "
-        "configuration other than those two. ONNX engines run the zoo's export (column "
+        "configuration other than those. ONNX engines run the zoo's export (column "
         "`export`, with its export seconds, which no first call includes).",
         "",
-        f"| model | shape | {head} | ours / our ONNX route | ours / best peer |",
-        f"{bar}|---|---|",
+        f"| model | shape | {head} | ours / our ONNX route | ours / best peer "
+        "| drop-in module / best peer |",
+        f"{bar}|---|---|---|",
     ]
     for r in rows:
         cells = " | ".join(_cell(r["configs"].get(c, {})) for c in CONFIGS)
         vs_route, vs_peer = _ratios(r["configs"])
-        lines.append(f"| {r['model']} | {r['shape']} | {cells} | {vs_route} | {vs_peer} |")
+        module = _ratios(r["configs"], "ours_module")[1]
+        lines.append(
+            f"| {r['model']} | {r['shape']} | {cells} | {vs_route} | {vs_peer} | {module} |"
+        )
     lines += [
         "",
         "## First call (s, compile or optimize included) and agreement with eager",

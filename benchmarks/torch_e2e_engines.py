@@ -32,8 +32,8 @@ TORCH_CONFIGS = ("eager", "inductor", "inductor_freezing", "ours")
 ONNX_ENGINES = ("ort_all", "ort_opt", "openvino", "ours_onnx")
 #: Every configuration, in table order; ``ours`` and ``ours_onnx`` are not peers.
 CONFIGS = ("eager", "inductor", "inductor_freezing", "ort_all", "ort_opt", "openvino")
-CONFIGS += ("ours_onnx", "ours")
-OURS = ("ours", "ours_onnx")
+CONFIGS += ("ours_onnx", "ours", "ours_module")
+OURS = ("ours", "ours_onnx", "ours_module")
 LABELS = {
     "eager": "eager",
     "inductor": "Inductor",
@@ -43,6 +43,7 @@ LABELS = {
     "openvino": "OpenVINO",
     "ours_onnx": "our ONNX route",
     "ours": "ours (torch.compile)",
+    "ours_module": "ours (drop-in module)",
 }
 MEMORY_CONFIGS = ("eager", "inductor_freezing", "ours")
 #: generate() settings: greedy, every token generated (no end-of-sequence stop).

@@ -104,6 +104,9 @@ class BackendConfig:
     saved_weights: dict[str, list[str]] | None = None
     #: Every graph compiled through this backend, in order (reports and tests read them).
     graphs: list[CompiledGraph] = field(default_factory=list)
+    #: While set, every graph call is handed to it (``torch_decode.Recorder``: the decode
+    #: loop learns a step from Hugging Face's calls).
+    recorder: Any = None
 
     def ruleset(self) -> Any:
         if self.rules is None:
@@ -147,6 +150,12 @@ class CompiledGraph:
         self._writes: Writes | None = None  # the arguments the graph writes into
 
     def __call__(self, *args: Any) -> Any:
+        out = self._call(args)
+        if self.config.recorder is not None:
+            self.config.recorder.record(self, args, out)
+        return out
+
+    def _call(self, args: tuple) -> Any:
         self.calls += 1
         if torch.is_grad_enabled() and any(
             isinstance(a, torch.Tensor) and a.requires_grad for a in args

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from graph_autofusion import torch_decode
 from graph_autofusion.errors import ModelLoadError
 from graph_autofusion.frontend.loader import as_args
 from graph_autofusion.options import FuseOptions
@@ -119,6 +120,7 @@ class FusionInfo:
     def __init__(self, backend: Any, source_name: str) -> None:
         self.backend = backend
         self.source_name = source_name
+        self.decode = torch_decode.DecodeStats()  # what generate()'s decode loop did
 
     @property
     def graphs(self) -> list[Any]:
@@ -236,6 +238,8 @@ def fuse_module(
     fused.__dict__["autofusion"] = info
     if hasattr(type(module), "save_pretrained"):
         fused.__dict__["save_pretrained"] = types.MethodType(_save_pretrained, fused)
+    if _can_generate(module):  # greedy decoding finished by our own loop (torch_decode)
+        fused.__dict__["generate"] = types.MethodType(_generate, fused)
     modes = [(m, m.training) for m in fused.modules()]  # restored one by one (shared)
     fused.eval()
     try:
@@ -245,6 +249,22 @@ def fuse_module(
         for m, mode in modes:
             m.training = mode
     return fused
+
+
+def _can_generate(module: torch.nn.Module) -> bool:
+    can = getattr(module, "can_generate", None)
+    try:
+        return hasattr(type(module), "generate") and callable(can) and bool(can())
+    except Exception:  # noqa: BLE001 - a model's own check; no loop then
+        return False
+
+
+def _generate(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """The class's ``generate()``; plain greedy decoding is finished by the decode loop of
+    :mod:`graph_autofusion.torch_decode` (the same tokens, without generate()'s and Dynamo's
+    per-token Python)."""
+    info: FusionInfo = self.__dict__["autofusion"]
+    return torch_decode.generate(self, info.backend.config, info.decode, *args, **kwargs)
 
 
 def _check_plan(plan: Mapping[str, Any]) -> None:

@@ -50,6 +50,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "cli_analyze",
         "kernel_profile",
         "torch_compile",
+        "torch_decode",
         "torch_module",
         "torch_ort",
         "torch_outputs",

@@ -1,0 +1,312 @@
+"""Greedy ``generate()`` of a fused causal LM with a decode loop of our own.
+
+Hugging Face's ``generate()`` spends about 0.3 ms of Python per token outside the model
+(logits processors, stopping criteria, input preparation), and Dynamo's compiled frame another
+0.45 ms (guards, gathering the graph's arguments, rebuilding the outputs and the cache): on a
+small decoder that is a fifth of a token. Those two costs are what separated the PyTorch
+route's decode from a loop of onnxruntime session runs (``docs/torch.md``).
+
+The loop is not written for one model family. It watches Hugging Face's own ``generate()``
+decode the first tokens (:data:`PROBE_TOKENS`) and learns, from the arguments and outputs of
+the compiled graph that serves every later step, how one call's arguments follow from the
+previous call's:
+
+* ``const``: the same tensor or number (parameters, flags);
+* ``feed``: one of the previous call's outputs, the very tensor (the KV cache);
+* ``token``: the greedy token, ``argmax`` of an output's last position (the logits);
+* ``count``: the previous value plus one (cache position, position ids, symbolic lengths);
+* ``grow``: the previous tensor with one more column of ones (the attention mask);
+* ``same``: a new tensor equal to the previous one.
+
+Rules learnt between the first two probed calls must predict the third call's arguments
+exactly, and the last probed token must be the argmax the rules read, or the loop is not used
+(``generate()`` continues as Hugging Face's, from its cache). Then each further token is one
+call of the compiled graph (its weight checks and fallbacks included) plus an ``argmax``.
+
+Only plain greedy decoding takes the loop: ``max_new_tokens`` given, no sampling, beams,
+logits processors, streamers or dictionary outputs (:data:`GREEDY_KEYS` lists the settings the
+loop honours); anything else is Hugging Face's ``generate()`` unchanged.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+#: Tokens Hugging Face's generate() decodes before the loop takes over: the prefill, the first
+#: decode graph (static cache length), then three calls of the graph with the length symbolic.
+PROBE_TOKENS = 5
+
+#: generate() settings (keywords or the model's generation config) the loop honours, with the
+#: values it accepts (None: any). Anything else runs Hugging Face's generate().
+GREEDY_KEYS: dict[str, Any] = {
+    "max_new_tokens": None,
+    "eos_token_id": None,
+    "pad_token_id": None,
+    "bos_token_id": None,
+    "do_sample": False,
+    "num_beams": 1,
+    "use_cache": True,
+    "output_attentions": False,
+    "output_hidden_states": False,
+    "return_dict_in_generate": False,
+    # sampling settings greedy decoding ignores
+    "temperature": None,
+    "top_p": None,
+    "top_k": None,
+    "_from_model_config": None,
+    "transformers_version": None,
+}
+
+
+@dataclass
+class Rule:
+    """How one argument of a decode call follows from the previous call."""
+
+    kind: str  # const, feed, token, count, grow, same
+    src: int = -1  # feed: the output it is; token: the logits output
+
+
+@dataclass
+class StepPlan:
+    """A decode step learnt from Hugging Face's calls of one compiled graph."""
+
+    graph: Any  # the CompiledGraph (its __call__ keeps the weight checks and fallbacks)
+    rules: list[Rule]
+    logits: int  # the output whose last position's argmax is the next token
+
+    def advance(self, args: list[Any], outs: Any, token: torch.Tensor) -> list[Any]:
+        """The next call's arguments from this call's arguments, outputs and next token."""
+        nxt = list(args)
+        for i, r in enumerate(self.rules):
+            if r.kind == "feed":
+                nxt[i] = outs[r.src]
+            elif r.kind == "token":
+                nxt[i] = token
+            elif r.kind == "count":
+                nxt[i] = args[i] + 1
+            elif r.kind == "grow":
+                a = args[i]
+                nxt[i] = torch.cat((a, a.new_ones((*a.shape[:-1], 1))), dim=-1)
+        return nxt
+
+
+@dataclass
+class DecodeStats:
+    """What the loop did over a module's generate() calls (``fused.autofusion.decode``)."""
+
+    calls: int = 0  # generate() calls
+    loop_calls: int = 0  # of them, finished by the loop
+    loop_tokens: int = 0  # tokens the loop decoded
+    last_reason: str = ""  # why the last call that did not use the loop did not
+    plans: dict[int, StepPlan] = field(default_factory=dict, repr=False)  # per graph index
+
+
+class Recorder:
+    """Keeps the last compiled-graph calls made on one thread (a backend's ``recorder``)."""
+
+    def __init__(self, keep: int = 3) -> None:
+        self.thread = threading.get_ident()
+        self.calls: collections.deque = collections.deque(maxlen=keep)
+
+    def record(self, graph: Any, args: tuple, outs: Any) -> None:
+        if threading.get_ident() == self.thread:
+            self.calls.append((graph, args, outs))
+
+
+def _argmax_token(out: Any) -> torch.Tensor | None:
+    if not isinstance(out, torch.Tensor) or not out.is_floating_point() or out.dim() != 3:
+        return None
+    return out[:, -1, :].argmax(dim=-1, keepdim=True)
+
+
+def _rule(x: Any, y: Any, outs: Any) -> Rule | None:
+    """The rule that makes ``y`` (this call's argument) from ``x`` and ``outs`` (the previous
+    call's argument and outputs), or None."""
+    if y is x:
+        return Rule("const")
+    if isinstance(y, bool) or isinstance(x, bool):
+        return Rule("const") if x == y else None
+    if isinstance(y, int) and isinstance(x, int):
+        return Rule("const") if y == x else Rule("count") if y == x + 1 else None
+    if not isinstance(y, torch.Tensor) or not isinstance(x, torch.Tensor):
+        return None
+    for j, o in enumerate(outs):
+        if y is o:
+            return Rule("feed", j)
+    if y.dtype != x.dtype or y.is_floating_point():
+        return Rule("same") if y.shape == x.shape and torch.equal(x, y) else None
+    if y.dim() == 2 and y.shape[1] == 1 and y.dtype == torch.int64:
+        for j, o in enumerate(outs):
+            t = _argmax_token(o)
+            if t is not None and t.shape == y.shape and torch.equal(t, y):
+                return Rule("token", j)
+    if y.shape == x.shape:
+        if torch.equal(y, x + 1):
+            return Rule("count")
+        return Rule("same") if torch.equal(x, y) else None
+    if (
+        y.dim() >= 1
+        and y.shape[:-1] == x.shape[:-1]
+        and y.shape[-1] == x.shape[-1] + 1
+        and torch.equal(y[..., :-1], x)
+        and bool((y[..., -1] == 1).all())
+    ):
+        return Rule("grow")
+    return None
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+    return type(a) is type(b) and a == b
+
+
+def learn_step(calls: Any) -> tuple[StepPlan | None, str]:
+    """A step plan from the last three calls of one graph, or None and why not."""
+    if len(calls) < 3:
+        return None, f"{len(calls)} compiled-graph calls seen while probing, need 3"
+    (g1, a1, o1), (g2, a2, o2), (g3, a3, o3) = calls
+    if not (g1 is g2 is g3):
+        return None, "the decode steps ran more than one compiled graph (a graph break)"
+    if not (len(a1) == len(a2) == len(a3)):
+        return None, "the decode calls' argument counts differ"
+    rules = []
+    for i, (x, y) in enumerate(zip(a1, a2)):
+        r = _rule(x, y, o1)
+        if r is None:
+            return None, f"argument {i} of graph {g1.index} follows no rule"
+        rules.append(r)
+    logits = {r.src for r in rules if r.kind == "token"}
+    if len(logits) != 1 or not any(r.kind == "feed" for r in rules):
+        return None, "no single token argument and cache fed back: not a KV-cache decode step"
+    plan = StepPlan(g1, rules, logits.pop())
+    token = _argmax_token(o2[plan.logits])
+    predicted = plan.advance(list(a2), o2, token)
+    for i, (r, p, y) in enumerate(zip(rules, predicted, a3)):
+        ok = p is y if r.kind in ("const", "feed") else _same_value(p, y)
+        if not ok:
+            return None, f"the rule {r.kind!r} of argument {i} mispredicted the next call"
+    return plan, ""
+
+
+def greedy_settings(module: Any, kwargs: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """The generate() settings (model's generation config and the call's keywords), or None
+    and why the loop cannot honour them."""
+    config = getattr(module, "generation_config", None)
+    settings = dict(config.to_diff_dict()) if config is not None else {}
+    settings.update(kwargs)
+    for key, value in settings.items():
+        if key not in GREEDY_KEYS:
+            return None, f"generate() setting {key!r}"
+        want = GREEDY_KEYS[key]
+        if want is not None and value != want:
+            return None, f"generate() setting {key}={value!r}"
+    if not isinstance(settings.get("max_new_tokens"), int):
+        return None, "no max_new_tokens"
+    return settings, ""
+
+
+def _eos_ids(settings: dict[str, Any]) -> list[int]:
+    eos = settings.get("eos_token_id")
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, list | tuple) else [eos])]
+
+
+def generate(module: Any, backend_config: Any, stats: DecodeStats, *args: Any, **kwargs: Any):
+    """``module.generate(*args, **kwargs)``, greedy decoding finished by the loop where it can
+    be; otherwise the class's own ``generate()``."""
+    stats.calls += 1
+    hf_generate = type(module).generate
+    ids = args[0] if args else kwargs.get("input_ids")
+    rest = {k: v for k, v in kwargs.items() if k not in ("input_ids", "attention_mask")}
+    settings, why = greedy_settings(module, rest)
+    if settings is None or len(args) > 1 or not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        stats.last_reason = why or "input_ids not a [batch, length] tensor"
+        return hf_generate(module, *args, **kwargs)
+    n = settings["max_new_tokens"]
+    eos = _eos_ids(settings)
+    pad = settings.get("pad_token_id")
+    if n <= PROBE_TOKENS or (eos and pad is None and ids.shape[0] > 1):
+        stats.last_reason = f"{n} new tokens" if n <= PROBE_TOKENS else "eos without pad"
+        return hf_generate(module, *args, **kwargs)
+    probe = dict(kwargs, max_new_tokens=PROBE_TOKENS, return_dict_in_generate=True)
+    recorder = Recorder()
+    backend_config.recorder = recorder
+    try:
+        out = hf_generate(module, *args, **probe)
+    finally:
+        backend_config.recorder = None
+    seq = out.sequences
+    cache_key = "cache" if getattr(out, "cache", None) is not None else "past_key_values"
+    cache = getattr(out, cache_key)
+    plen = ids.shape[1]
+    done = _finished(seq[:, plen:], eos)
+    if seq.shape[1] - plen < PROBE_TOKENS or bool(done.all()):
+        stats.last_reason = "finished while probing"
+        return seq
+    plan, why = learn_step(list(recorder.calls))
+    last = recorder.calls[-1] if plan is not None else None
+    if plan is not None and not torch.equal(_argmax_token(last[2][plan.logits]), seq[:, -1:]):
+        plan, why = None, "the last probed token is not the argmax of the learnt logits"
+    if plan is None:
+        recorder.calls.clear()
+        stats.last_reason = why
+        if eos and ids.shape[0] > 1:  # a row ended while probing: HF would not know it
+            del out, cache
+            return hf_generate(module, *args, **kwargs)
+        return _continue(module, seq, {cache_key: cache}, kwargs, n - PROBE_TOKENS)
+    # the probe's tensors go: the loop holds one step's arguments and outputs at a time
+    state = [list(last[1]), last[2]]
+    del cache, out, last
+    recorder.calls.clear()
+    stats.plans[plan.graph.index] = plan
+    stats.loop_calls += 1
+    with torch.no_grad():
+        tokens = _loop(plan, state, seq[:, -1:], n - PROBE_TOKENS, eos, pad, done)
+    stats.loop_tokens += tokens.shape[1]
+    return torch.cat((seq, tokens), dim=-1)
+
+
+def _continue(module: Any, seq: torch.Tensor, cache: dict, kwargs: dict, n: int) -> Any:
+    """Hugging Face's generate() decoding ``n`` more tokens after ``seq`` from its cache."""
+    more = dict(kwargs, max_new_tokens=n, **cache)
+    more.pop("input_ids", None)
+    mask = kwargs.get("attention_mask")
+    if mask is not None:
+        grown = mask.new_ones((mask.shape[0], seq.shape[1] - mask.shape[1]))
+        more["attention_mask"] = torch.cat((mask, grown), dim=-1)
+    return type(module).generate(module, seq, **more)
+
+
+def _finished(generated: torch.Tensor, eos: list[int]) -> torch.Tensor:
+    if not eos:
+        return torch.zeros(generated.shape[0], dtype=torch.bool)
+    return torch.isin(generated, torch.tensor(eos)).any(dim=1)
+
+
+def _loop(plan, state, token, n, eos, pad, done) -> torch.Tensor:
+    """``n`` more greedy tokens (fewer when every row has ended), as Hugging Face's greedy
+    search makes them: an ended row gets ``pad``. ``state``: the last probed call's
+    arguments and outputs (emptied: only the loop refers to them)."""
+    args, outs = state
+    state.clear()
+    eos_t = torch.tensor(eos) if eos else None
+    new = []
+    for _ in range(n):
+        args = plan.advance(args, outs, token)
+        outs = plan.graph(*args)
+        token = _argmax_token(outs[plan.logits])
+        if eos_t is not None:
+            if pad is not None:
+                token = torch.where(done[:, None], torch.full_like(token, pad), token)
+            done = done | torch.isin(token[:, 0], eos_t)
+        new.append(token)
+        if bool(done.all()):
+            break
+    return torch.cat(new, dim=-1)

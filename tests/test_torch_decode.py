@@ -1,0 +1,158 @@
+"""The drop-in module's ``generate()``: greedy decoding finished by our own decode loop
+(``graph_autofusion/torch_decode.py``), which must give Hugging Face's tokens exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from graph_autofusion import GraphAutoFusion, torch_decode  # noqa: E402
+from graph_autofusion.testing.small_hf import SMALL_HF, tiny_llama  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("torch_compile")
+GREEDY = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _prompt(n: int, seed: int, batch: int = 1, vocab: int = 1000):
+    return torch.randint(0, vocab, (batch, n), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def llama_pair():
+    torch._dynamo.reset()
+    model = tiny_llama()
+    fused = GraphAutoFusion(model).fuse(check_speed=False)
+    return model, fused
+
+
+def test_the_loop_gives_eager_tokens_on_two_prompt_lengths(llama_pair):
+    model, fused = llama_pair
+    stats = fused.autofusion.decode
+    for n, seed, mask in ((16, 1, False), (9, 2, True)):
+        ids = _prompt(n, seed)
+        kw = dict(GREEDY, max_new_tokens=24)
+        if mask:
+            kw["attention_mask"] = torch.ones_like(ids)
+        with torch.no_grad():
+            want = model.generate(ids, **kw)
+        before = stats.loop_tokens
+        got = fused.generate(ids, **kw)
+        assert torch.equal(got, want)
+        assert stats.loop_tokens - before == 24 - torch_decode.PROBE_TOKENS, stats.last_reason
+    # one compiled graph served every token the loop decoded, none in eager
+    (plan,) = stats.plans.values()
+    assert plan.graph.fallback is None and plan.graph.calls >= 2 * 19
+    kinds = {r.kind for r in plan.rules}
+    assert {"token", "feed", "const", "count"} <= kinds
+
+
+def _late_token(generated) -> int:
+    """A token first made after the probe (the loop, not Hugging Face, must stop on it)."""
+    seen = generated[: torch_decode.PROBE_TOKENS + 1].tolist()
+    for t in generated[torch_decode.PROBE_TOKENS + 1 :].tolist():
+        if t not in seen:
+            return t
+        seen.append(t)
+    raise AssertionError("the model repeats itself: pick another prompt")
+
+
+def test_the_loop_stops_at_eos_and_pads_ended_rows_as_generate_does(llama_pair):
+    model, fused = llama_pair
+    stats = fused.autofusion.decode
+    ids = _prompt(12, 5)
+    with torch.no_grad():
+        free = model.generate(ids, **dict(GREEDY, max_new_tokens=20))
+    kw = dict(GREEDY, max_new_tokens=20, eos_token_id=_late_token(free[0, 12:]))
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+    loops = stats.loop_calls
+    got = fused.generate(ids, **kw)
+    assert torch.equal(got, want) and got.shape[1] < 12 + 20
+    assert stats.loop_calls == loops + 1
+
+    # two rows, the first left-padded: a row that ends gets the pad token from then on
+    batch = _prompt(10, 6, batch=2)
+    mask = torch.ones_like(batch)
+    mask[0, :3] = 0
+    batch[0, :3] = 0
+    with torch.no_grad():
+        free = model.generate(batch, attention_mask=mask, **dict(GREEDY, max_new_tokens=16))
+    eos = _late_token(free[0, 10:])
+    kw = dict(GREEDY, max_new_tokens=16, eos_token_id=eos, attention_mask=mask)
+    with torch.no_grad():
+        want = model.generate(batch, **kw)
+    assert (want[0, 10:] == 0).any()  # the first row ended and was padded
+    assert torch.equal(fused.generate(batch, **kw), want)
+    assert stats.loop_calls == loops + 2
+
+
+def test_settings_the_loop_does_not_honour_run_generate_unchanged(llama_pair):
+    model, fused = llama_pair
+    stats = fused.autofusion.decode
+    ids = _prompt(11, 7)
+    kw = dict(GREEDY, max_new_tokens=12, repetition_penalty=1.3)
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+    loops = stats.loop_calls
+    assert torch.equal(fused.generate(ids, **kw), want)
+    assert stats.loop_calls == loops and "repetition_penalty" in stats.last_reason
+
+
+def test_when_no_step_is_learnt_generate_goes_on_from_its_cache(llama_pair, monkeypatch):
+    model, fused = llama_pair
+    stats = fused.autofusion.decode
+    monkeypatch.setattr(torch_decode, "learn_step", lambda calls: (None, "forced"))
+    ids = _prompt(13, 8)
+    for kw in (
+        dict(GREEDY, max_new_tokens=15),
+        dict(GREEDY, max_new_tokens=15, attention_mask=torch.ones_like(ids)),
+    ):
+        with torch.no_grad():
+            want = model.generate(ids, **kw)
+        loops = stats.loop_calls
+        assert torch.equal(fused.generate(ids, **kw), want)
+        assert stats.loop_calls == loops and stats.last_reason == "forced"
+
+
+def test_another_family_decodes_through_the_loop():
+    model, inputs = SMALL_HF["gpt_neox"]()
+    model.eval()
+    fused = GraphAutoFusion(model, example_kwargs=inputs).fuse(check_speed=False)
+    ids = _prompt(7, 9)
+    kw = dict(GREEDY, max_new_tokens=14, attention_mask=torch.ones_like(ids))
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+    assert torch.equal(fused.generate(ids, **kw), want)
+    assert fused.autofusion.decode.loop_tokens == 14 - torch_decode.PROBE_TOKENS
+
+
+class _Graph:
+    index = 0
+
+
+def test_a_step_whose_rules_mispredict_is_not_learnt():
+    g, w = _Graph(), torch.ones(3)
+    cache = [torch.zeros(1, 1, k, 2) for k in (4, 5, 6, 7)]
+    logits = [torch.tensor([[[0.0, 1.0, 0.0]]]), torch.tensor([[[2.0, 0.0, 0.0]]])] * 2
+
+    def call(i, pos):
+        args = (torch.tensor([[[7, 1, 0][i]]]), w, torch.tensor([[pos]]), cache[i])
+        return (g, args, (logits[i], cache[i + 1]))
+
+    calls = [call(0, 4), call(1, 5), call(2, 6)]
+    plan, why = torch_decode.learn_step(calls)
+    assert plan is not None and [r.kind for r in plan.rules] == ["token", "const", "count", "feed"]
+    calls[2] = call(2, 9)  # the position jumps: "count" mispredicts the third call
+    plan, why = torch_decode.learn_step(calls)
+    assert plan is None and "'count' of argument 2 mispredicted" in why
+    plan, why = torch_decode.learn_step([calls[0], calls[1], (_Graph(), *calls[2][1:])])
+    assert plan is None and "graph break" in why
