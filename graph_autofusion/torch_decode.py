@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +79,8 @@ class StepPlan:
     graph: Any  # the CompiledGraph (its __call__ keeps the weight checks and fallbacks)
     rules: list[Rule]
     logits: int  # the output whose last position's argmax is the next token
+    #: per argument, how its sizes (a tensor) or value (an int) change per step
+    deltas: list[Any] = field(default_factory=list)
 
     def advance(self, args: list[Any], outs: Any, token: torch.Tensor) -> list[Any]:
         """The next call's arguments from this call's arguments, outputs and next token."""
@@ -160,6 +163,61 @@ def _rule(x: Any, y: Any, outs: Any) -> Rule | None:
     return None
 
 
+def _delta(x: Any, y: Any) -> Any:
+    """How ``y``'s sizes (or value) differ from ``x``'s: a tuple, an int, or None (not by 0 or
+    1 per dimension)."""
+    if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+        if x.dim() != y.dim():
+            return None
+        d = tuple(b - a for a, b in zip(x.shape, y.shape))
+        return d if all(v in (0, 1) for v in d) else None
+    if isinstance(x, int) and isinstance(y, int) and not isinstance(x, bool):
+        return y - x if y - x in (0, 1) else None
+    return 0 if x is y or x == y else None
+
+
+def first_unguarded_step(plan: StepPlan, args: Sequence[Any], steps: int) -> tuple[int, str]:
+    """The first of the next ``steps`` calls whose sizes Dynamo's shape guards for the graph
+    would refuse (a length threshold where the model's Python takes another branch, and Dynamo
+    would compile another graph), or 0 when none would; the loop bypasses those guards, so it
+    runs only when every step passes them. Sizes are simulated (meta tensors), nothing runs."""
+    from torch._guards import detect_fake_mode
+    from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
+
+    holders = [
+        n.meta.get("example_value") for n in plan.graph.gm.graph.nodes if n.op == "placeholder"
+    ]
+    if len(holders) != len(args) or any(h is None for h in holders):
+        return 1, "the graph's placeholders carry no example values"
+    mode = detect_fake_mode([h for h in holders if isinstance(h, torch.Tensor)])
+    if mode is None or mode.shape_env is None:
+        return 0, ""  # static shapes: nothing symbolic to guard
+    try:
+        code = mode.shape_env.produce_guards_expression(holders, ignore_static=True)
+    except Exception as exc:  # noqa: BLE001 - Dynamo's internals: no loop then
+        return 1, f"Dynamo's shape guards could not be read ({type(exc).__name__})"
+    if not code:
+        return 0, ""
+    check = compile(code, "<decode shape guards>", "eval")
+    moving = [i for i, d in enumerate(plan.deltas) if _moves(d) and f"L['t{i}']" in code]
+    named = {f"t{i}": a for i, a in enumerate(args) if f"L['t{i}']" in code}
+    for k in range(1, steps + 1):
+        for i in moving:
+            a, d = args[i], plan.deltas[i]
+            if isinstance(a, torch.Tensor):
+                size = [n + k * v for n, v in zip(a.shape, d)]
+                named[f"t{i}"] = torch.empty(size, dtype=a.dtype, device="meta")
+            else:
+                named[f"t{i}"] = a + k * d
+        if not eval(check, SYMPY_INTERP, {"L": named}):  # noqa: S307 - Dynamo's own guard code
+            return k, f"Dynamo's shape guards refuse decode step {k} (a length threshold)"
+    return 0, ""
+
+
+def _moves(delta: Any) -> bool:
+    return any(delta) if isinstance(delta, tuple) else bool(delta)
+
+
 def _same_value(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
@@ -185,6 +243,9 @@ def learn_step(calls: Any) -> tuple[StepPlan | None, str]:
     if len(logits) != 1 or not any(r.kind == "feed" for r in rules):
         return None, "no single token argument and cache fed back: not a KV-cache decode step"
     plan = StepPlan(g1, rules, logits.pop())
+    plan.deltas = [_delta(x, y) for x, y in zip(a2, a3)]
+    if any(d is None or d != _delta(x, y) for d, x, y in zip(plan.deltas, a1, a2)):
+        return None, "the arguments' sizes do not grow by the same steps each call"
     token = _argmax_token(o2[plan.logits])
     predicted = plan.advance(list(a2), o2, token)
     for i, (r, p, y) in enumerate(zip(rules, predicted, a3)):
@@ -254,6 +315,9 @@ def generate(module: Any, backend_config: Any, stats: DecodeStats, *args: Any, *
     last = recorder.calls[-1] if plan is not None else None
     if plan is not None and not torch.equal(_argmax_token(last[2][plan.logits]), seq[:, -1:]):
         plan, why = None, "the last probed token is not the argmax of the learnt logits"
+    if plan is not None:
+        step, why = first_unguarded_step(plan, last[1], n - PROBE_TOKENS)
+        plan = None if step else plan
     if plan is None:
         recorder.calls.clear()
         stats.last_reason = why

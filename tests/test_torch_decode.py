@@ -156,3 +156,39 @@ def test_a_step_whose_rules_mispredict_is_not_learnt():
     assert plan is None and "'count' of argument 2 mispredicted" in why
     plan, why = torch_decode.learn_step([calls[0], calls[1], (_Graph(), *calls[2][1:])])
     assert plan is None and "graph break" in why
+
+
+def _mistral(window: int):
+    torch.manual_seed(0)
+    cfg = transformers.MistralConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        sliding_window=window,
+    )
+    return transformers.MistralForCausalLM(cfg).eval()
+
+
+def test_a_length_threshold_in_dynamo_guards_keeps_generate_on_its_own_path():
+    """Sliding-window attention takes another branch once the cache passes the window:
+    Dynamo guards the decode graph on the length, and the loop (which bypasses Dynamo's
+    guards) must not run past it."""
+    model = _mistral(window=20)
+    fused = GraphAutoFusion(model).fuse(check_speed=False)
+    stats = fused.autofusion.decode
+    ids = _prompt(10, 1)
+    kw = dict(GREEDY, max_new_tokens=24)  # the cache passes the window of 20
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+    assert torch.equal(fused.generate(ids, **kw), want)
+    assert stats.loop_calls == 0 and "shape guards refuse" in stats.last_reason
+    kw = dict(GREEDY, max_new_tokens=8)  # within the window: the loop decodes
+    ids = _prompt(6, 2)
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+    assert torch.equal(fused.generate(ids, **kw), want)
+    assert stats.loop_calls == 1, stats.last_reason
