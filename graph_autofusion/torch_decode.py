@@ -82,19 +82,25 @@ class StepPlan:
     #: per argument, how its sizes (a tensor) or value (an int) change per step
     deltas: list[Any] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        kinds: dict[str, list[int]] = collections.defaultdict(list)
+        for i, r in enumerate(self.rules):
+            kinds[r.kind].append(i)
+        self._feeds = [(i, self.rules[i].src) for i in kinds["feed"]]
+        self._tokens, self._counts, self._grows = kinds["token"], kinds["count"], kinds["grow"]
+
     def advance(self, args: list[Any], outs: Any, token: torch.Tensor) -> list[Any]:
         """The next call's arguments from this call's arguments, outputs and next token."""
         nxt = list(args)
-        for i, r in enumerate(self.rules):
-            if r.kind == "feed":
-                nxt[i] = outs[r.src]
-            elif r.kind == "token":
-                nxt[i] = token
-            elif r.kind == "count":
-                nxt[i] = args[i] + 1
-            elif r.kind == "grow":
-                a = args[i]
-                nxt[i] = torch.cat((a, a.new_ones((*a.shape[:-1], 1))), dim=-1)
+        for i, j in self._feeds:
+            nxt[i] = outs[j]
+        for i in self._tokens:
+            nxt[i] = token
+        for i in self._counts:
+            nxt[i] = args[i] + 1
+        for i in self._grows:
+            a = args[i]
+            nxt[i] = torch.cat((a, a.new_ones((*a.shape[:-1], 1))), dim=-1)
         return nxt
 
 
@@ -122,9 +128,14 @@ class Recorder:
 
 
 def _argmax_token(out: Any) -> torch.Tensor | None:
+    """The greedy token of each row, ``[batch, 1]`` int64 (the first of equal maxima, as
+    ``torch.argmax``), or None when ``out`` is not logits-like."""
     if not isinstance(out, torch.Tensor) or not out.is_floating_point() or out.dim() != 3:
         return None
-    return out[:, -1, :].argmax(dim=-1, keepdim=True)
+    last = out[:, -1, :]
+    if last.dtype == torch.float32 and last.device.type == "cpu" and not last.requires_grad:
+        return torch.from_numpy(last.numpy().argmax(axis=-1)[:, None].astype("int64"))
+    return last.argmax(dim=-1, keepdim=True)
 
 
 def _rule(x: Any, y: Any, outs: Any) -> Rule | None:
