@@ -430,8 +430,30 @@ class CompiledGraph:
         self.engine_times["eager"] = statistics.median(eager_s)
         if not relative:
             return "eager", self.core_gm.forward
+        if len(relative) > 1 and _holds_session(built.get("onnxruntime")):
+            return self._head_to_head(built, args)
         engine = min(relative, key=relative.__getitem__)
         return engine, built[engine]
+
+    def _head_to_head(self, built: dict[str, Any], args: Sequence[Any]) -> tuple[str, Any]:
+        """Both engines beat eager and both are still open (no packed weights were let go):
+        the two timed against each other in one interleaved measurement, which a change of
+        load between their separate measurements against eager cannot sway; the torch
+        program must beat onnxruntime by the speed margin (a tie keeps onnxruntime, which
+        reads the parameters in place)."""
+        calls = {
+            "torch": functools.partial(built["torch"], *args),
+            "onnxruntime": functools.partial(built["onnxruntime"], *args),
+        }
+        policy = SpeedPolicy(self.config.options.speed_margin)
+        with torch.no_grad():
+            best, medians = policy.choose(
+                calls, "torch", f"engine@graph{self.index}", rounds=defaults.ENGINE_TIMING_ROUNDS
+            )
+        self.engine_notes["head_to_head"] = ", ".join(
+            f"{k} {v * 1e3:.3f} ms" for k, v in medians.items()
+        )
+        return best, built[best]
 
     def _thread_choice(self, program: Any, args: Sequence[Any]) -> Any:
         """``program`` (an onnxruntime program), or the same fused model on one thread when
@@ -497,6 +519,12 @@ class CompiledGraph:
 
 
 _VERSION = operator.attrgetter("_version")
+
+
+def _holds_session(program: Any) -> bool:
+    """Whether an onnxruntime program (possibly wrapped) still has its session open."""
+    ort = getattr(program, "program", program)
+    return program is not None and getattr(ort, "session", None) is not None
 
 
 def _row_major(program: Callable[..., Any]) -> Callable[..., Any]:
