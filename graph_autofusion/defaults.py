@@ -41,10 +41,11 @@ ENGINE_TIMING_ROUNDS = 5
 #: Qwen2's session step: 0.33 ms on one thread, 0.50 on two). One thread is kept when it is
 #: faster by :data:`FEW_THREADS_MARGIN`.
 FEW_THREADS_BELOW_S = 1.5e-3
-FEW_THREADS_MARGIN = 1.05
 #: ... or whose weights are fewer bytes than this (a small model on a loaded machine, whose
 #: first calls take longer than :data:`FEW_THREADS_BELOW_S`).
 FEW_THREADS_WEIGHT_BYTES = 8 << 20
+#: How much faster one thread must measure than the session's threads to be kept.
+FEW_THREADS_MARGIN = 1.05
 #: Compressed weights (``FuseOptions.weights``, :mod:`graph_autofusion.pipeline.weights`):
 #: the block of ``MatMulNBits`` along K, per form (one fp32 scale per block).
 WEIGHTS_BLOCK_SIZE = {"int8": 32, "int4": 32}

@@ -140,8 +140,9 @@ class Writes:
 
     @staticmethod
     def of(imported: Any, n_out: int) -> Writes | None:
-        mutated = getattr(imported, "mutated", ())
-        return Writes(mutated, imported.aliases, n_out) if mutated else None
+        """The writes of an imported graph (``FxImport``) returning ``n_out`` outputs of its
+        own, or None when it writes into no argument."""
+        return Writes(imported.mutated, imported.aliases, n_out) if imported.mutated else None
 
     def scratch(self, args: Sequence[Any]) -> list[Any]:
         """``args`` with a copy of each argument the graph writes into."""
