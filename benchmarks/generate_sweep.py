@@ -23,24 +23,10 @@ import transformers
 
 from graph_autofusion import GraphAutoFusion
 from graph_autofusion.runtime.peer_engines import cpu_facts
-from graph_autofusion.testing.small_hf import SMALL_HF, tiny_llama
+from graph_autofusion.testing.small_hf import SMALL_HF, tiny_causal_lm, tiny_llama
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROMPTS = ((12, 1, True), (7, 2, False), (12, 3, True))  # length, seed, attention mask given
-
-
-def _model(config_cls: str, model_cls: str, **cfg) -> torch.nn.Module:
-    torch.manual_seed(0)
-    base = dict(
-        vocab_size=1000,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-    )
-    base.update(cfg)
-    config = getattr(transformers, config_cls)(**base)
-    return getattr(transformers, model_cls)(config).eval()
 
 
 FAMILIES = {
@@ -49,24 +35,26 @@ FAMILIES = {
     "gemma": lambda: SMALL_HF["gemma"]()[0].eval(),
     "phi": lambda: SMALL_HF["phi"]()[0].eval(),
     "gpt_neox": lambda: SMALL_HF["gpt_neox"]()[0].eval(),
-    "gpt2": lambda: _model(
+    "gpt2": lambda: tiny_causal_lm(
         "GPT2Config", "GPT2LMHeadModel", n_embd=128, n_layer=2, n_head=4, n_positions=256
     ),
-    "mistral": lambda: _model("MistralConfig", "MistralForCausalLM", num_key_value_heads=2),
-    "opt": lambda: _model(
+    "mistral": lambda: tiny_causal_lm("MistralConfig", "MistralForCausalLM", num_key_value_heads=2),
+    "opt": lambda: tiny_causal_lm(
         "OPTConfig",
         "OPTForCausalLM",
         ffn_dim=256,
         max_position_embeddings=256,
         word_embed_proj_dim=128,
     ),
-    "bloom": lambda: _model("BloomConfig", "BloomForCausalLM", n_layer=2, n_head=4),
-    "falcon": lambda: _model("FalconConfig", "FalconForCausalLM"),
-    "stablelm": lambda: _model("StableLmConfig", "StableLmForCausalLM", num_key_value_heads=4),
-    "gemma2": lambda: _model(
+    "bloom": lambda: tiny_causal_lm("BloomConfig", "BloomForCausalLM", n_layer=2, n_head=4),
+    "falcon": lambda: tiny_causal_lm("FalconConfig", "FalconForCausalLM"),
+    "stablelm": lambda: tiny_causal_lm(
+        "StableLmConfig", "StableLmForCausalLM", num_key_value_heads=4
+    ),
+    "gemma2": lambda: tiny_causal_lm(
         "Gemma2Config", "Gemma2ForCausalLM", num_key_value_heads=2, head_dim=32
     ),
-    "olmo": lambda: _model("OlmoConfig", "OlmoForCausalLM"),
+    "olmo": lambda: tiny_causal_lm("OlmoConfig", "OlmoForCausalLM"),
 }
 
 

@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from graph_autofusion import GraphAutoFusion, torch_decode  # noqa: E402
-from graph_autofusion.testing.small_hf import SMALL_HF, tiny_llama  # noqa: E402
+from graph_autofusion.testing.small_hf import SMALL_HF, tiny_causal_lm, tiny_llama  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("torch_compile")
 GREEDY = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
@@ -159,18 +159,9 @@ def test_a_step_whose_rules_mispredict_is_not_learnt():
 
 
 def _mistral(window: int):
-    torch.manual_seed(0)
-    cfg = transformers.MistralConfig(
-        vocab_size=1000,
-        hidden_size=64,
-        intermediate_size=176,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        sliding_window=window,
+    return tiny_causal_lm(
+        "MistralConfig", "MistralForCausalLM", num_key_value_heads=2, sliding_window=window
     )
-    return transformers.MistralForCausalLM(cfg).eval()
 
 
 def test_a_length_threshold_in_dynamo_guards_keeps_generate_on_its_own_path():

@@ -49,20 +49,34 @@ def _image(size: int = 32) -> Any:
     return torch.randn(1, 3, size, size)
 
 
+#: The causal LMs' size: 2 layers, hidden 128, 4 heads, vocabulary 1000.
+LLM_CONFIG = dict(
+    vocab_size=1000,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+)
+
+
+def _causal_lm(config_cls: str, model_cls: str, **cfg: Any) -> Any:
+    config = getattr(transformers, config_cls)(**{**LLM_CONFIG, **cfg})
+    return getattr(transformers, model_cls)(config)
+
+
 def _llm(config_cls: str, model_cls: str, **cfg: Any) -> Callable[[], tuple[Any, dict]]:
     def build() -> tuple[Any, dict]:
-        config = getattr(transformers, config_cls)(
-            vocab_size=1000,
-            hidden_size=128,
-            intermediate_size=256,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            **cfg,
-        )
-        model = getattr(transformers, model_cls)(config)
+        model = _causal_lm(config_cls, model_cls, **cfg)
         return model, {"input_ids": _ids(), "attention_mask": _mask()}
 
     return build
+
+
+def tiny_causal_lm(config_cls: str, model_cls: str, *, seed: int = 0, **cfg: Any) -> Any:
+    """A causal LM of any Hugging Face family by its config and model class names
+    (:data:`LLM_CONFIG`'s size, ``cfg`` on top), random weights from ``seed``, eval."""
+    torch.manual_seed(seed)
+    return _causal_lm(config_cls, model_cls, **cfg).eval()
 
 
 def tiny_llama(kv_heads: int = 2, *, seed: int = 0) -> Any:
