@@ -41,6 +41,9 @@ import torch
 #: Tokens Hugging Face's generate() decodes before the loop takes over: the prefill, the first
 #: decode graph (static cache length), then three calls of the graph with the length symbolic.
 PROBE_TOKENS = 5
+#: ... and on later calls, once a step is learnt: the prefill and two calls of the decode
+#: graph (the learnt rules must predict the second from the first).
+KNOWN_PROBE_TOKENS = 3
 
 #: generate() settings (keywords or the model's generation config) the loop honours, with the
 #: values it accepts (None: any). Anything else runs Hugging Face's generate().
@@ -257,13 +260,35 @@ def learn_step(calls: Any) -> tuple[StepPlan | None, str]:
     plan.deltas = [_delta(x, y) for x, y in zip(a2, a3)]
     if any(d is None or d != _delta(x, y) for d, x, y in zip(plan.deltas, a1, a2)):
         return None, "the arguments' sizes do not grow by the same steps each call"
-    token = _argmax_token(o2[plan.logits])
-    predicted = plan.advance(list(a2), o2, token)
-    for i, (r, p, y) in enumerate(zip(rules, predicted, a3)):
+    why = _mispredicts(plan, a2, o2, a3)
+    return (None, why) if why else (plan, "")
+
+
+def _mispredicts(plan: StepPlan, args: Sequence[Any], outs: Any, nxt: Sequence[Any]) -> str:
+    """Why ``plan`` does not make the call ``nxt`` from the call (``args``, ``outs``), or ""."""
+    if not len(args) == len(nxt) == len(plan.rules):
+        return "the decode calls' argument counts differ"
+    predicted = plan.advance(list(args), outs, _argmax_token(outs[plan.logits]))
+    for i, (r, p, y) in enumerate(zip(plan.rules, predicted, nxt)):
         ok = p is y if r.kind in ("const", "feed") else _same_value(p, y)
         if not ok:
-            return None, f"the rule {r.kind!r} of argument {i} mispredicted the next call"
-    return plan, ""
+            return f"the rule {r.kind!r} of argument {i} mispredicted the next call"
+    if any(d != _delta(x, y) for d, x, y in zip(plan.deltas, args, nxt)):
+        return "the arguments' sizes do not grow by the learnt steps"
+    return ""
+
+
+def known_step(plans: dict[int, StepPlan], calls: Any) -> tuple[StepPlan | None, str]:
+    """The plan learnt earlier for the graph of the last two calls, when it predicts the
+    second from the first, or None and why not."""
+    if len(calls) < 2:
+        return None, "fewer than two compiled-graph calls seen while probing"
+    (g1, a1, o1), (g2, a2, _) = list(calls)[-2:]
+    plan = plans.get(g2.index)
+    if g1 is not g2 or plan is None or plan.graph is not g2:
+        return None, "the decode graph has no learnt step yet"
+    why = _mispredicts(plan, a1, o1, a2)
+    return (None, why) if why else (plan, "")
 
 
 def greedy_settings(module: Any, kwargs: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
@@ -307,27 +332,42 @@ def generate(module: Any, backend_config: Any, stats: DecodeStats, *args: Any, *
     if n <= PROBE_TOKENS or (eos and pad is None and ids.shape[0] > 1):
         stats.last_reason = f"{n} new tokens" if n <= PROBE_TOKENS else "eos without pad"
         return hf_generate(module, *args, **kwargs)
-    probe = dict(kwargs, max_new_tokens=PROBE_TOKENS, return_dict_in_generate=True)
+    one_row_or_no_eos = ids.shape[0] == 1 or not eos
+    probe_n = KNOWN_PROBE_TOKENS if stats.plans and one_row_or_no_eos else PROBE_TOKENS
     recorder = Recorder()
     backend_config.recorder = recorder
     try:
-        out = hf_generate(module, *args, **probe)
+        out = hf_generate(
+            module, *args, **dict(kwargs, max_new_tokens=probe_n, return_dict_in_generate=True)
+        )
+        plan, why = (
+            known_step(stats.plans, recorder.calls) if probe_n < PROBE_TOKENS else (None, "")
+        )
+        if plan is None and probe_n < PROBE_TOKENS and not _ended(out, ids, eos, probe_n):
+            # another graph than the one learnt: Hugging Face decodes the rest of the probe
+            key = _cache_key(out)
+            more = dict(kwargs, return_dict_in_generate=True)
+            out = _continue(
+                module, out.sequences, {key: getattr(out, key)}, more, PROBE_TOKENS - probe_n
+            )
+            probe_n = PROBE_TOKENS
     finally:
         backend_config.recorder = None
     seq = out.sequences
-    cache_key = "cache" if getattr(out, "cache", None) is not None else "past_key_values"
+    cache_key = _cache_key(out)
     cache = getattr(out, cache_key)
     plen = ids.shape[1]
     done = _finished(seq[:, plen:], eos)
-    if seq.shape[1] - plen < PROBE_TOKENS or bool(done.all()):
+    if _ended(out, ids, eos, probe_n):
         stats.last_reason = "finished while probing"
         return seq
-    plan, why = learn_step(list(recorder.calls))
+    if plan is None and probe_n == PROBE_TOKENS:
+        plan, why = learn_step(list(recorder.calls))
     last = recorder.calls[-1] if plan is not None else None
     if plan is not None and not torch.equal(_argmax_token(last[2][plan.logits]), seq[:, -1:]):
         plan, why = None, "the last probed token is not the argmax of the learnt logits"
     if plan is not None:
-        step, why = first_unguarded_step(plan, last[1], n - PROBE_TOKENS)
+        step, why = first_unguarded_step(plan, last[1], n - probe_n)
         plan = None if step else plan
     if plan is None:
         recorder.calls.clear()
@@ -335,7 +375,7 @@ def generate(module: Any, backend_config: Any, stats: DecodeStats, *args: Any, *
         if eos and ids.shape[0] > 1:  # a row ended while probing: HF would not know it
             del out, cache
             return hf_generate(module, *args, **kwargs)
-        return _continue(module, seq, {cache_key: cache}, kwargs, n - PROBE_TOKENS)
+        return _continue(module, seq, {cache_key: cache}, kwargs, n - probe_n)
     # the probe's tensors go: the loop holds one step's arguments and outputs at a time
     state = [list(last[1]), last[2]]
     del cache, out, last
@@ -343,9 +383,20 @@ def generate(module: Any, backend_config: Any, stats: DecodeStats, *args: Any, *
     stats.plans[plan.graph.index] = plan
     stats.loop_calls += 1
     with torch.no_grad():
-        tokens = _loop(plan, state, seq[:, -1:], n - PROBE_TOKENS, eos, pad, done)
+        tokens = _loop(plan, state, seq[:, -1:], n - probe_n, eos, pad, done)
     stats.loop_tokens += tokens.shape[1]
     return torch.cat((seq, tokens), dim=-1)
+
+
+def _cache_key(out: Any) -> str:
+    """The name of a generate() output's cache (``cache``; ``past_key_values`` before 5.x)."""
+    return "cache" if getattr(out, "cache", None) is not None else "past_key_values"
+
+
+def _ended(out: Any, ids: torch.Tensor, eos: list[int], probed: int) -> bool:
+    """Whether a probe's generate() ended early, or every row has ended."""
+    new = out.sequences[:, ids.shape[1] :]
+    return new.shape[1] < probed or bool(_finished(new, eos).all())
 
 
 def _continue(module: Any, seq: torch.Tensor, cache: dict, kwargs: dict, n: int) -> Any:
