@@ -49,7 +49,7 @@ from graph_autofusion.runtime.peer_engines import cpu_facts
 from graph_autofusion.runtime.timing import round_robin
 from graph_autofusion.testing.builders import build_model
 from graph_autofusion.testing.kv_cache import export_decoder, greedy_decode_ort
-from graph_autofusion.torch_decode import PROBE_TOKENS
+from graph_autofusion.torch_decode import KNOWN_PROBE_TOKENS, PROBE_TOKENS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vs_ort_decode import decode_feeds  # noqa: E402
@@ -289,7 +289,8 @@ def main() -> None:
         "|---|---|---|",
         f"| torch.compile(backend='autofusion') + generate() | {per_token['torch route']:.2f} | "
         f"{data['outside_onnxruntime_ms_per_token']['torch route']:.2f} |",
-        f"| GraphAutoFusion(model).fuse().generate() (decode loop after {PROBE_TOKENS} tokens) "
+        f"| GraphAutoFusion(model).fuse().generate() (decode loop after {PROBE_TOKENS} tokens, "
+        f"{KNOWN_PROBE_TOKENS} once learnt) "
         f"| {per_token['drop-in module']:.2f} | "
         f"{data['outside_onnxruntime_ms_per_token']['drop-in module']:.2f} |",
         f"| our ONNX route, Python loop of session runs | {per_token['onnx route']:.2f} | "
