@@ -104,9 +104,9 @@ class BackendConfig:
     saved_weights: dict[str, list[str]] | None = None
     #: Every graph compiled through this backend, in order (reports and tests read them).
     graphs: list[CompiledGraph] = field(default_factory=list)
-    #: While set, every graph call is handed to it (``torch_decode.Recorder``: the decode
-    #: loop learns a step from Hugging Face's calls).
-    recorder: Any = None
+    #: Per thread id, a ``torch_decode.Recorder`` every graph call made on that thread is
+    #: handed to (the decode loop learns a step from Hugging Face's calls).
+    recorders: dict[int, Any] = field(default_factory=dict)
 
     def ruleset(self) -> Any:
         if self.rules is None:
@@ -151,8 +151,10 @@ class CompiledGraph:
 
     def __call__(self, *args: Any) -> Any:
         out = self._call(args)
-        if self.config.recorder is not None:
-            self.config.recorder.record(self, args, out)
+        if self.config.recorders:
+            rec = self.config.recorders.get(threading.get_ident())
+            if rec is not None:
+                rec.record(self, args, out)
         return out
 
     def _call(self, args: tuple) -> Any:

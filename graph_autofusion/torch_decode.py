@@ -119,15 +119,16 @@ class DecodeStats:
 
 
 class Recorder:
-    """Keeps the last compiled-graph calls made on one thread (a backend's ``recorder``)."""
+    """Keeps the last compiled-graph calls made on the thread that created it, while it is
+    in its backend's ``recorders`` (keyed by thread: concurrent generate() calls on one
+    module each record their own thread's calls)."""
 
     def __init__(self, keep: int = 3) -> None:
         self.thread = threading.get_ident()
         self.calls: collections.deque = collections.deque(maxlen=keep)
 
     def record(self, graph: Any, args: tuple, outs: Any) -> None:
-        if threading.get_ident() == self.thread:
-            self.calls.append((graph, args, outs))
+        self.calls.append((graph, args, outs))
 
 
 def _argmax_token(out: Any) -> torch.Tensor | None:
@@ -195,6 +196,13 @@ def first_unguarded_step(plan: StepPlan, args: Sequence[Any], steps: int) -> tup
     would refuse (a length threshold where the model's Python takes another branch, and Dynamo
     would compile another graph), or 0 when none would; the loop bypasses those guards, so it
     runs only when every step passes them. Sizes are simulated (meta tensors), nothing runs."""
+    try:
+        return _first_unguarded_step(plan, args, steps)
+    except Exception as exc:  # noqa: BLE001 - Dynamo's internals: no loop then
+        return 1, f"Dynamo's shape guards could not be evaluated ({type(exc).__name__})"
+
+
+def _first_unguarded_step(plan: StepPlan, args: Sequence[Any], steps: int) -> tuple[int, str]:
     from torch._guards import detect_fake_mode
     from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
 
@@ -312,7 +320,7 @@ def _eos_ids(settings: dict[str, Any]) -> list[int]:
     eos = settings.get("eos_token_id")
     if eos is None:
         return []
-    return [int(e) for e in (eos if isinstance(eos, list | tuple) else [eos])]
+    return [int(e) for e in torch.as_tensor(eos).flatten().tolist()]
 
 
 def generate(module: Any, backend_config: Any, stats: DecodeStats, *args: Any, **kwargs: Any):
@@ -335,7 +343,7 @@ def generate(module: Any, backend_config: Any, stats: DecodeStats, *args: Any, *
     one_row_or_no_eos = ids.shape[0] == 1 or not eos
     probe_n = KNOWN_PROBE_TOKENS if stats.plans and one_row_or_no_eos else PROBE_TOKENS
     recorder = Recorder()
-    backend_config.recorder = recorder
+    backend_config.recorders[recorder.thread] = recorder
     try:
         out = hf_generate(
             module, *args, **dict(kwargs, max_new_tokens=probe_n, return_dict_in_generate=True)
@@ -347,12 +355,14 @@ def generate(module: Any, backend_config: Any, stats: DecodeStats, *args: Any, *
             # another graph than the one learnt: Hugging Face decodes the rest of the probe
             key = _cache_key(out)
             more = dict(kwargs, return_dict_in_generate=True)
+            cache = {key: getattr(out, key)}
             out = _continue(
-                module, out.sequences, {key: getattr(out, key)}, more, PROBE_TOKENS - probe_n
+                module, ids, out.sequences, cache, more, PROBE_TOKENS - probe_n, settings
             )
+            del cache
             probe_n = PROBE_TOKENS
     finally:
-        backend_config.recorder = None
+        backend_config.recorders.pop(recorder.thread, None)
     seq = out.sequences
     cache_key = _cache_key(out)
     cache = getattr(out, cache_key)
@@ -364,18 +374,19 @@ def generate(module: Any, backend_config: Any, stats: DecodeStats, *args: Any, *
     if plan is None and probe_n == PROBE_TOKENS:
         plan, why = learn_step(list(recorder.calls))
     last = recorder.calls[-1] if plan is not None else None
-    if plan is not None and not torch.equal(_argmax_token(last[2][plan.logits]), seq[:, -1:]):
-        plan, why = None, "the last probed token is not the argmax of the learnt logits"
+    if plan is not None and not _is_last_step(plan, last, seq):
+        plan, why = None, "the last recorded call is not the probe's last decode step"
     if plan is not None:
         step, why = first_unguarded_step(plan, last[1], n - probe_n)
         plan = None if step else plan
     if plan is None:
+        last = None
         recorder.calls.clear()
         stats.last_reason = why
-        if eos and ids.shape[0] > 1:  # a row ended while probing: HF would not know it
+        if eos and bool(done.any()):  # a row ended while probing: HF would not know it
             del out, cache
             return hf_generate(module, *args, **kwargs)
-        return _continue(module, seq, {cache_key: cache}, kwargs, n - probe_n)
+        return _continue(module, ids, seq, {cache_key: cache}, kwargs, n - probe_n, settings)
     # the probe's tensors go: the loop holds one step's arguments and outputs at a time
     state = [list(last[1]), last[2]]
     del cache, out, last
@@ -399,14 +410,36 @@ def _ended(out: Any, ids: torch.Tensor, eos: list[int], probed: int) -> bool:
     return new.shape[1] < probed or bool(_finished(new, eos).all())
 
 
-def _continue(module: Any, seq: torch.Tensor, cache: dict, kwargs: dict, n: int) -> Any:
-    """Hugging Face's generate() decoding ``n`` more tokens after ``seq`` from its cache."""
+def _is_last_step(plan: StepPlan, last: Any, seq: torch.Tensor) -> bool:
+    """Whether ``last`` is the probe's last decode call: it was fed the token before the
+    last, and its logits give the last."""
+    fed = [last[1][i] for i, r in enumerate(plan.rules) if r.kind == "token"]
+    made = _argmax_token(last[2][plan.logits])
+    return all(torch.equal(t, seq[:, -2:-1]) for t in fed) and torch.equal(made, seq[:, -1:])
+
+
+def _prompt_mask(ids: torch.Tensor, settings: dict[str, Any]) -> torch.Tensor:
+    """The attention mask Hugging Face's generate() makes for a prompt given without one
+    (``_prepare_attention_mask_for_generation``): pad tokens masked when the pad token is in
+    the prompt and is not an end-of-sequence token, else all ones."""
+    pad = settings.get("pad_token_id")
+    ones = torch.ones(ids.shape[:2], dtype=torch.long)
+    if pad is None or not bool((ids == pad).any()) or int(pad) in _eos_ids(settings):
+        return ones
+    return ids.ne(pad).long()
+
+
+def _continue(module, ids, seq, cache: dict, kwargs: dict, n: int, settings: dict) -> Any:
+    """Hugging Face's generate() decoding ``n`` more tokens after ``seq`` (``ids`` and the
+    tokens decoded so far) from its cache. The mask is the one the uninterrupted generate()
+    would hold (the prompt's, then ones): given explicitly, so a decoded token that happens
+    to be the pad token is not masked as padding."""
     more = dict(kwargs, max_new_tokens=n, **cache)
     more.pop("input_ids", None)
     mask = kwargs.get("attention_mask")
-    if mask is not None:
-        grown = mask.new_ones((mask.shape[0], seq.shape[1] - mask.shape[1]))
-        more["attention_mask"] = torch.cat((mask, grown), dim=-1)
+    mask = _prompt_mask(ids, settings) if mask is None else mask
+    grown = mask.new_ones((mask.shape[0], seq.shape[1] - mask.shape[1]))
+    more["attention_mask"] = torch.cat((mask, grown), dim=-1)
     return type(module).generate(module, seq, **more)
 
 

@@ -252,10 +252,20 @@ def fuse_module(
 
 
 def _can_generate(module: torch.nn.Module) -> bool:
+    """A decoder-only Hugging Face model with the library's own ``generate()`` (a class that
+    overrides it, or an encoder-decoder, keeps its own)."""
     can = getattr(module, "can_generate", None)
     try:
-        return hasattr(type(module), "generate") and callable(can) and bool(can())
-    except Exception:  # noqa: BLE001 - a model's own check; no loop then
+        from transformers import GenerationMixin
+
+        config = getattr(module, "config", None)
+        return (
+            getattr(type(module), "generate", None) is GenerationMixin.generate
+            and not getattr(config, "is_encoder_decoder", False)
+            and callable(can)
+            and bool(can())
+        )
+    except Exception:  # noqa: BLE001 - a model's own check, or no transformers: no loop then
         return False
 
 

@@ -80,6 +80,15 @@ def test_later_calls_probe_fewer_tokens_with_the_learnt_step(llama_pair):
         assert torch.equal(fused.generate(ids, **kw), want)
         if k:  # the first call learnt the step of this call's graph (or knew it already)
             assert stats.loop_tokens - before == 18 - torch_decode.KNOWN_PROBE_TOKENS
+    # two rows: another decode graph than the one learnt at one row; Hugging Face decodes
+    # the rest of the probe from its cache, and the step is learnt for this graph
+    ids = _prompt(9, 14, batch=2)
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+    before, graphs = stats.loop_tokens, len(stats.plans)
+    assert torch.equal(fused.generate(ids, **kw), want)
+    assert stats.loop_tokens - before == 18 - torch_decode.PROBE_TOKENS, stats.last_reason
+    assert len(stats.plans) == graphs + 1
 
 
 def test_the_loop_stops_at_eos_and_pads_ended_rows_as_generate_does(llama_pair):
@@ -128,6 +137,7 @@ def test_when_no_step_is_learnt_generate_goes_on_from_its_cache(llama_pair, monk
     model, fused = llama_pair
     stats = fused.autofusion.decode
     monkeypatch.setattr(torch_decode, "learn_step", lambda calls: (None, "forced"))
+    monkeypatch.setattr(torch_decode, "known_step", lambda plans, calls: (None, "forced"))
     ids = _prompt(13, 8)
     for kw in (
         dict(GREEDY, max_new_tokens=15),
@@ -138,6 +148,33 @@ def test_when_no_step_is_learnt_generate_goes_on_from_its_cache(llama_pair, monk
         loops = stats.loop_calls
         assert torch.equal(fused.generate(ids, **kw), want)
         assert stats.loop_calls == loops and stats.last_reason == "forced"
+
+
+def test_the_continuation_does_not_mask_a_decoded_pad_token(llama_pair, monkeypatch):
+    """Without a mask from the caller, Hugging Face infers one from the pad token: the
+    continuation from the probe's cache must not mask a decoded token that is the pad."""
+    model, fused = llama_pair
+    monkeypatch.setattr(torch_decode, "learn_step", lambda calls: (None, "forced"))
+    monkeypatch.setattr(torch_decode, "known_step", lambda plans, calls: (None, "forced"))
+    ids = _prompt(10, 21)
+    with torch.no_grad():
+        free = model.generate(ids, **dict(GREEDY, max_new_tokens=8))
+    pad = int(free[0, 10 + 2])  # a token the probe decodes
+    assert not bool((ids == pad).any())
+    kw = dict(GREEDY, max_new_tokens=14, pad_token_id=pad)
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+    assert torch.equal(fused.generate(ids, **kw), want)
+
+
+def test_only_decoder_only_models_with_the_library_generate_get_the_loop():
+    from graph_autofusion.torch_module import _can_generate
+
+    t5 = transformers.T5ForConditionalGeneration(
+        transformers.T5Config(vocab_size=100, d_model=32, d_ff=64, num_layers=1, num_heads=2)
+    )
+    assert _can_generate(tiny_llama()) and not _can_generate(t5)
+    assert not _can_generate(torch.nn.Linear(2, 2))
 
 
 def test_another_family_decodes_through_the_loop():
