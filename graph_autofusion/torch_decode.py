@@ -306,6 +306,8 @@ def greedy_settings(module: Any, kwargs: dict[str, Any]) -> tuple[dict[str, Any]
     settings = dict(config.to_diff_dict()) if config is not None else {}
     settings.update(kwargs)
     for key, value in settings.items():
+        if key == "max_length" and isinstance(settings.get("max_new_tokens"), int):
+            continue  # generate() lets max_new_tokens take precedence over it
         if key not in GREEDY_KEYS:
             return None, f"generate() setting {key!r}"
         want = GREEDY_KEYS[key]

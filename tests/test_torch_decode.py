@@ -121,6 +121,15 @@ def test_the_loop_stops_at_eos_and_pads_ended_rows_as_generate_does(llama_pair):
     assert stats.loop_calls == loops + 2
 
 
+def test_a_saved_max_length_gives_way_to_max_new_tokens():
+    model = tiny_llama()
+    model.generation_config.max_length = 4096  # as many saved generation configs have
+    settings, why = torch_decode.greedy_settings(model, dict(GREEDY, max_new_tokens=9))
+    assert settings is not None and settings["max_new_tokens"] == 9, why
+    settings, why = torch_decode.greedy_settings(model, dict(GREEDY))
+    assert settings is None and "max_length" in why
+
+
 def test_settings_the_loop_does_not_honour_run_generate_unchanged(llama_pair):
     model, fused = llama_pair
     stats = fused.autofusion.decode
