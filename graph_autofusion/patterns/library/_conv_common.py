@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from graph_autofusion.catalog.definitions.control import ExecScope, call_op
+from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.ir.core import Node, Value
-from graph_autofusion.ir.dtypes import DType
 from graph_autofusion.patterns.matcher import const_value
 from graph_autofusion.patterns.pattern import MatchContext, Pattern, PatternBuilder
 from graph_autofusion.patterns.rewrite import RewriteContext, RewriteError
@@ -121,10 +122,17 @@ def fold_bn(ctx: RewriteContext) -> tuple[Value, Value]:
     return w_new, b_new
 
 
+#: Shape operators :func:`_const_eval` runs on constant inputs (the catalog's references).
+_CONST_SHAPE_OPS = frozenset(
+    {"ConstantOfShape", "Concat", "Reshape", "Slice", "Transpose", "Cast", "Unsqueeze", "Squeeze"}
+)
+
+
 def _const_eval(value: Value, depth: int = 16) -> np.ndarray | None:
     """The data of ``value`` when it is computed from constants by a short chain of shape
     operators (a TorchScript export's TF-style pads: ConstantOfShape, Concat, Reshape, Slice,
-    Transpose, Cast; Shape of a static tensor), else ``None``."""
+    Transpose, Cast; Shape of a static tensor), else ``None``. Each operator runs on the
+    operator catalog's NumPy reference."""
     data = const_value(value)
     if data is not None or depth <= 0:
         return data
@@ -138,6 +146,8 @@ def _const_eval(value: Value, depth: int = 16) -> np.ndarray | None:
             return None
         shape = np.asarray(x.shape, np.int64)
         return shape[node.attrs.get("start", 0) : node.attrs.get("end", len(shape))]
+    if op not in _CONST_SHAPE_OPS:
+        return None
     args = []
     for v in node.inputs:
         a = None if v is None else _const_eval(v, depth - 1)
@@ -145,33 +155,10 @@ def _const_eval(value: Value, depth: int = 16) -> np.ndarray | None:
             return None
         args.append(a)
     try:
-        if op == "ConstantOfShape":
-            fill = np.asarray(node.attrs.get("value", np.zeros(1, np.float32))).reshape(-1)
-            return np.full(tuple(int(d) for d in args[0]), fill[0], fill.dtype)
-        if op == "Concat":
-            return np.concatenate(args, axis=int(node.attrs["axis"]))
-        if op == "Reshape" and not node.attrs.get("allowzero", 0):
-            shape = [int(d) if d != 0 else args[0].shape[i] for i, d in enumerate(args[1])]
-            return args[0].reshape(shape)
-        if op == "Transpose":
-            return np.transpose(args[0], node.attrs.get("perm"))
-        if op == "Cast":
-            return args[0].astype(DType(int(node.attrs["to"])).to_numpy())
-        if op == "Slice":
-            x, starts, ends = args[0], args[1], args[2]
-            axes = args[3] if len(args) > 3 and args[3] is not None else range(len(starts))
-            steps = args[4] if len(args) > 4 and args[4] is not None else [1] * len(starts)
-            index = [slice(None)] * x.ndim
-            for a, b, e, st in zip(axes, starts, ends, steps):
-                index[int(a)] = slice(int(b), int(e), int(st))
-            return x[tuple(index)]
-        if op in ("Unsqueeze", "Squeeze") and len(args) > 1 and args[1] is not None:
-            axes = tuple(int(a) for a in args[1])
-            f = np.expand_dims if op == "Unsqueeze" else np.squeeze
-            return f(args[0], axes)
-    except (ValueError, IndexError, KeyError, TypeError):
+        (out,) = call_op(op, "", node.attrs, args, 1, ExecScope({}, {}), node=node)
+    except (GraphAutoFusionError, ValueError, IndexError, KeyError, TypeError):
         return None
-    return None
+    return np.asarray(out)
 
 
 def foldable_pad(conv_node: Node) -> tuple[Node, list[int]] | None:
