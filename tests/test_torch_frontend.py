@@ -155,15 +155,25 @@ def test_lstm_becomes_onnx_lstm():
 
 
 def test_unknown_aten_op_becomes_opaque_node_run_by_torch():
-    class Sort(nn.Module):
+    class CumMax(nn.Module):
         def forward(self, x):
-            return torch.sort(x * 2, dim=1, descending=True)[0] + 1
+            return torch.cummax(x * 2, dim=1)[0] + 1
 
-    model = _check(Sort(), (torch.randn(3, 5),), canonical=False)
+    model = _check(CumMax(), (torch.randn(3, 5),), canonical=False)
     opaque = [n for n in model.graph.nodes if n.domain == "aten"]
-    assert len(opaque) == 1 and opaque[0].op_type.startswith("aten::sort")
+    assert len(opaque) == 1 and opaque[0].op_type.startswith("aten::cummax")
     assert len(opaque[0].outputs) == 2 and opaque[0].outputs[0].shape == (3, 5)
-    assert get_converter(torch.ops.aten.sort.default) is None
+    assert get_converter(torch.ops.aten.cummax.default) is None
+
+
+def test_histogram_over_the_data_s_own_range_stays_opaque():
+    class Hist(nn.Module):
+        def forward(self, x):
+            return torch.histc(x, bins=6) + torch.histc(x, bins=6, min=-1, max=1)
+
+    model = _check(Hist(), (torch.randn(40),), canonical=False)
+    opaque = [n.op_type for n in model.graph.nodes if n.domain == "aten"]
+    assert opaque == ["aten::histc.default"]  # min == max: torch's own; a fixed range: ONNX
 
 
 def _ids(vocab=256):
@@ -313,15 +323,16 @@ def test_constant_cache_never_aliases_freed_temporaries():
 
 
 def test_opaque_node_of_a_non_default_overload_runs_by_torch():
-    """The node's op_type names the overload once (``aten::sort.stable``), as torch.ops spells it."""
+    """The node's op_type names the overload once (``aten::searchsorted.Tensor``), as torch.ops
+    spells it."""
 
-    class StableSort(nn.Module):
+    class Buckets(nn.Module):
         def forward(self, x):
-            return torch.sort(x * 2, dim=1, stable=True)[0] + 1
+            return torch.searchsorted(torch.linspace(-1, 1, 5), x * 2) + 1
 
-    model = _check(StableSort(), (torch.randn(3, 5),), canonical=False)
+    model = _check(Buckets(), (torch.randn(3, 5),), canonical=False)
     (opaque,) = [n for n in model.graph.nodes if n.domain == "aten"]
-    assert opaque.op_type == "aten::sort.stable"
+    assert opaque.op_type == "aten::searchsorted.Tensor"
 
 
 def test_opaque_node_reads_a_symbolic_size_argument_as_a_number():

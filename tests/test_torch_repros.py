@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+
+from test_torch_ort import _sessions  # noqa: E402
 
 from graph_autofusion.torch_compile import AutofusionWarning, make_backend  # noqa: E402
 
@@ -411,3 +414,89 @@ def test_pointwise_convolution_weights_in_the_onnxruntime_session_are_the_model_
     m.bn.running_var.uniform_(0.5, 2.0)
     graphs = _compile_and_run(m, [(torch.randn(1, 96, 8, 8),)])
     assert [g.engine for g in graphs] == ["onnxruntime"], [g.summary() for g in graphs]
+
+
+# ----- F13: routed experts (mixture of experts): sort, histc, grouped matrix products ----------
+class _RoutedExperts(torch.nn.Module):
+    """Hugging Face's ``grouped_mm`` experts in a few lines: the top-2 experts of each token
+    sorted by expert (``sort``), counted (``histc``, float on CPU), their rows multiplied by
+    each expert's weight (``transformers::grouped_mm_fallback``, one weight handed over
+    transposed as the experts do), back in token order (``empty_like`` + ``index_put``
+    once the length is symbolic). Every MoE family of ``transformers`` runs this."""
+
+    def __init__(self, experts: int = 4, dim: int = 64, inner: int = 256):
+        super().__init__()
+        self.experts = experts
+        self.router = torch.nn.Linear(dim, experts, bias=False)
+        # each expert's matrix 64 KB: large enough to be read in place
+        self.up = torch.nn.Parameter(torch.randn(experts, dim, inner) * 0.1)  # [E, K, N]
+        self.down = torch.nn.Parameter(torch.randn(experts, dim, inner) * 0.1)  # [E, N, K]
+
+    def forward(self, x):
+        h = x.reshape(-1, x.shape[-1])
+        weights, ids = torch.topk(torch.softmax(self.router(h), -1), 2, -1)
+        ids_g, perm = torch.sort(ids.reshape(-1))
+        rows = h[perm // 2]
+        counts = torch.histc(ids_g.float(), bins=self.experts, min=0, max=self.experts - 1)
+        offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        grouped = torch.ops.transformers.grouped_mm_fallback
+        y = grouped(torch.relu(grouped(rows, self.up, offs)), self.down.transpose(-2, -1), offs)
+        y = y * weights.reshape(-1)[perm].unsqueeze(-1)
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.shape[0])
+        return y[inv].view(-1, 2, x.shape[-1]).sum(1).view(x.shape)
+
+
+def test_routed_experts_run_on_onnxruntime_with_the_weights_in_place():
+    pytest.importorskip("transformers.integrations.moe")  # registers grouped_mm_fallback
+    torch.manual_seed(0)
+    m = _RoutedExperts()
+    calls = [(torch.randn(1, n, 64),) for n in (9, 6, 13)]
+    graphs = _compile_and_run(m, calls)
+    assert len(graphs) == 2 and graphs[-1].calls == 2  # one dynamic graph for later lengths
+    assert [g.engine for g in graphs] == ["onnxruntime"] * 2, [g.summary() for g in graphs]
+    # each expert's weight is a view of its parameter (the transposed one too), not a copy
+    for ort in _sessions(graphs):
+        arrays = list(ort.session._autofusion_in_place[1].values())
+        for p in (m.up, m.down):
+            held = [a for a in arrays if np.shares_memory(a, p.detach().numpy())]
+            assert len(held) == 4, (p.shape, [a.shape for a in arrays])
+
+
+def test_histc_bins_match_torch_at_the_bin_edges():
+    """Values on and next to every bin edge, outside the range and at its ends."""
+
+    class Hist(torch.nn.Module):
+        def forward(self, x):
+            return torch.histc(x, bins=7, min=-1.5, max=2.0), torch.histc(x * 3, 5, 0, 1)
+
+    edges = torch.linspace(-1.5, 2.0, 8)
+    x = torch.cat([edges, edges + 1e-7, edges - 1e-7, torch.tensor([-9.0, 9.0, 0.3])])
+    _compile_and_run(Hist(), [(x[torch.randperm(x.numel())],)], atol=0)
+
+
+# ----- F14: PhiMoE's router: tensor clamp bounds, a scalar scatter of symbolic size -------------
+class _SparseMixerBits(torch.nn.Module):
+    """``clamp`` with tensor bounds that are not 0-d (ONNX Clip takes scalars only), a
+    scatter of a scalar into a mask whose index has a symbolic length, and ``new_zeros``
+    of a symbolic size."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("lo", torch.tensor([-0.5]))
+        self.register_buffer("hi", torch.tensor([0.3, 0.6, 0.9, 1.2]))
+
+    def forward(self, x):
+        c = torch.clamp(x, min=self.lo, max=self.hi)
+        idx = x.argmax(-1, keepdim=True)
+        mask = torch.zeros_like(x).scatter(-1, idx, 1.0)
+        pad = x.new_zeros(x.shape[0], x.shape[1], 2)
+        return torch.cat([c * mask, pad], -1)
+
+
+def test_tensor_clamp_bounds_and_a_symbolic_scalar_scatter():
+    torch.manual_seed(0)
+    calls = [(torch.randn(2, n, 4),) for n in (5, 8, 11)]
+    graphs = _compile_and_run(_SparseMixerBits(), calls)
+    assert len(graphs) == 2 and graphs[-1].calls == 2
+    assert [g.engine for g in graphs] == ["onnxruntime"] * 2, [g.summary() for g in graphs]

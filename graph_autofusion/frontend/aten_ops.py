@@ -21,7 +21,8 @@ rsqrt                                              Sqrt + Reciprocal
 pow (Tensor_Scalar/Tensor_Tensor/Scalar)           Pow
 gelu(approximate)                                  Gelu(approximate) (opset 20)
 silu                                               Mul(x, Sigmoid(x)) (TorchScript exporter form)
-hardtanh, clamp(min/max)                           Clip(x, min, max)
+hardtanh, clamp(min/max)                           Clip(x, min, max); Max / Min for tensor
+                                                   bounds that are not 0-d
 leaky_relu elu hardsigmoid hardswish softplus      LeakyRelu Elu HardSigmoid HardSwish Softplus
 eq ne lt le gt ge                                  Equal Not(Equal) Less LessOrEqual Greater
                                                    GreaterOrEqual
@@ -41,7 +42,8 @@ topk                                               TopK
 
 Layout ops are listed in :mod:`graph_autofusion.frontend.aten_ops_tensor`, neural-network ops
 (linear, matmul, norms, conv, pooling, attention, embedding, LSTM) in
-:mod:`graph_autofusion.frontend.aten_ops_nn`.
+:mod:`graph_autofusion.frontend.aten_ops_nn`, token routing (sort, histc, grouped matrix
+products: mixture-of-experts layers) in :mod:`graph_autofusion.frontend.aten_ops_routing`.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ def converted_ops() -> list[str]:
 
 
 def _ensure_loaded() -> None:
-    from graph_autofusion.frontend import aten_ops_nn, aten_ops_tensor  # noqa: F401
+    from graph_autofusion.frontend import aten_ops_nn, aten_ops_routing, aten_ops_tensor  # noqa: F401
 
 
 # ----- arithmetic -------------------------------------------------------------------------
@@ -253,6 +255,10 @@ def _clip(cx: ConvertContext, x: Any, lo: Any = None, hi: Any = None) -> Value:
     ins = [cx.v(x, dt), cx.v(lo, dt) if lo is not None else None]
     if hi is not None:
         ins.append(cx.v(hi, dt))
+    if any(b is not None and b.shape != () for b in ins[1:]):
+        # bounds that are tensors (broadcast over x): Clip takes scalars only
+        out = ins[0] if ins[1] is None else cx.op("Max", ins[:2])
+        return out if hi is None else cx.op("Min", [out, ins[2]])
     return cx.op("Clip", ins)
 
 

@@ -245,7 +245,8 @@ def _scatter(cx: ConvertContext, x: Any, dim: int, index: Any, src: Any, reduce:
     iv = cx.v(index, DType.INT64)
     sv = cx.v(src, xv.dtype)
     if not isinstance(src, Value) and sv.shape == ():
-        sv = cx.op("Expand", [sv, cx.ints(list(iv.shape))])
+        shape = cx.ints(list(iv.shape)) if _static(iv.shape) else cx.op("Shape", [iv])
+        sv = cx.op("Expand", [sv, shape])
     return cx.op("ScatterElements", [xv, iv, sv], {"axis": dim, "reduction": red})
 
 
@@ -418,9 +419,23 @@ def _arange(cx: ConvertContext, *args: Any, **kwargs: Any) -> Value:
     return cx.op("Range", [cx.v(start, dt), cx.v(end, dt), cx.v(step, dt)])
 
 
-@aten_op("full.default", "zeros.default", "ones.default", "empty.memory_format")
+@aten_op(
+    "full.default", "zeros.default", "ones.default", "empty.memory_format", "empty_permuted.default"
+)
 def _full(cx: ConvertContext, size: Any, value: Any = None, **kwargs: Any) -> Value:
     name = cx.node.target._schema.name
-    fill = {"aten::zeros": 0, "aten::ones": 1, "aten::empty": 0}.get(name, value)
+    # an empty tensor's values are undefined: zeros (empty_permuted's second argument is
+    # its memory layout, which a value-semantics graph does not keep)
+    fill = {"aten::zeros": 0, "aten::ones": 1, "aten::empty": 0, "aten::empty_permuted": 0}.get(
+        name, value
+    )
+    arr = np.array([fill], dtype=cx.out_dtype.to_numpy())
+    return cx.op("ConstantOfShape", [cx.ints(list(size))], {"value": arr})
+
+
+@aten_op("new_empty.default", "new_zeros.default", "new_ones.default", "new_full.default")
+def _new_full(cx: ConvertContext, x: Any, size: Any, value: Any = None, **kwargs: Any) -> Value:
+    name = cx.node.target._schema.name
+    fill = {"aten::new_ones": 1, "aten::new_full": value}.get(name, 0)
     arr = np.array([fill], dtype=cx.out_dtype.to_numpy())
     return cx.op("ConstantOfShape", [cx.ints(list(size))], {"value": arr})

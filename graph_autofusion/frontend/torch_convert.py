@@ -48,6 +48,7 @@ _NO_FOLD = {
     "empty",
     "empty_like",
     "empty_strided",
+    "empty_permuted",
     "multinomial",
     "randperm",
 }

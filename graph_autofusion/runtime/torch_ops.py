@@ -419,7 +419,10 @@ def _softmax_1(op: str, x: torch.Tensor, axis: int) -> torch.Tensor:
 def _topk(call: OpCall, x: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     kk = ints(k)[0] if call.opset >= 10 else call.attr("k")
     largest = bool(call.attr("largest", 1))
-    v, i = torch.topk(x, kk, dim=call.attr("axis", -1), largest=largest, sorted=True)
+    axis = call.attr("axis", -1)
+    if kk == x.shape[axis]:  # a whole sort: ONNX breaks ties by the lower index (stable)
+        return torch.sort(x, dim=axis, descending=largest, stable=True)
+    v, i = torch.topk(x, kk, dim=axis, largest=largest, sorted=True)
     return v, i
 
 

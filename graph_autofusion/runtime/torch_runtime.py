@@ -238,7 +238,16 @@ def infer_node_types(node: Node, opset: int = 20, overwrite: bool = False) -> bo
         with torch.no_grad():
             out = impl(OpCall(node, opset), *ins)
     except Exception:  # noqa: BLE001 - best effort: unknown stays unknown
-        return False
+        # a small integer constant beside a meta tensor (an Equal with a row of bin ids):
+        # the constant as meta too, for the operators that read no values from it
+        if not any(t is not None and t.is_meta for t in ins):
+            return False
+        ins = [t.to("meta") if t is not None and t.dim() > 0 else t for t in ins]
+        try:
+            with torch.no_grad():
+                out = impl(OpCall(node, opset), *ins)
+        except Exception:  # noqa: BLE001
+            return False
     outs = out if isinstance(out, tuple | list) else (out,)
     for v, t in zip(node.outputs, outs):
         if not isinstance(t, torch.Tensor):
