@@ -500,3 +500,54 @@ def test_tensor_clamp_bounds_and_a_symbolic_scalar_scatter():
     graphs = _compile_and_run(_SparseMixerBits(), calls)
     assert len(graphs) == 2 and graphs[-1].calls == 2
     assert [g.engine for g in graphs] == ["onnxruntime"] * 2, [g.summary() for g in graphs]
+
+
+# ----- F15: a float attribute Dynamo made symbolic (two instances, two epsilons) ----------------
+class _EpsNorm(torch.nn.Module):
+    """RMSNorm with its epsilon a Python float: a second instance with another epsilon makes
+    Dynamo pass the float as a 0-d tensor read by ``item()`` (and Python arithmetic on it),
+    as two decoders with different ``rms_norm_eps`` compiled in one process do."""
+
+    def __init__(self, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.w = torch.nn.Parameter(torch.randn(16))
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        v = x.pow(2).mean(-1, keepdim=True)
+        return self.lin(x * torch.rsqrt(v + self.eps) * self.w) / (1.0 + self.eps * 1000)
+
+
+def test_a_symbolic_float_attribute_runs_on_onnxruntime_in_double():
+    torch.manual_seed(0)
+    backend = make_backend(check_speed=False)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        for eps in (1e-5, 1e-6, 1e-3):  # the last: (1 + eps * 1000) = 2, not 1 as an int
+            m = _EpsNorm(eps).eval()
+            x = torch.randn(2, 5, 16)
+            torch.testing.assert_close(torch.compile(m, backend=backend)(x), m(x))
+    assert not [w for w in caught if issubclass(w.category, AutofusionWarning)]
+    graphs = backend.config.graphs
+    assert [g.engine for g in graphs] == ["onnxruntime"] * 2, [g.summary() for g in graphs]
+    assert graphs[-1].calls == 2  # the symbolic float serves both later epsilons
+
+
+# ----- F16: Mamba's softplus (log1p) and a negated symbolic size -------------------------------
+class _ConvStateWindow(torch.nn.Module):
+    """The last ``n`` positions of a rolling state (``-x.shape[1]``: ``operator.neg`` on a
+    symbolic size) and ``log1p(exp(x))`` (ONNX has no Log1p), tiny inputs included."""
+
+    def forward(self, x, state):
+        window = torch.cat([state, x], 1)[:, -x.shape[1] :]
+        return window * torch.log1p(torch.exp(x)), torch.log1p(x * 1e-6)
+
+
+def test_log1p_and_a_negated_symbolic_size():
+    torch.manual_seed(0)
+    calls = [(torch.randn(1, n, 8), torch.randn(1, 4, 8)) for n in (5, 8, 11)]
+    # log(1 + x) in float32 would be 6% off at x ~ 1e-6: rtol 1e-4 with no absolute slack
+    graphs = _compile_and_run(_ConvStateWindow(), calls, atol=1e-12)
+    assert len(graphs) == 2 and graphs[-1].calls == 2
+    assert [g.engine for g in graphs] == ["onnxruntime"] * 2, [g.summary() for g in graphs]

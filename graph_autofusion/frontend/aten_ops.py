@@ -18,6 +18,8 @@ remainder, fmod                                    Mod (fmod attr)
 neg abs exp log sqrt sin cos tanh sigmoid relu     Neg Abs Exp Log Sqrt Sin Cos Tanh Sigmoid Relu
 erf floor ceil round reciprocal sign               Erf Floor Ceil Round Reciprocal Sign
 rsqrt                                              Sqrt + Reciprocal
+log1p                                              x * Log(1 + x) / ((1 + x) - 1), x where
+                                                   1 + x rounds to 1
 pow (Tensor_Scalar/Tensor_Tensor/Scalar)           Pow
 gelu(approximate)                                  Gelu(approximate) (opset 20)
 silu                                               Mul(x, Sigmoid(x)) (TorchScript exporter form)
@@ -205,6 +207,18 @@ def _register_unary(aten_name: str, onnx_name: str) -> None:
 
 for _a, _o in _UNARY.items():
     _register_unary(_a, _o)
+
+
+@aten_op("log1p.default")
+def _log1p(cx: ConvertContext, x: Any) -> Value:
+    """``log(1 + x)`` to a few ulps where ``1 + x`` rounds (ONNX has no Log1p): with
+    ``u = 1 + x``, ``x * log(u) / (u - 1)``, and ``x`` itself where ``u`` rounds to 1."""
+    xv = cx.v(x, cx.out_dtype)
+    one = cx.scalar(1, xv.dtype)
+    u = cx.op("Add", [xv, one])
+    d = cx.op("Sub", [u, one])
+    ratio = cx.op("Mul", [xv, cx.op("Div", [cx.op("Log", [u]), d])])
+    return cx.op("Where", [cx.op("Equal", [d, cx.scalar(0, xv.dtype)]), xv, ratio])
 
 
 @aten_op("bitwise_not.default")

@@ -402,6 +402,19 @@ def _ones_like(cx: ConvertContext, x: Any, **kwargs: Any) -> Value:
     return _filled(cx, x, 1)
 
 
+@aten_op("_local_scalar_dense.default", "item.default")
+def _item(cx: ConvertContext, x: Any) -> Any:
+    """A one-element tensor read as a number: the 0-d value itself (Dynamo passes a module's
+    float attribute that differs between two compiled instances as a 0-d tensor and reads
+    it with ``item()``; what uses the number takes the 0-d tensor, cast to its dtype)."""
+    xv = cx.v(x)
+    if xv.shape == ():
+        return xv
+    if _static(xv.shape) and int(np.prod(xv.shape)) == 1:
+        return cx.op("Reshape", [xv, cx.ints([])])
+    return cx.opaque(cx.node.target, (x,), {})
+
+
 @aten_op("sym_size.int")
 def _sym_size(cx: ConvertContext, x: Any, dim: int) -> Any:
     xv = cx.v(x)

@@ -84,6 +84,7 @@ _PY_OPS = {
     operator.floordiv: "Div",
     operator.truediv: "Div",
     operator.mod: "Mod",
+    operator.neg: "Neg",  # Mamba's negative cache offsets
     torch.sym_max: "Max",  # sliding-window caches: max(cache length, window)
     torch.sym_min: "Min",
 }
@@ -524,7 +525,11 @@ def _convert_node(cx: ConvertContext, node: torch.fx.Node) -> Any:
     if conv is not None:
         res = conv(cx, *args, **kwargs)
     elif target in _PY_OPS:
-        res = cx.op(_PY_OPS[target], [cx.v(a, DType.INT64) for a in args])
+        # size arithmetic in int64; a Python float Dynamo made symbolic (a module's float
+        # attribute that differs between two compiled instances: a norm's epsilon) in double
+        val = node.meta.get("val")
+        dt = DType.DOUBLE if isinstance(val, torch.SymFloat | float) else DType.INT64
+        res = cx.op(_PY_OPS[target], [cx.v(a, dt) for a in args])
     elif target is torch.sym_sum:  # a sum of sizes (ONNX Sum has no int64: Adds)
         terms = [cx.v(a, DType.INT64) for a in args[0]]
         res = terms[0]

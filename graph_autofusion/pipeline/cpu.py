@@ -330,7 +330,7 @@ class _CpuSafeMode:
         result, feeds = self.result, self.result.feeds
         self.ref = TorchRunner(result.original, shared_constants=_same_values(result))
         try:
-            self.acts = self.ref.run(feeds, keep_all=True)
+            self.acts = self.ref.run(feeds, keep=_checked_values(result))
         except RuntimeError as exc:  # the original fails on the sample inputs: one clear error
             failure = run_failure(
                 result.original, feeds, exc, runtime="torch", generated=is_generated(feeds)
@@ -376,6 +376,25 @@ class _CpuSafeMode:
     def roll_back_all(self) -> str:
         self.build([], [])
         return "every fusion"
+
+
+def _checked_values(result: CpuFuseResult) -> set[str]:
+    """The original's values safe mode's checks read: each fused group's inputs and outputs
+    and those of the operators it replaced (a rebuild only drops groups). Keeping only these,
+    not every activation, keeps the capture's memory near one run's (a prefill's activations
+    are tens of MB)."""
+    originals = {n.name: n for n in result.original.graph.nodes}
+    names: set[str] = set()
+    for low in result.lowered:
+        names.update(low.outputs)
+        names.update(getattr(low, "inputs", ()) or ())
+        for node in low.new_nodes:
+            names.update(v.name for v in node.inputs if v is not None)
+        for n in low.original_node_names:
+            node = originals.get(n)
+            if node is not None:
+                names.update(v.name for v in (*node.inputs, *node.outputs) if v is not None)
+    return names
 
 
 def _same_values(result: CpuFuseResult) -> dict[str, Any]:

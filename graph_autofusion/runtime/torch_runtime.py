@@ -14,7 +14,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -141,9 +141,12 @@ class TorchRunner:
         constants: Mapping[str, torch.Tensor] | None = None,
         *,
         keep_all: bool = False,
+        keep: Collection[str] | None = None,
     ) -> dict[str, torch.Tensor]:
         """Execute the graph; returns ``{output name: tensor}`` in graph-output order, or with
-        ``keep_all`` every value computed (inputs and constants included)."""
+        ``keep_all`` every value computed (inputs and constants included), or with ``keep``
+        the outputs and the values of those names (the others freed as the run goes)."""
+        keep = frozenset(keep) if keep is not None and not keep_all else None
         env: dict[str, Any] = dict(constants if constants is not None else self.constants)
         for v in self.graph.inputs:
             if v.name not in feeds:
@@ -170,10 +173,14 @@ class TorchRunner:
                     env[v.name] = t
                 if not keep_all:
                     for name in free:
-                        env.pop(name, None)
+                        if keep is None or name not in keep:
+                            env.pop(name, None)
         if keep_all:
             return env
-        return {v.name: env[v.name] for v in self.graph.outputs}
+        outs = {v.name: env[v.name] for v in self.graph.outputs}
+        if keep is not None:
+            outs.update((k, env[k]) for k in keep if k in env)
+        return outs
 
     def __call__(self, *tensors: torch.Tensor, **named: torch.Tensor) -> Any:
         """Positional inputs in graph-input order (then named ones); returns a tensor or tuple."""
