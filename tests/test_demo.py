@@ -14,7 +14,10 @@ def test_demo_onnx_part_prints_the_summary_and_writes_the_report(tmp_path, capsy
     assert main(["demo", "--no-llama", "--runs", "3", "--html", str(html)]) == 0
     out = capsys.readouterr().out
     assert "== Summary (every number measured in this run)" in out
-    assert "MiniLM (onnxruntime target):" in out and "fused bias_gelu" in out
+    assert "MiniLM (onnxruntime target):" in out
+    # MiniLM's six GELUs are found and reported: fused, or rolled back with safe mode's reason
+    # (its speed verdict on the sample shapes goes either way on a noisy machine)
+    assert "fused bias_gelu" in out or "rolled back bias_gelu@" in out, out
     assert "precision: output cosine" in out and "sentence embeddings" in out
     # the fused model against every engine on the machine, measured (whatever it shows)
     summary = out.split("== Summary (every number measured in this run)")[1].splitlines()
