@@ -551,3 +551,17 @@ def test_log1p_and_a_negated_symbolic_size():
     graphs = _compile_and_run(_ConvStateWindow(), calls, atol=1e-12)
     assert len(graphs) == 2 and graphs[-1].calls == 2
     assert [g.engine for g in graphs] == ["onnxruntime"] * 2, [g.summary() for g in graphs]
+
+
+def test_stable_sorts_with_ties_give_torch_s_indices():
+    """``sort(stable=True)`` ascending and descending over an axis full of ties: ONNX's TopK
+    (ties by the lower index) gives torch's indices exactly, on both engines."""
+
+    class Sorts(torch.nn.Module):
+        def forward(self, x):
+            v0, i0 = torch.sort(x, dim=0, stable=True)
+            v1, i1 = torch.sort(x, dim=-1, descending=True, stable=True)
+            return v0 + 1, i0, v1 * 2, i1
+
+    x = torch.randint(0, 3, (6, 9)).float()
+    _compile_and_run(Sorts(), [(x,)], atol=0)

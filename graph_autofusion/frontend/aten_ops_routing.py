@@ -62,8 +62,8 @@ def _sort(
         dim = args[0] if args else dim
         descending = args[1] if len(args) > 1 else descending
     xv = cx.v(x)
-    if xv.shape is None or len(xv.shape) == 0:  # a 0-d sort: the value and index 0
-        return cx.opaque(cx.node.target, (x, *args), {"dim": dim, "descending": descending})
+    if xv.shape is None or len(xv.shape) == 0:  # a 0-d sort: torch's own operator
+        return cx.opaque(cx.node.target, (x,), _sort_args(cx, dim, descending))
     axis = dim % len(xv.shape)
     return cx.op(
         "TopK",
@@ -73,12 +73,21 @@ def _sort(
     )
 
 
+def _sort_args(cx: ConvertContext, dim: int, descending: bool) -> dict[str, Any]:
+    """The keyword arguments of the opaque ``sort`` node (``stable`` has no default)."""
+    kw: dict[str, Any] = {"dim": dim, "descending": descending}
+    if cx.node.target._overloadname == "stable":
+        kw["stable"] = cx.node.kwargs.get("stable")
+    return kw
+
+
 @aten_op("histc.default")
 def _histc(cx: ConvertContext, x: Any, bins: int = 100, min: Any = 0, max: Any = 0) -> Value:
     lo, hi = min, max
     xv = cx.v(x)
     fixed = all(isinstance(b, int | float) and not isinstance(b, bool) for b in (lo, hi))
-    if not fixed or not lo < hi or xv.dtype not in (DType.FLOAT, DType.DOUBLE) or bins < 1:
+    fixed = fixed and isinstance(bins, int) and bins >= 1  # not a symbolic bin count
+    if not fixed or not lo < hi or xv.dtype not in (DType.FLOAT, DType.DOUBLE):
         # a range taken from the data itself: torch's own operator
         return cx.opaque(cx.node.target, (x, bins, lo, hi), {})
     dt = xv.dtype
