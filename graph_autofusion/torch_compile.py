@@ -136,10 +136,15 @@ class CompiledGraph:
         self._lock = threading.Lock()
         self.plan_source = ""  # "planned", or "saved" (a loaded plan's choice)
         self.source = ""  # the generated program
-        #: (the constant arguments' picker, the tensors and versions compiled for, program)
-        self._programs: list[tuple[Callable[[Sequence[Any]], tuple], tuple, list[int], Any]] = []
+        #: (the constant arguments' picker, the tensors and versions compiled for, program,
+        #: the 0-d float arguments the import took as numbers, (index, value): FxImport.scalars;
+        #: another value compiles again, as other weights do)
+        self._programs: list[
+            tuple[Callable[[Sequence[Any]], tuple], tuple, list[int], Any, tuple]
+        ] = []
         self._grad_warned = False
         self.imported: Any = None  # the graph as imported (IR)
+        self.imported_scalars: tuple = ()  # the last import's FxImport.scalars
         self.core_gm = gm  # the graph less the sizes it returns (what the engines run)
         self.engine = ""  # onnxruntime, torch or eager: what runs the graph
         self.engine_times: dict[str, float] = {}  # seconds per call of each engine timed
@@ -172,8 +177,12 @@ class CompiledGraph:
                     stacklevel=2,
                 )
             return self.gm.forward(*args)
-        for pick, refs, versions, program in self._programs:  # C-level loops: every call
-            if all(map(operator.is_, pick(args), refs)) and list(map(_VERSION, refs)) == versions:
+        for pick, refs, versions, program, scalars in self._programs:  # C-level loops
+            if (
+                all(map(operator.is_, pick(args), refs))
+                and list(map(_VERSION, refs)) == versions
+                and (not scalars or all(args[i].item() == v for i, v in scalars))
+            ):
                 out = program(*args)
                 if self._unpacked and self.calls >= PACK_AFTER_CALLS:
                     self._pack()
@@ -205,7 +214,8 @@ class CompiledGraph:
             return self.gm.forward(*args)
         pick = _picker(indices)
         refs = pick(args)
-        self._programs.append((pick, refs, list(map(_VERSION, refs)), program))
+        scalars = self.imported_scalars
+        self._programs.append((pick, refs, list(map(_VERSION, refs)), program, scalars))
         self.compile_seconds += time.perf_counter() - t
         return outs
 
@@ -231,6 +241,7 @@ class CompiledGraph:
         # the program that serves this call
         imported = import_fx(core, args)
         self.imported = imported.model
+        self.imported_scalars = imported.scalars
         ref_args = args
         n_out = len(imported.model.graph.outputs) - len(imported.mutated)
         self._writes = writes = Writes.of(imported, n_out)

@@ -565,3 +565,43 @@ def test_stable_sorts_with_ties_give_torch_s_indices():
 
     x = torch.randint(0, 3, (6, 9)).float()
     _compile_and_run(Sorts(), [(x,)], atol=0)
+
+
+# ----- F17: a symbolic float an operator needs as a number (two attention scalings) ------------
+class _ScaledAttention(torch.nn.Module):
+    """``sdpa(scale=self.scaling)``: a second instance with another head size makes Dynamo
+    pass ``scaling`` as a 0-d tensor read by ``item()``, and the re-export cannot guard on
+    the unbacked float (three decoders of different head sizes in one process)."""
+
+    def __init__(self, head: int):
+        super().__init__()
+        self.head = head
+        self.scaling = head**-0.5
+        self.qkv = torch.nn.Linear(16, 3 * 16)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, -1, self.head).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling)
+        return y.transpose(1, 2).reshape(b, n, 16)
+
+
+def test_a_symbolic_float_an_operator_needs_as_a_number_is_this_call_s_value():
+    torch.manual_seed(0)
+    backend = make_backend(check_speed=False)
+    models = [_ScaledAttention(h).eval() for h in (8, 4, 2)]
+    compiled = [torch.compile(m, backend=backend) for m in models]
+    x = torch.randn(1, 6, 16)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        for _ in range(2):  # alternating: each call runs the program of its own scaling
+            for m, c in zip(models, compiled):
+                torch.testing.assert_close(c(x), m(x))
+    assert not [w for w in caught if issubclass(w.category, AutofusionWarning)]
+    graphs = backend.config.graphs
+    assert all(g.engine == "onnxruntime" and g.fallback is None for g in graphs), [
+        g.summary() for g in graphs
+    ]
+    # the later two scalings were taken as numbers, one program each, checked on every call
+    taken = sorted(v for g in graphs for *_rest, s in g._programs for _i, v in s)
+    assert taken == pytest.approx([4**-0.5, 2**-0.5]), taken

@@ -17,6 +17,7 @@ executes through ``torch.ops``.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import re
 from collections.abc import Sequence
@@ -30,6 +31,7 @@ from torch.utils import _pytree as pytree
 
 from graph_autofusion.errors import FrontendError
 from graph_autofusion.frontend.aten_ops import get_converter
+from graph_autofusion.frontend.fx_scalars import inline_scalars, item_scalars
 from graph_autofusion.frontend.torch_convert import (
     ConvertContext,
     dtype_of_torch,
@@ -155,7 +157,7 @@ class _FxWrapper(torch.nn.Module):
         consts: dict[int, tuple[str, torch.Tensor]],
         n_inputs: int,
         sizes: dict[int, tuple[int, int | None]] | None = None,
-        fixed: dict[int, int] | None = None,
+        fixed: dict[int, int | float] | None = None,
     ) -> None:
         super().__init__()
         self.gm = gm
@@ -246,9 +248,29 @@ class FxImport:
     #: (graph output, argument): outputs that are a written argument itself (``x.add_(1)``
     #: returned), which the caller returns as that argument, as eager does.
     aliases: tuple[tuple[int, int], ...] = ()
+    #: (argument, value): 0-d float arguments read with ``item()`` that the import took as
+    #: these numbers (:mod:`~graph_autofusion.frontend.fx_scalars`): a caller passing another
+    #: value there needs another import.
+    scalars: tuple[tuple[int, float], ...] = ()
 
 
 def import_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> FxImport:
+    """See :func:`_import_fx`; a graph whose export fails on a float Dynamo made symbolic
+    (read with ``item()``) is imported again with that float taken as this call's value
+    (``FxImport.scalars``)."""
+    try:
+        return _import_fx(gm, example_inputs, {})
+    except FrontendError as exc:
+        scalars = item_scalars(gm, example_inputs)
+        if not scalars or "data-dependent" not in str(exc):
+            raise
+    imported = _import_fx(inline_scalars(gm, scalars), example_inputs, scalars)
+    return dataclasses.replace(imported, scalars=tuple(sorted(scalars.items())))
+
+
+def _import_fx(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], scalars: dict[int, float]
+) -> FxImport:
     """Convert a Dynamo backend's ``GraphModule`` (torch-level ops) into a :class:`Model`.
 
     The graph is re-exported with ``torch.export`` (non-strict) and converted like a module.
@@ -270,7 +292,7 @@ def import_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> FxImpo
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     consts: dict[int, tuple[str, torch.Tensor]] = {}
     sym_inputs: dict[int, str] = {}
-    fixed: dict[int, int] = {}
+    fixed: dict[int, int | float] = {}
     user_index: list[int] = []
     for i, (ph, x) in enumerate(zip(placeholders, example_inputs)):
         is_state = (
@@ -278,7 +300,9 @@ def import_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> FxImpo
             or re.search(r"_parameters_|_buffers_", ph.name) is not None
         )
         ev = ph.meta.get("example_value", x)
-        if isinstance(ev, torch.SymInt) or isinstance(x, torch.SymInt):
+        if i in scalars:  # read as this number in the graph: the input itself is unused
+            fixed[i] = scalars[i]
+        elif isinstance(ev, torch.SymInt) or isinstance(x, torch.SymInt):
             sym = _symbol(ev if isinstance(ev, torch.SymInt) else x)
             if sym is not None:
                 sym_inputs[i] = sym
