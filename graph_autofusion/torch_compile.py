@@ -144,7 +144,6 @@ class CompiledGraph:
         ] = []
         self._grad_warned = False
         self.imported: Any = None  # the graph as imported (IR)
-        self.imported_scalars: tuple = ()  # the last import's FxImport.scalars
         self.core_gm = gm  # the graph less the sizes it returns (what the engines run)
         self.engine = ""  # onnxruntime, torch or eager: what runs the graph
         self.engine_times: dict[str, float] = {}  # seconds per call of each engine timed
@@ -207,15 +206,14 @@ class CompiledGraph:
             return self.gm.forward(*args)
         t = time.perf_counter()
         try:
-            program, indices, outs = self._compile(args)
+            program, imported, outs = self._compile(args)
         except Exception as exc:  # noqa: BLE001 - a graph we cannot compile runs in eager
             self._fail(f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
             self.compile_seconds += time.perf_counter() - t
             return self.gm.forward(*args)
-        pick = _picker(indices)
+        pick = _picker(imported.constant_inputs)
         refs = pick(args)
-        scalars = self.imported_scalars
-        self._programs.append((pick, refs, list(map(_VERSION, refs)), program, scalars))
+        self._programs.append((pick, refs, list(map(_VERSION, refs)), program, imported.scalars))
         self.compile_seconds += time.perf_counter() - t
         return outs
 
@@ -228,9 +226,11 @@ class CompiledGraph:
             stacklevel=4,
         )
 
-    def _compile(self, args: Sequence[Any]) -> tuple[Any, tuple[int, ...], Any]:
+    def _compile(self, args: Sequence[Any]) -> tuple[Any, Any, Any]:
         """Import the graph, build each engine the config allows on this call's inputs
-        (each checked against eager), time them against eager and keep the fastest."""
+        (each checked against eager), time them against eager and keep the fastest. Returns
+        the program, the import (``FxImport``: the constant arguments and the numbers the
+        program is for) and this call's outputs."""
         from graph_autofusion.frontend.torch_frontend import import_fx
 
         split = SizeOutputs.of(self.gm)
@@ -241,7 +241,6 @@ class CompiledGraph:
         # the program that serves this call
         imported = import_fx(core, args)
         self.imported = imported.model
-        self.imported_scalars = imported.scalars
         ref_args = args
         n_out = len(imported.model.graph.outputs) - len(imported.mutated)
         self._writes = writes = Writes.of(imported, n_out)
@@ -310,12 +309,12 @@ class CompiledGraph:
         if split is not None:  # sizes and constants the graph also returns: computed apart
             return (
                 lambda *a: split.merge(program(*a), a),
-                imported.constant_inputs,
+                imported,
                 split.merge(got, args),
             )
         if not isinstance(expected, tuple | list):
-            return program, imported.constant_inputs, got[0]
-        return (lambda *a: wrap(program(*a))), imported.constant_inputs, wrap(got)
+            return program, imported, got[0]
+        return (lambda *a: wrap(program(*a))), imported, wrap(got)
 
     def _build_engine(self, engine: str, imported: Any, args: Sequence[Any], outs: tuple) -> Any:
         """One engine's program for this graph, checked against eager's outputs ``outs``."""

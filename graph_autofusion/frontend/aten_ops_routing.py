@@ -36,17 +36,10 @@ import numpy as np
 import torch
 
 from graph_autofusion.frontend.aten_ops import aten_op
+from graph_autofusion.frontend.aten_ops_tensor import sym_size
 from graph_autofusion.frontend.torch_convert import ConvertContext
 from graph_autofusion.ir.core import Value
 from graph_autofusion.ir.dtypes import DType
-
-
-def _axis_size(cx: ConvertContext, xv: Value, axis: int) -> Value:
-    """The size of ``xv``'s ``axis`` as a 1-D int64 tensor (a constant when static)."""
-    d = xv.shape[axis] if xv.shape is not None else None
-    if isinstance(d, int):
-        return cx.ints([d])
-    return cx.op("Gather", [cx.op("Shape", [xv]), cx.const([axis])], {"axis": 0})
 
 
 @aten_op("sort.default", "sort.stable")
@@ -67,7 +60,7 @@ def _sort(
     axis = dim % len(xv.shape)
     return cx.op(
         "TopK",
-        [xv, _axis_size(cx, xv, axis)],
+        [xv, cx.ints([sym_size(cx, xv, axis)])],  # k: the whole axis
         {"axis": axis, "largest": int(bool(descending)), "sorted": 1},
         num_outputs=2,
     )

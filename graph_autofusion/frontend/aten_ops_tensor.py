@@ -416,7 +416,7 @@ def _item(cx: ConvertContext, x: Any) -> Any:
 
 
 @aten_op("sym_size.int")
-def _sym_size(cx: ConvertContext, x: Any, dim: int) -> Any:
+def sym_size(cx: ConvertContext, x: Any, dim: int) -> Any:
     xv = cx.v(x)
     d = xv.shape[dim] if xv.shape is not None else None
     if isinstance(d, int):
@@ -432,23 +432,23 @@ def _arange(cx: ConvertContext, *args: Any, **kwargs: Any) -> Value:
     return cx.op("Range", [cx.v(start, dt), cx.v(end, dt), cx.v(step, dt)])
 
 
+#: The fill of each creation operator that has one of its own (the others: their value).
+#: An empty tensor's values are undefined: zeros.
+_FILLS = {"zeros": 0, "ones": 1, "empty": 0, "empty_permuted": 0}
+
+
 @aten_op(
     "full.default", "zeros.default", "ones.default", "empty.memory_format", "empty_permuted.default"
 )
 def _full(cx: ConvertContext, size: Any, value: Any = None, **kwargs: Any) -> Value:
-    name = cx.node.target._schema.name
-    # an empty tensor's values are undefined: zeros (empty_permuted's second argument is
-    # its memory layout, which a value-semantics graph does not keep)
-    fill = {"aten::zeros": 0, "aten::ones": 1, "aten::empty": 0, "aten::empty_permuted": 0}.get(
-        name, value
-    )
+    """(empty_permuted's second argument is its memory layout, which a value-semantics graph
+    does not keep; a ``new_*`` operator's name without its prefix)"""
+    name = cx.node.target._schema.name.split("::")[-1].removeprefix("new_")
+    fill = _FILLS.get(name, value)
     arr = np.array([fill], dtype=cx.out_dtype.to_numpy())
     return cx.op("ConstantOfShape", [cx.ints(list(size))], {"value": arr})
 
 
 @aten_op("new_empty.default", "new_zeros.default", "new_ones.default", "new_full.default")
 def _new_full(cx: ConvertContext, x: Any, size: Any, value: Any = None, **kwargs: Any) -> Value:
-    name = cx.node.target._schema.name
-    fill = {"aten::new_ones": 1, "aten::new_full": value}.get(name, 0)
-    arr = np.array([fill], dtype=cx.out_dtype.to_numpy())
-    return cx.op("ConstantOfShape", [cx.ints(list(size))], {"value": arr})
+    return _full(cx, size, value)

@@ -387,7 +387,7 @@ def _checked_values(result: CpuFuseResult) -> set[str]:
     names: set[str] = set()
     for low in result.lowered:
         names.update(low.outputs)
-        names.update(getattr(low, "inputs", ()) or ())
+        names.update(low.inputs)
         for node in low.new_nodes:
             names.update(v.name for v in node.inputs if v is not None)
         for n in low.original_node_names:

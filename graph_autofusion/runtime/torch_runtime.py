@@ -241,20 +241,14 @@ def infer_node_types(node: Node, opset: int = 20, overwrite: bool = False) -> bo
     ins = [_meta_input(v) if v is not None else None for v in node.inputs]
     if any(t is None for t, v in zip(ins, node.inputs) if v is not None):
         return False
-    try:
-        with torch.no_grad():
-            out = impl(OpCall(node, opset), *ins)
-    except Exception:  # noqa: BLE001 - best effort: unknown stays unknown
+    out = _run_for_types(impl, node, opset, ins)
+    if out is None and any(t is not None and t.is_meta for t in ins):
         # a small integer constant beside a meta tensor (an Equal with a row of bin ids):
         # the constant as meta too, for the operators that read no values from it
-        if not any(t is not None and t.is_meta for t in ins):
-            return False
         ins = [t.to("meta") if t is not None and t.dim() > 0 else t for t in ins]
-        try:
-            with torch.no_grad():
-                out = impl(OpCall(node, opset), *ins)
-        except Exception:  # noqa: BLE001
-            return False
+        out = _run_for_types(impl, node, opset, ins)
+    if out is None:
+        return False
     outs = out if isinstance(out, tuple | list) else (out,)
     for v, t in zip(node.outputs, outs):
         if not isinstance(t, torch.Tensor):
@@ -264,6 +258,16 @@ def infer_node_types(node: Node, opset: int = 20, overwrite: bool = False) -> bo
         if v.shape is None or overwrite:
             v.shape = tuple(int(d) for d in t.shape)
     return True
+
+
+def _run_for_types(impl: Any, node: Node, opset: int, ins: list[Any]) -> Any:
+    """``impl``'s outputs on ``ins``, or ``None`` when it cannot run on them (best effort:
+    unknown stays unknown)."""
+    try:
+        with torch.no_grad():
+            return impl(OpCall(node, opset), *ins)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def infer_shapes(model: Model, *, overwrite: bool = False) -> int:
