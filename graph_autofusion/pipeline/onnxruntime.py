@@ -34,6 +34,7 @@ the original again (the folding is deterministic).
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -51,8 +52,10 @@ from graph_autofusion.codegen.onnxruntime import (
     lower_onnxruntime,
     share_created,
 )
+from graph_autofusion.codegen.ort_guards import guard_skip_layernorms
 from graph_autofusion.codegen.ort_matmul import timed_alone
 from graph_autofusion.codegen.precision import keep_fp32_islands
+from graph_autofusion.cost.hardware import load_profile
 from graph_autofusion.errors import GraphAutoFusionError, UnsupportedOperatorError
 from graph_autofusion.ir.core import Model
 from graph_autofusion.options import FuseOptions
@@ -246,11 +249,13 @@ def _fuse_model(
     result.shape_folding = folding
     if safe_mode:  # the one runner: check, roll back, re-lower, end to end
         target = _OrtSafeMode(result, opts, notes, native, custom, keys, acts, reference)
+        target.profile = profile
         run_safe_mode(result, target, stages, opts, notes, progress=progress)
     else:
         share_created(result.model, result.lowered)
         absorb_layout(result.model)
         flatten_gemms(result.model)
+        _guard(result.model, profile, notes)
         _keep_fp32(result, opts.keep_fp32, notes)
     result.timings = stages.timings
     result.notes = notes
@@ -287,6 +292,7 @@ class _OrtSafeMode:
         self.acts = acts  # captured before the plan (it reads its shapes there)
         self.reference = reference  # the original's outputs among them
         self.timed = True
+        self.profile: Any = None  # the plan's hardware profile (the session-fusion guards)
 
     def capture(self) -> None:
         # the activations were captured first; a CNN onnxruntime optimizes into the same
@@ -336,11 +342,15 @@ class _OrtSafeMode:
     def end_to_end(self) -> Mapping[str, Any]:
         result, notes, floor = self.result, self.notes, self.opts.e2e_cosine_floor
         share_created(result.model, result.lowered)  # each fusion was verified on its own nodes
-        relayout = any(n.op_type in ("Attention", "Gemm") for n in result.model.graph.nodes)
+        relayout = any(
+            n.op_type in ("Attention", "Gemm", "LayerNormalization")
+            for n in result.model.graph.nodes
+        )
         # the verified model as it is (a fallback: not typed again through ONNX)
         before_layout = clone_model(result.model, infer_types=False) if relayout else None
-        absorbed = absorb_layout(result.model)  # both checked end to end here
+        absorbed = absorb_layout(result.model)  # all three checked end to end here
         flattened = flatten_gemms(result.model)
+        guarded = _guard(result.model, self.profile, None)
 
         def whole() -> dict[str, Any]:  # the original's outputs are the captured ones
             return end_to_end(
@@ -349,10 +359,10 @@ class _OrtSafeMode:
             )  # fmt: skip
 
         e2e = whole()
-        if (absorbed or flattened) and not e2e_passed(e2e):
+        if (absorbed or flattened or guarded) and not e2e_passed(e2e):
             notes.append(
-                f"layout clean-up ({absorbed} attentions, {flattened} flattened Gemms) rolled back: "
-                f"it differs"
+                f"layout clean-up ({absorbed} attentions, {flattened} flattened Gemms, {guarded} "
+                f"guarded norms) rolled back: it differs"
             )
             result.model = before_layout
             e2e = whole()
@@ -365,6 +375,8 @@ class _OrtSafeMode:
                 notes.append(
                     f"{flattened} flattened Gemms are batched MatMuls again (shape programs gone)"
                 )
+            if guarded:
+                notes.append(_guard_note(guarded))
         if _keep_fp32(result, self.opts.keep_fp32, notes):
             e2e = whole()
         return e2e
@@ -374,6 +386,24 @@ class _OrtSafeMode:
         self.result.lowered = []
         self.result.shape_folding = None
         return "every fusion (and the shape folding)"
+
+
+def _guard_note(n: int) -> str:
+    return (
+        f"{n} Add -> LayerNormalization pairs read through a 2-D Reshape: onnxruntime's session "
+        f"would fuse them into SkipLayerNormalization, which the profile prices slower"
+    )
+
+
+def _guard(model: Model, profile: Any, notes: list[str] | None) -> int:
+    """:func:`~graph_autofusion.codegen.ort_guards.guard_skip_layernorms` on ``model`` (its
+    count; noted in ``notes`` when given)."""
+    if isinstance(profile, str | os.PathLike):
+        profile = load_profile(profile)
+    n = guard_skip_layernorms(model, profile) if profile is not None else 0
+    if n and notes is not None:
+        notes.append(_guard_note(n))
+    return n
 
 
 def _keep_fp32(result: FuseResult, ops: tuple[str, ...], notes: list[str]) -> int:
