@@ -392,8 +392,10 @@ class CompiledGraph:
         side, fn)``, in a seeded shuffled order each round, each side timed on its second
         consecutive call; eager wins only when a second measurement confirms the engine
         slower by the speed margin), and engines are compared by their time relative to
-        eager's in their own measurement. An onnxruntime session that packed its weights lets
-        them go before the next engine is built, so the compile never holds two engines'
+        eager's in their own measurement (both open: head to head; onnxruntime's session
+        let go: the torch program must also be faster by its own time, else onnxruntime).
+        An onnxruntime session that packed its weights lets them go before the next engine
+        is built, so the compile never holds two engines'
         packed copies of the weights at once (a prefill's: onnxruntime's and oneDNN's, ~110 MB
         each on the zoo Llama); the caller opens it again if it is chosen. Without speed
         checks: onnxruntime when it was built, else the torch program."""
@@ -445,6 +447,18 @@ class CompiledGraph:
         if len(relative) > 1 and _holds_session(built.get("onnxruntime")):
             return self._head_to_head(built, args)
         engine = min(relative, key=relative.__getitem__)
+        ort_s, torch_s = self.engine_times.get("onnxruntime"), self.engine_times.get("torch")
+        if engine == "torch" and "onnxruntime" in relative and ort_s is not None:
+            if torch_s is not None and ort_s <= torch_s:
+                # the two measurements disagree: the torch program's ratio to eager is lower,
+                # its time is not (eager's own spread, or a load change between them); a
+                # program that must win twice does not, and onnxruntime reads the parameters
+                # in place
+                self.engine_notes["disagree"] = (
+                    f"torch {torch_s * 1e3:.3f} ms at {relative['torch']:.2f}x eager, "
+                    f"onnxruntime {ort_s * 1e3:.3f} ms at {relative['onnxruntime']:.2f}x eager"
+                )
+                engine = "onnxruntime"
         return engine, built[engine]
 
     def _head_to_head(self, built: dict[str, Any], args: Sequence[Any]) -> tuple[str, Any]:
