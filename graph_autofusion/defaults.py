@@ -35,6 +35,11 @@ SPEED_CLEAR = 0.75
 #: ``pipeline/cpu_engines.py``) and the torch backend's on a graph's first call (onnxruntime
 #: program, torch program, eager; ``torch_compile.CompiledGraph._build_and_choose``).
 ENGINE_TIMING_ROUNDS = 5
+#: A side of an engine measurement whose timed call took this long (seconds) or more is not
+#: called untimed again before its next timed call (``SpeedPolicy.engine_times``): the pre-call
+#: settles sub-millisecond effects (another runtime's waking threads, cache contents), which
+#: a call this long does not feel, and on a large prefill it was half of the measurement.
+ENGINE_STEADY_S = 0.02
 #: A compiled graph whose onnxruntime program takes less than this on its first calls is also
 #: timed on one thread: onnxruntime's idle workers sleep (the package's sessions do not spin),
 #: and waking them costs more than a sub-millisecond graph's parallel work saves (a tiny

@@ -69,6 +69,19 @@ def test_warm_up_then_shuffled_rounds_each_timed_call_right_after_an_untimed_one
     assert again.log == log  # seeded: the same orders every time
 
 
+def test_a_side_whose_timed_call_is_long_is_not_called_untimed_before_the_next():
+    """A 50 ms eager prefill is in steady state by itself: after its first timed call it is
+    timed without the untimed call before; the 1 ms engine keeps its untimed calls."""
+    sides = Sides({"onnxruntime": 1e-3, "eager": 50e-3}, names=("onnxruntime", "eager"))
+    _choose(sides, rounds=5)
+    log = sides.log[2:]  # after the warm-up calls
+    for name, untimed in (("onnxruntime", 5), ("eager", 1)):
+        calls = sum(1 for entry in log if entry == ("call", name))
+        timed = sum(1 for entry in log if entry == ("timed", name))
+        # a timed call logs "timed" and then its own "call"; an untimed one logs "call" only
+        assert timed == 5 and calls - timed == untimed, (name, log)
+
+
 def test_a_side_slower_than_the_baseline_within_the_margin_is_kept():
     sides = Sides({"onnxruntime": 1.08e-3, "torch": 1.2e-3, "eager": 1e-3})
     best, _ = _choose(sides, margin=1.10)
