@@ -536,17 +536,9 @@ graph g(%x: f32[1,128], %x2: f32[256,4]) -> (%y) {{
     assert _worth_packing(result) is packs
 
 
-def test_two_engines_faster_than_eager_are_timed_head_to_head():
-    """Each engine is first timed against eager on its own; a load change between those two
-    measurements (here: eager 4 ms beside onnxruntime, 10 ms beside the torch program) would
-    pick the torch program by its ratio to eager, although onnxruntime is the faster of the
-    two. Both still open (an unpacked session), they are timed against each other."""
-
-    class Elementwise(torch.nn.Module):
-        def forward(self, x):
-            return torch.sin(x) * 2.0 + torch.cos(x)
-
-    speed = {"onnxruntime": 2e-3, "torch": 2.5e-3}
+def _disagreeing_timer(speed: dict):
+    """A timer in which eager measures 4 ms beside onnxruntime and 10 ms beside the torch
+    program (a load change between the two measurements); the engines take ``speed``."""
     beside = []
 
     def timer(key, side, fn):
@@ -557,6 +549,21 @@ def test_two_engines_faster_than_eager_are_timed_head_to_head():
             beside.append(side)
             return speed[side]
         return 1e-3
+
+    return timer
+
+
+def test_two_engines_faster_than_eager_are_timed_head_to_head():
+    """Each engine is first timed against eager on its own; a load change between those two
+    measurements (here: eager 4 ms beside onnxruntime, 10 ms beside the torch program) would
+    pick the torch program by its ratio to eager, although onnxruntime is the faster of the
+    two. Both still open (an unpacked session), they are timed against each other."""
+
+    class Elementwise(torch.nn.Module):
+        def forward(self, x):
+            return torch.sin(x) * 2.0 + torch.cos(x)
+
+    timer = _disagreeing_timer({"onnxruntime": 2e-3, "torch": 2.5e-3})
 
     backend = make_backend()
     x = torch.randn(4, 64)
@@ -574,17 +581,7 @@ def test_a_let_go_session_keeps_onnxruntime_unless_torch_wins_by_ratio_and_time(
     timed head to head. Eager measured 4 ms beside onnxruntime (2 ms) and 10 ms beside the
     torch program: by its ratio to eager the torch program wins; by its time it wins only
     when it is also faster than onnxruntime's 2 ms."""
-    speed = {"onnxruntime": 2e-3, "torch": torch_s}
-    beside = []
-
-    def timer(key, side, fn):
-        fn()
-        if side == "eager":
-            return 4e-3 if beside and beside[-1] == "onnxruntime" else 10e-3
-        if key.startswith("engine@"):
-            beside.append(side)
-            return speed[side]
-        return 1e-3
+    timer = _disagreeing_timer({"onnxruntime": 2e-3, "torch": torch_s})
 
     m = _TextModel().eval()
     backend = make_backend()
