@@ -248,8 +248,9 @@ def _fuse_model(
     )
     result.shape_folding = folding
     if safe_mode:  # the one runner: check, roll back, re-lower, end to end
-        target = _OrtSafeMode(result, opts, notes, native, custom, keys, acts, reference)
-        target.profile = profile
+        target = _OrtSafeMode(
+            result, opts, notes, native, custom, keys, acts, reference, profile=profile
+        )
         run_safe_mode(result, target, stages, opts, notes, progress=progress)
     else:
         share_created(result.model, result.lowered)
@@ -283,6 +284,8 @@ class _OrtSafeMode:
         keys: list[str],
         acts: Any,
         reference: Mapping[str, Any] | None,
+        *,
+        profile: Any = None,
     ) -> None:
         self.result, self.opts, self.notes = result, opts, notes
         self.native, self.custom, self.keys = native, custom, keys
@@ -292,7 +295,7 @@ class _OrtSafeMode:
         self.acts = acts  # captured before the plan (it reads its shapes there)
         self.reference = reference  # the original's outputs among them
         self.timed = True
-        self.profile: Any = None  # the plan's hardware profile (the session-fusion guards)
+        self.profile = profile  # the plan's hardware profile (the session-fusion guards)
 
     def capture(self) -> None:
         # the activations were captured first; a CNN onnxruntime optimizes into the same
