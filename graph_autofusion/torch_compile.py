@@ -447,18 +447,21 @@ class CompiledGraph:
         if len(relative) > 1 and _holds_session(built.get("onnxruntime")):
             return self._head_to_head(built, args)
         engine = min(relative, key=relative.__getitem__)
-        ort_s, torch_s = self.engine_times.get("onnxruntime"), self.engine_times.get("torch")
-        if engine == "torch" and "onnxruntime" in relative and ort_s is not None:
-            if torch_s is not None and ort_s <= torch_s:
-                # the two measurements disagree: the torch program's ratio to eager is lower,
-                # its time is not (eager's own spread, or a load change between them); a
-                # program that must win twice does not, and onnxruntime reads the parameters
-                # in place
-                self.engine_notes["disagree"] = (
-                    f"torch {torch_s * 1e3:.3f} ms at {relative['torch']:.2f}x eager, "
-                    f"onnxruntime {ort_s * 1e3:.3f} ms at {relative['onnxruntime']:.2f}x eager"
-                )
-                engine = "onnxruntime"
+        times = self.engine_times  # every engine in ``relative`` was timed
+        if (
+            engine == "torch"
+            and "onnxruntime" in relative
+            and times["onnxruntime"] <= times["torch"]
+        ):
+            # the two measurements disagree: the torch program's ratio to eager is lower, its
+            # time is not (eager's own spread, or a load change between them); a program that
+            # must win twice does not, and onnxruntime reads the parameters in place
+            self.engine_notes["disagree"] = (
+                f"torch {times['torch'] * 1e3:.3f} ms at {relative['torch']:.2f}x eager, "
+                f"onnxruntime {times['onnxruntime'] * 1e3:.3f} ms at "
+                f"{relative['onnxruntime']:.2f}x eager"
+            )
+            engine = "onnxruntime"
         return engine, built[engine]
 
     def _head_to_head(self, built: dict[str, Any], args: Sequence[Any]) -> tuple[str, Any]:

@@ -93,3 +93,16 @@ def test_left_alone(text, profile, why):
     before = [n.op_type for n in model.graph.nodes]
     assert guard_skip_layernorms(model, profile) == 0, why
     assert [n.op_type for n in model.graph.nodes] == before
+
+
+def test_a_sum_of_unknown_shape_takes_the_operands_dims():
+    """The pair is recognized by the Add's operands; the sum's own shape may be unknown."""
+    model, original = parse_model(_text(2, 5)), parse_model(_text(2, 5))
+    add = next(n for n in model.graph.nodes if n.op_type == "Add")
+    add.outputs[0].shape = None
+    assert guard_skip_layernorms(model, SLOW) == 1
+    feeds = _feeds((2, 5, 8))
+    got = ort_session(model, "all").run(None, feeds)[0]
+    np.testing.assert_allclose(
+        got, ort_session(original, "all").run(None, feeds)[0], rtol=1e-5, atol=1e-5
+    )

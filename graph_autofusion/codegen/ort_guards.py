@@ -80,8 +80,9 @@ def guard_skip_layernorms(model: Model, profile: Any) -> int:
         if any(o.users or graph.is_output(o) for o in ln.outputs[1:]):
             continue
         x, y = ln.inputs[0], ln.outputs[0]
-        d0, d1, hidden = x.shape
-        static = all(isinstance(d, int) for d in x.shape)
+        shape = x.producer.inputs[0].shape  # the Add's operands: 3-D, the sum's dims
+        d0, d1, hidden = shape
+        static = all(isinstance(d, int) for d in shape)
         if not isinstance(hidden, int):
             continue
         if not fused_kernel_slower(profile, d0 * d1 * hidden if static else None):
@@ -89,7 +90,7 @@ def guard_skip_layernorms(model: Model, profile: Any) -> int:
         rows = d0 * d1 if static else None
         flat = graph.add_initializer(graph.fresh_name("guard_2d"), np.array([-1, hidden], np.int64))
         if static:
-            back = graph.add_initializer(graph.fresh_name("guard_3d"), np.array(x.shape, np.int64))
+            back = graph.add_initializer(graph.fresh_name("guard_3d"), np.array(shape, np.int64))
         else:  # the sum's own dims, read at run time
             back = graph.make_node("Shape", [x], name="ort_guard/Shape", before=ln).outputs[0]
             back.dtype, back.shape = DType.INT64, (3,)
@@ -98,7 +99,7 @@ def guard_skip_layernorms(model: Model, profile: Any) -> int:
         ln.set_input(0, to_2d.outputs[0])
         to_3d = graph.make_node("Reshape", [y, back], name="ort_guard/Reshape")
         res = to_3d.outputs[0]
-        res.dtype, res.shape = y.dtype, y.shape
+        res.dtype, res.shape = y.dtype, y.shape if y.shape is not None else shape
         y.shape = (rows, hidden)
         name = y.name
         graph.replace_all_uses_with(y, res)

@@ -198,6 +198,8 @@ def _fuse_model(
 ) -> FuseResult:
     stages = Stages(dump_dir, label="onnxruntime")
     notes = list(notes)
+    if isinstance(profile, str | os.PathLike):  # once: the plan (twice on a folding
+        profile = load_profile(profile)  # rollback) and the session-fusion guards read it
     native = RuleSet(tuple(r for r in rules if r.rewrite is not None))
     generic_only = RuleSet(tuple(r for r in rules if r.rewrite is None))
     feeds = own_copy(feeds) if feeds is not None else generate_inputs(original)
@@ -401,8 +403,6 @@ def _guard_note(n: int) -> str:
 def _guard(model: Model, profile: Any, notes: list[str] | None) -> int:
     """:func:`~graph_autofusion.codegen.ort_guards.guard_skip_layernorms` on ``model`` (its
     count; noted in ``notes`` when given)."""
-    if isinstance(profile, str | os.PathLike):
-        profile = load_profile(profile)
     n = guard_skip_layernorms(model, profile) if profile is not None else 0
     if n and notes is not None:
         notes.append(_guard_note(n))
