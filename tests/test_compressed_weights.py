@@ -219,6 +219,66 @@ def test_gemm_and_transposed_weights_compress_to_close_outputs():
     assert _cosine(_run(fused, feeds), _run(src, feeds)) >= 0.999
 
 
+def _linear_bias_model(*, product_read_twice: bool = False, bias_shape=(96,)) -> onnx.ModelProto:
+    """x[b, s, 64] -> MatMul 64x96 -> Add bias (a ``Linear`` as exported for 3-D input) -> y;
+    ``product_read_twice``: the product is also read by a Relu, a second output."""
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((64, 96)) * 0.1).astype(np.float32)
+    bias = np.linspace(-1, 1, 96).astype(np.float32).reshape(bias_shape)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["p"], name="fc"),
+        helper.make_node("Add", ["bias", "p"], ["y"]),  # the constant first: either order
+    ]
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    if product_read_twice:
+        nodes.append(helper.make_node("Relu", ["p"], ["r"]))
+        outs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, None))
+    graph = helper.make_graph(
+        nodes,
+        "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 64])],
+        outs,
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "bias")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_linear_bias_add_becomes_the_matmulnbits_bias_input():
+    src = _linear_bias_model()
+    feeds = {"x": np.random.default_rng(4).standard_normal((2, 8, 64)).astype(np.float32)}
+    gaf = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="int8", **FAST))
+    fused = gaf.fuse()
+    ops = _ops(fused)
+    assert ops == {"MatMulNBits": 1}, ops  # the Add went into the kernel
+    (node,) = fused.graph.nodes
+    assert len(node.inputs) == 6 and node.inputs[5] is not None  # [A, B, scales, -, -, bias]
+    assert [o.name for o in fused.graph.outputs] == ["y"]
+    got, want = _run(fused, feeds), _run(src, feeds)
+    assert got.shape == want.shape and _cosine(got, want) >= 0.9999
+    # the per-layer check compared the layer with its bias against the Add's output
+    (layer,) = gaf.result.weights.compressed
+    assert layer.cosine >= 0.999 and layer.rel_err < 0.05
+
+
+@pytest.mark.parametrize("case", ["read_twice", "broadcast_up"])
+def test_a_bias_add_is_left_alone_where_folding_would_change_the_graph(case):
+    if case == "read_twice":
+        src = _linear_bias_model(product_read_twice=True)
+    else:  # a [1, 1, 1, 96] constant makes the 3-D product 4-D: not a bias
+        src = _linear_bias_model(bias_shape=(1, 1, 1, 96))
+    sites = find_sites(load_onnx(src), min_elements=0)
+    assert len(sites) == 1 and sites[0].bias is None and sites[0].tail is None
+    feeds = {"x": np.random.default_rng(4).standard_normal((2, 8, 64)).astype(np.float32)}
+    fused = GraphAutoFusion(
+        src, sample_inputs=feeds, options=FuseOptions(weights="int8", **FAST)
+    ).fuse()
+    assert {k: v for k, v in _ops(fused).items() if k != "Relu"} == {"MatMulNBits": 1, "Add": 1}
+    for got, want in zip(
+        ort_session(fused, "all").run(None, feeds), ort_session(src).run(None, feeds)
+    ):
+        assert got.shape == want.shape and _cosine(got, want) >= 0.9999
+
+
 def test_fp16_is_reported_kept_fp32_not_faked():
     src, feeds = _mlp(), _feeds()
     gaf = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="fp16", **FAST))

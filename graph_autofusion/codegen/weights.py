@@ -86,6 +86,7 @@ class Site:
     reason: str = ""  # why it stays fp32 ("" : it can be compressed)
     head: bool = False  # the LM head (the model's output, or vocabulary-sized)
     extra: list[Node] = field(default_factory=list)  # the Transpose of a transposed weight
+    tail: Node | None = None  # the bias Add folded in (its output is then ``y``)
 
     @property
     def fp32_bytes(self) -> int:
@@ -229,6 +230,8 @@ def find_sites(model: Model, *, min_elements: int = 4096, keep_head: bool = True
         if data is not None:
             site.k, site.n = int(data.shape[0]), int(data.shape[1])
         site.reason = _reason(model, node, site, data, min_elements, keep_head, vocab)
+        if not site.reason and node.op_type != "Gemm":
+            _absorb_bias(model, site)
         if not site.reason and node.op_type == "Gemm" and len(node.inputs) > 2:
             c = node.inputs[2]
             bias = const_value(c) if c is not None else None
@@ -238,6 +241,30 @@ def find_sites(model: Model, *, min_elements: int = 4096, keep_head: bool = True
                 site.bias = bias.reshape(-1).astype(np.float32)
         sites.append(site)
     return sites
+
+
+def _absorb_bias(model: Model, site: Site) -> None:
+    """``MatMul`` then ``Add`` of a constant ``[N]`` vector (a ``Linear``'s bias as exported
+    for 3-D activations): the bias becomes ``MatMulNBits``' own input, and the ``Add``'s
+    output the site's output. Left alone when the product has another reader or is a graph
+    output, or the constant would broadcast the product to a higher rank."""
+    y = site.y
+    if len(y.users) != 1 or model.graph.is_output(y):
+        return
+    add, _ = y.users[0]
+    if add.op_type != "Add" or (add.domain or "") not in ("", "ai.onnx") or len(add.inputs) != 2:
+        return
+    other = add.inputs[1] if add.inputs[0] is y else add.inputs[0]
+    bias = const_value(other) if other is not None and other is not y else None
+    if bias is None or bias.dtype != np.float32 or bias.size != site.n or bias.size == 0:
+        return
+    if bias.shape[-1] != site.n or (y.rank is None and bias.ndim > 1):
+        return
+    if y.rank is not None and bias.ndim > y.rank:
+        return
+    site.bias = np.ascontiguousarray(bias.reshape(-1))
+    site.tail = add
+    site.y = add.outputs[0]
 
 
 def _reason(
@@ -297,16 +324,25 @@ def nbits_attrs(packed: Packed, accuracy_level: int) -> dict[str, int]:
     }
 
 
-def _replace(model: Model, node: Node, new: Node) -> None:
-    """``new`` (already in the graph, before ``node``) takes over ``node``'s output, by its
-    name too; ``node`` goes, and so do the initializers only it read."""
+def _replace(model: Model, node: Node, new: Node, tail: Node | None = None) -> None:
+    """``new`` (already in the graph, before ``node``) takes over ``node``'s output (``tail``'s
+    when given: the bias ``Add`` after it), by its name too; ``node`` and ``tail`` go, and so
+    do the initializers only they read."""
     graph = model.graph
-    out, y = new.outputs[0], node.outputs[0]
+    last = tail or node
+    out, y = new.outputs[0], last.outputs[0]
     out.dtype, out.shape = y.dtype, y.shape
     name = y.name
     graph.replace_all_uses_with(y, out)
-    feeders = [v for v in node.inputs if v is not None]
-    graph.remove_nodes([node])
+    inner = {id(node.outputs[0])}
+    feeders = [
+        v
+        for n in (node, tail)
+        if n is not None
+        for v in n.inputs
+        if v is not None and id(v) not in inner
+    ]
+    graph.remove_nodes([n for n in (tail, node) if n is not None])
     prune_dead_feeders(model, feeders)
     if not graph.has_value_name(name):
         graph.rename_value(out, name)
@@ -328,7 +364,7 @@ def compress_site(model: Model, site: Site, packed: Packed, accuracy_level: int)
         name=f"{site.name}/MatMulNBits" if site.name else "MatMulNBits",
         before=node,
     )
-    _replace(model, node, new)
+    _replace(model, node, new, site.tail)
     model.opset_imports.setdefault("com.microsoft", 1)
     return new
 
