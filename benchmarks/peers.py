@@ -27,3 +27,12 @@ from graph_autofusion.runtime.peer_engines import (  # noqa: F401 - the benchmar
 
 #: A configuration that does not apply or is not installed (recorded, not a failure).
 Unavailable = PeerUnavailable
+
+#: Every onnxruntime session of a side-by-side benchmark keeps onnxruntime's default spinning
+#: workers, as a user's session has them: without them each parallel operator waits for
+#: sleeping workers to wake (BERT-base s16 in ORT ALL ran 1.4-1.7x slower on a 2-core VM).
+#: They go on spinning after a run, burning about 35 ms of a core in the next ~40 ms (process
+#: CPU time over a sleep), which would take a core from whatever is timed next; so every
+#: timed call is preceded by this untimed pause (``round_robin(settle_s=...)``), for every
+#: configuration alike. It measures a call that arrives after the engine went idle.
+SPIN_SETTLE_S = 0.05

@@ -21,8 +21,10 @@ each per round, after warm-up); median with p10-p90; 2 threads everywhere:
   ``openvino`` (``compile_model(path, "CPU", f32, 2 threads, LATENCY)``; "not installed"
   without the ``bench`` extra) and ``ours_onnx`` (``GraphAutoFusion(path).fuse()`` decided on
   the timed inputs, then ORT ALL). Every onnxruntime session is
-  ``runtime.ort_session.ort_session(..., "all", threads=2)``; a first call of an ONNX engine
-  excludes the export (recorded apart).
+  ``runtime.ort_session.ort_session(..., "all", threads=2, spinning=True)`` (onnxruntime's
+  default spinning workers; our torch route's own sessions do not spin); a first call of an
+  ONNX engine excludes the export (recorded apart). Every timed call follows an untimed
+  ``peers.SPIN_SETTLE_S`` pause, so a spinning session's workers are idle when the next runs.
 
 Shapes: batch 1 at sequence 16 and 128 (ResNet-50: one 1x3x224x224 row); ``decode`` (the
 Llamas): ms/token of greedy decoding, ``(t(N tokens) - t(1 token)) / (N - 1)`` paired per
@@ -65,6 +67,7 @@ from torch_e2e_engines import (  # noqa: E402
     ONNX_ENGINES,
     OURS,
     ROOT,
+    SPIN_SETTLE_S,
     THREADS,
     TORCH_CONFIGS,
     Unavailable,
@@ -197,7 +200,9 @@ def bench_forward(name: str, seq: int, args: argparse.Namespace, tmp: str) -> di
             calls[f"{engine}@{exporter}"] = _build(rec, f"{engine}@{exporter}", make, (), check)
     fns = {k: c for k, c in calls.items() if c is not None}
     log(f"{name}/{shape}: timing {len(fns)} configurations, {args.runs} rounds")
-    for k, s in summarize(round_robin(fns, args.runs, warmup=2, rotate=True)).items():
+    for k, s in summarize(
+        round_robin(fns, args.runs, warmup=2, rotate=True, settle_s=SPIN_SETTLE_S)
+    ).items():
         rec[k].update(s)
     row["graphs"] = graphs_since(n0)  # after the timing: their call counts include it
     row["configs"] = _pick_exports(rec, args.exporters)
@@ -270,7 +275,7 @@ def bench_decode(name: str, args: argparse.Namespace, tmp: str) -> dict:
             fns[f"{k}:{n}"] = lambda c=c: c(n)
             fns[f"{k}:1"] = lambda c=c: c(1)
     log(f"{name}/decode: timing {len(fns)} calls, {args.runs} rounds")
-    raw = round_robin(fns, args.runs, warmup=1, rotate=True)
+    raw = round_robin(fns, args.runs, warmup=1, rotate=True, settle_s=SPIN_SETTLE_S)
     for k in calls:
         if calls[k] is None:
             continue

@@ -4,7 +4,8 @@ Torch configurations compile a callable (``compile_torch``); ONNX configurations
 on an export of the same module (``onnx_engine``): every one answers ``run(None, feeds)``,
 ``get_inputs()`` and ``get_outputs()`` like an onnxruntime session, so the forward and the
 greedy KV-cache loop of ``graph_autofusion.testing.kv_cache.greedy_decode_ort`` drive them all.
-Every onnxruntime session is ``graph_autofusion.runtime.ort_session.ort_session(..., "all", 2)``;
+Every onnxruntime session is ``graph_autofusion.runtime.ort_session.ort_session(..., "all", 2,
+spinning=True)`` (onnxruntime's default; ``peers.SPIN_SETTLE_S``);
 OpenVINO's is ``peers.OpenVINOSession`` (shared with ``vs_ort_optimizer.py``, ``vs_ort_decode.py``).
 """
 
@@ -25,7 +26,14 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import THREADS, OpenVINOSession, Unavailable, cpu_facts, openvino_version  # noqa: E402
+from peers import (  # noqa: E402, F401 - SPIN_SETTLE_S: torch_e2e's
+    SPIN_SETTLE_S,
+    THREADS,
+    OpenVINOSession,
+    Unavailable,
+    cpu_facts,
+    openvino_version,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCH_CONFIGS = ("eager", "inductor", "inductor_freezing", "ours")
@@ -178,7 +186,7 @@ def onnx_engine(
     from graph_autofusion.runtime.ort_session import ort_session
 
     if engine == "ort_all":
-        return ort_session(path, "all", THREADS), {}
+        return ort_session(path, "all", THREADS, spinning=True), {}
     if engine == "openvino":  # raises Unavailable when openvino is not installed
         return OpenVINOSession(path), {}
     stem = os.path.join(tmp, f"{engine}-{Path(path).stem}")
@@ -186,9 +194,9 @@ def onnx_engine(
         again = str(path) in _OPTIMIZED
         out, seconds = _transformers_optimizer(path, name, stem + ".onnx", decoder)
         info = {"optimize_s": seconds, "earlier_s": seconds if again else 0.0}
-        return ort_session(out, "all", THREADS), info
+        return ort_session(out, "all", THREADS, spinning=True), info
     model, info = _our_onnx_route(path, name, feeds, stem + ".onnx", decoder)
-    return ort_session(model, "all", THREADS), info
+    return ort_session(model, "all", THREADS, spinning=True), info
 
 
 def run_forward(session: Any, feeds: dict[str, Any]) -> Any:

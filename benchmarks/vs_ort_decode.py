@@ -3,7 +3,8 @@
 The decoder half of ``benchmarks/vs_ort_optimizer.py`` (``--decode`` there runs this script).
 For every KV-cache decoder export of the zoo (``graph_autofusion.testing.kv_cache``: Llama MHA
 and GQA, GPT-2, Qwen2; both torch exporters) three models run in onnxruntime (CPU, 2 intra-op
-threads, ``ORT_ENABLE_ALL``, threads not spinning) in one process:
+threads, ``ORT_ENABLE_ALL``, onnxruntime's default spinning workers, every timed call after an
+untimed ``peers.SPIN_SETTLE_S`` pause) in one process:
 
 * ``original``: the export;
 * ``peer``: ``onnxruntime.transformers.optimizer.optimize_model(path, "gpt2", heads, hidden)``
@@ -67,7 +68,13 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from peers import OpenVINOSession, Unavailable, cpu_facts, openvino_version  # noqa: E402
+from peers import (  # noqa: E402
+    SPIN_SETTLE_S,
+    OpenVINOSession,
+    Unavailable,
+    cpu_facts,
+    openvino_version,
+)
 from vs_ort_optimizer import fused_counts, log, op_counts, session  # noqa: E402
 
 # decoder -> (peer num_heads, hidden_size, our preset)
@@ -208,7 +215,7 @@ def worker(name: str, exporter: str, args: argparse.Namespace) -> dict[str, Any]
     from graph_autofusion.runtime.timing import round_robin
 
     sessions = {
-        k: fused_session(p, "all", 2) if k == "ours+kernels" else session(p, "all")
+        k: fused_session(p, "all", 2, spinning=True) if k == "ours+kernels" else session(p, "all")
         for k, p in paths.items()
     }
     try:  # OpenVINO on the export
@@ -245,6 +252,7 @@ def worker(name: str, exporter: str, args: argparse.Namespace) -> dict[str, Any]
         args.runs,
         warmup=0,  # warmed up above
         rotate=True,
+        settle_s=SPIN_SETTLE_S,
     )
     res["prefill_ms"] = {k: float(np.median(v) * 1e3) for k, v in times.items()}
     res["prefill_p10_p90_ms"] = {
@@ -270,7 +278,7 @@ def worker(name: str, exporter: str, args: argparse.Namespace) -> dict[str, Any]
         loops[k].append(statistics.fmean(steps) * 1e3)
 
     fns = {k: (lambda k=k, s=sessions[k]: loop(k, s)) for k in names}
-    round_robin(fns, args.loops, warmup=0, rotate=True)
+    round_robin(fns, args.loops, warmup=0, rotate=True, settle_s=SPIN_SETTLE_S)
     del fns
     res["decode_ms_per_token"] = {k: float(np.median(v)) for k, v in loops.items()}
     res["decode_loops_ms_per_token"] = loops

@@ -67,7 +67,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from peers import OpenVINOSession, Unavailable, cpu_facts, openvino_version  # noqa: E402
+from peers import (  # noqa: E402
+    SPIN_SETTLE_S,
+    OpenVINOSession,
+    Unavailable,
+    cpu_facts,
+    openvino_version,
+)
 
 # model -> (peer model_type, num_heads, hidden_size, our preset); no model type for a CNN: the
 # transformers optimizer has none, so the best peer there is onnxruntime's own ORT_ENABLE_ALL
@@ -146,9 +152,8 @@ def fused_counts(counts: dict[str, int], original: dict[str, int]) -> dict[str, 
 def session(path: str, level: str, threads: int = 2):
     from graph_autofusion.runtime.ort_session import ort_session
 
-    # Several sessions live side by side here; spinning worker threads of idle sessions would
-    # steal the 2 cores from the one being timed (bimodal, order-dependent timings).
-    return ort_session(path, level, threads, spinning=False)
+    # onnxruntime's default spinning workers, each timed call after a pause (SPIN_SETTLE_S)
+    return ort_session(path, level, threads, spinning=True)
 
 
 def stats_ms(ts: list[float]) -> dict[str, float]:
@@ -164,9 +169,7 @@ def stats_ms(ts: list[float]) -> dict[str, float]:
 
 
 #: Sessions per variant, used in turn and their samples pooled, so that no variant's result
-#: hangs on one session's thread placement. Worker threads do not spin between runs
-#: (``session.intra_op.allow_spinning = 0``): idle sessions' spinning threads otherwise take the
-#: 2 cores from the session being timed, which made small models' timings bimodal.
+#: hangs on one session's thread placement.
 SESSIONS_PER_VARIANT = 2
 
 
@@ -208,6 +211,7 @@ def time_side_by_side(
             outs[k] = s.run(None, ins[k])
     per_round = (time.perf_counter() - t) / SESSIONS_PER_VARIANT
     # at least ``runs`` rounds; more (up to 5x) while they fit in ``budget_s``
+    per_round += SPIN_SETTLE_S * len(sessions)
     runs = max(runs, min(5 * runs, int(budget_s / max(per_round, 1e-6))))
     names = list(sessions)
     used: dict[str, list[int]] = {k: [] for k in names}  # the session of each call
@@ -221,7 +225,7 @@ def time_side_by_side(
     gc.disable()
     try:
         fns = {k: (lambda k=k: call(k)) for k in names}
-        times = round_robin(fns, runs, warmup, rotate=True)
+        times = round_robin(fns, runs, warmup, rotate=True, settle_s=SPIN_SETTLE_S)
     finally:
         gc.enable()
     per_session: dict[str, list[list[float]]] = {
@@ -693,7 +697,7 @@ def markdown(data: dict[str, Any]) -> str:
         f"{env['threads']} intra-op "
         f"threads, inter-op 1). Times in ms: median [p10-p90] of at least {data['runs']} runs "
         f"(more, up to 5x, for fast models; min/max and n in the JSON) after "
-        f"{data['warmup']} warm-ups, the variants interleaved, each round in its own shuffled order, each over {SESSIONS_PER_VARIANT} sessions used in turn (intra-op threads not spinning between runs), in one process "
+        f"{data['warmup']} warm-ups, the variants interleaved, each round in its own shuffled order, each over {SESSIONS_PER_VARIANT} sessions used in turn (onnxruntime's spinning workers, its default, with a {SPIN_SETTLE_S * 1e3:.0f} ms pause before every timed call so that one session's spinning ends before the next runs), in one process "
         f"per model. Ratios are of medians. Load average at start {data['load_start']}, at "
         f"end {data['load_end']} (other jobs shared the machine; differences under ~5% are "
         f"noise). Commit {data.get('git', {}).get('head', '?')[:10]}"

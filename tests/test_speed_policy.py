@@ -132,3 +132,22 @@ def test_choose_reads_the_current_timer():
     with use_timer(sides.timer):
         best, _ = SpeedPolicy().choose(sides.fns, "eager", KEY, rounds=2)
     assert best == "torch" and len(sides.timed()) == 3 * 2
+
+
+def test_round_robin_pauses_before_every_timed_call_only(monkeypatch):
+    """``settle_s``: one untimed pause before each timed call (benchmarks let a spinning
+    onnxruntime session's workers go idle before the next configuration runs)."""
+    import graph_autofusion.runtime.timing as timing
+
+    events: list[str] = []
+    monkeypatch.setattr(timing.time, "sleep", lambda s: events.append(f"sleep {s}"))
+    fns = {k: (lambda k=k: events.append(k)) for k in ("a", "b")}
+    times = timing.round_robin(fns, 3, warmup=1, rotate=True, settle_s=0.05)
+    assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3}
+    assert events[:2] == ["a", "b"]  # the warm-up calls: no pause
+    timed = events[2:]
+    assert len(timed) == 12 and timed[0::2] == ["sleep 0.05"] * 6
+    assert sorted(timed[1::2]) == ["a"] * 3 + ["b"] * 3
+    events.clear()
+    timing.round_robin(fns, 2, warmup=0)
+    assert not any(e.startswith("sleep") for e in events)  # no pause unless asked

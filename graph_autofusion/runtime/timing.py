@@ -72,7 +72,12 @@ def median_us(
 
 
 def round_robin(
-    fns: Mapping[str, Callable[[], object]], runs: int, warmup: int = 3, *, rotate: bool = False
+    fns: Mapping[str, Callable[[], object]],
+    runs: int,
+    warmup: int = 3,
+    *,
+    rotate: bool = False,
+    settle_s: float = 0.0,
 ) -> dict[str, list[float]]:
     """Each function ``warmup`` times, then ``runs`` rounds of one call of each in turn;
     returns the seconds of every timed call by name.
@@ -81,7 +86,9 @@ def round_robin(
     number, so no function always runs first, last or right after the same neighbour (a cache,
     a frequency state or another runtime's still-spinning threads one leaves behind are shared
     out; a plain rotation ``a b c``, ``b c a`` keeps every function's predecessor); off, every
-    round runs them in the mapping's order."""
+    round runs them in the mapping's order. ``settle_s``: a pause, not timed, before each
+    timed call (an onnxruntime session with spinning workers keeps a core busy for tens of
+    milliseconds after its run; the pause lets that end before the next function runs)."""
     times: dict[str, list[float]] = {k: [] for k in fns}
     names = list(fns)
     for f in fns.values():
@@ -95,6 +102,8 @@ def round_robin(
             random.Random(r).shuffle(order)
         for k in order:
             f = fns[k]
+            if settle_s:
+                time.sleep(settle_s)
             t = time.perf_counter()
             f()
             times[k].append(time.perf_counter() - t)
