@@ -34,5 +34,9 @@ Unavailable = PeerUnavailable
 #: They go on spinning after a run, burning about 35 ms of a core in the next ~40 ms (process
 #: CPU time over a sleep), which would take a core from whatever is timed next; so every
 #: timed call is preceded by this untimed pause (``round_robin(settle_s=...)``), for every
-#: configuration alike. It measures a call that arrives after the engine went idle.
+#: configuration alike. After the pause every engine's threads sleep (torch's too: eager
+#: MiniLM s16 took 15 ms after 50 ms idle against 9 ms right after another call), so each
+#: timed call follows ``PRE_CALLS`` untimed calls of its own configuration
+#: (``round_robin(pre_calls=...)``): what is timed is a call in a stream of calls.
 SPIN_SETTLE_S = 0.05
+PRE_CALLS = 1

@@ -66,6 +66,7 @@ from torch_e2e_engines import (  # noqa: E402
     MEMORY_CONFIGS,
     ONNX_ENGINES,
     OURS,
+    PRE_CALLS,
     ROOT,
     SPIN_SETTLE_S,
     THREADS,
@@ -201,7 +202,9 @@ def bench_forward(name: str, seq: int, args: argparse.Namespace, tmp: str) -> di
     fns = {k: c for k, c in calls.items() if c is not None}
     log(f"{name}/{shape}: timing {len(fns)} configurations, {args.runs} rounds")
     for k, s in summarize(
-        round_robin(fns, args.runs, warmup=2, rotate=True, settle_s=SPIN_SETTLE_S)
+        round_robin(
+            fns, args.runs, warmup=2, rotate=True, settle_s=SPIN_SETTLE_S, pre_calls=PRE_CALLS
+        )
     ).items():
         rec[k].update(s)
     row["graphs"] = graphs_since(n0)  # after the timing: their call counts include it
@@ -275,7 +278,9 @@ def bench_decode(name: str, args: argparse.Namespace, tmp: str) -> dict:
             fns[f"{k}:{n}"] = lambda c=c: c(n)
             fns[f"{k}:1"] = lambda c=c: c(1)
     log(f"{name}/decode: timing {len(fns)} calls, {args.runs} rounds")
-    raw = round_robin(fns, args.runs, warmup=1, rotate=True, settle_s=SPIN_SETTLE_S)
+    raw = round_robin(
+        fns, args.runs, warmup=1, rotate=True, settle_s=SPIN_SETTLE_S, pre_calls=PRE_CALLS
+    )
     for k in calls:
         if calls[k] is None:
             continue

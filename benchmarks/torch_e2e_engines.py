@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import (  # noqa: E402, F401 - SPIN_SETTLE_S: torch_e2e's
+from peers import (  # noqa: E402, F401 - PRE_CALLS, SPIN_SETTLE_S: torch_e2e's
+    PRE_CALLS,
     SPIN_SETTLE_S,
     THREADS,
     OpenVINOSession,

@@ -69,6 +69,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from peers import (  # noqa: E402
+    PRE_CALLS,
     SPIN_SETTLE_S,
     OpenVINOSession,
     Unavailable,
@@ -253,6 +254,7 @@ def worker(name: str, exporter: str, args: argparse.Namespace) -> dict[str, Any]
         warmup=0,  # warmed up above
         rotate=True,
         settle_s=SPIN_SETTLE_S,
+        pre_calls=PRE_CALLS,
     )
     res["prefill_ms"] = {k: float(np.median(v) * 1e3) for k, v in times.items()}
     res["prefill_p10_p90_ms"] = {
@@ -278,7 +280,7 @@ def worker(name: str, exporter: str, args: argparse.Namespace) -> dict[str, Any]
         loops[k].append(statistics.fmean(steps) * 1e3)
 
     fns = {k: (lambda k=k, s=sessions[k]: loop(k, s)) for k in names}
-    round_robin(fns, args.loops, warmup=0, rotate=True, settle_s=SPIN_SETTLE_S)
+    round_robin(fns, args.loops, warmup=0, rotate=True, settle_s=SPIN_SETTLE_S, pre_calls=PRE_CALLS)
     del fns
     res["decode_ms_per_token"] = {k: float(np.median(v)) for k, v in loops.items()}
     res["decode_loops_ms_per_token"] = loops

@@ -68,6 +68,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from peers import (  # noqa: E402
+    PRE_CALLS,
     SPIN_SETTLE_S,
     OpenVINOSession,
     Unavailable,
@@ -225,7 +226,9 @@ def time_side_by_side(
     gc.disable()
     try:
         fns = {k: (lambda k=k: call(k)) for k in names}
-        times = round_robin(fns, runs, warmup, rotate=True, settle_s=SPIN_SETTLE_S)
+        times = round_robin(
+            fns, runs, warmup, rotate=True, settle_s=SPIN_SETTLE_S, pre_calls=PRE_CALLS
+        )
     finally:
         gc.enable()
     per_session: dict[str, list[list[float]]] = {

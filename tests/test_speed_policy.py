@@ -151,3 +151,8 @@ def test_round_robin_pauses_before_every_timed_call_only(monkeypatch):
     events.clear()
     timing.round_robin(fns, 2, warmup=0)
     assert not any(e.startswith("sleep") for e in events)  # no pause unless asked
+    events.clear()  # pre_calls: after the pause, the same function untimed, then timed
+    times = timing.round_robin(fns, 2, warmup=0, settle_s=0.05, pre_calls=1)
+    assert {k: len(v) for k, v in times.items()} == {"a": 2, "b": 2}
+    turns = [events[i : i + 3] for i in range(0, len(events), 3)]
+    assert len(turns) == 4 and all(t[0] == "sleep 0.05" and t[1] == t[2] for t in turns)

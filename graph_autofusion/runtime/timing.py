@@ -78,6 +78,7 @@ def round_robin(
     *,
     rotate: bool = False,
     settle_s: float = 0.0,
+    pre_calls: int = 0,
 ) -> dict[str, list[float]]:
     """Each function ``warmup`` times, then ``runs`` rounds of one call of each in turn;
     returns the seconds of every timed call by name.
@@ -88,7 +89,11 @@ def round_robin(
     out; a plain rotation ``a b c``, ``b c a`` keeps every function's predecessor); off, every
     round runs them in the mapping's order. ``settle_s``: a pause, not timed, before each
     timed call (an onnxruntime session with spinning workers keeps a core busy for tens of
-    milliseconds after its run; the pause lets that end before the next function runs)."""
+    milliseconds after its run; the pause lets that end before the next function runs).
+    ``pre_calls``: untimed calls of the same function right before each timed one, after the
+    pause: the timed call then finds its engine's threads awake, as in a stream of calls
+    (after 50 ms idle, torch's and onnxruntime's workers sleep and the next call pays for
+    waking them: eager MiniLM s16 took 15 ms instead of 9)."""
     times: dict[str, list[float]] = {k: [] for k in fns}
     names = list(fns)
     for f in fns.values():
@@ -104,6 +109,8 @@ def round_robin(
             f = fns[k]
             if settle_s:
                 time.sleep(settle_s)
+            for _ in range(pre_calls):
+                f()
             t = time.perf_counter()
             f()
             times[k].append(time.perf_counter() - t)
