@@ -212,14 +212,21 @@ def time_side_by_side(
             outs[k] = s.run(None, ins[k])
     per_round = (time.perf_counter() - t) / SESSIONS_PER_VARIANT
     # at least ``runs`` rounds; more (up to 5x) while they fit in ``budget_s``
-    per_round += SPIN_SETTLE_S * len(sessions)
+    per_round = per_round * (1 + PRE_CALLS) + SPIN_SETTLE_S * len(sessions)
     runs = max(runs, min(5 * runs, int(budget_s / max(per_round, 1e-6))))
     names = list(sessions)
-    used: dict[str, list[int]] = {k: [] for k in names}  # the session of each call
+    used: dict[str, list[int]] = {k: [] for k in names}  # the session of each timed call
+    turn = 1 + PRE_CALLS  # a timed call and the untimed ones before it: one session
+    calls = dict.fromkeys(names, 0)
 
     def call(k: str, sessions: dict[str, list[Any]] = sessions) -> Any:
-        j = len(used[k]) % SESSIONS_PER_VARIANT
-        used[k].append(j)
+        n = calls[k] - warmup
+        calls[k] += 1
+        if n < 0:  # a warm-up call: the sessions in turn
+            return sessions[k][calls[k] % SESSIONS_PER_VARIANT].run(None, ins[k])
+        j = (n // turn) % SESSIONS_PER_VARIANT
+        if n % turn == turn - 1:
+            used[k].append(j)
         return sessions[k][j].run(None, ins[k])
 
     gc.collect()
@@ -235,7 +242,7 @@ def time_side_by_side(
         k: [[] for _ in range(SESSIONS_PER_VARIANT)] for k in names
     }
     for k in names:
-        for j, dt in zip(used[k][warmup:], times[k], strict=True):
+        for j, dt in zip(used[k], times[k], strict=True):
             per_session[k][j].append(dt)
     res: dict[str, Any] = {k: stats_ms(v) for k, v in times.items()}
     res["session_medians_ms"] = {
