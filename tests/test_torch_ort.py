@@ -97,6 +97,27 @@ def test_onnxruntime_engine_matches_eager_and_reads_the_parameters_in_place():
         torch.testing.assert_close(c(ids), m(ids), rtol=1e-4, atol=1e-5)
 
 
+def test_the_session_spins_inside_a_run_and_stops_when_it_returns():
+    """The torch route's session: workers spin between operators (no wake-up per parallel
+    operator) but not after the run (no core taken from the torch code after the call)."""
+    m = _TextModel().eval()
+    backend = make_backend(engine="onnxruntime", check_speed=False)
+    c = torch.compile(m, backend=backend)
+    with torch.no_grad():
+        c(_ids(16))
+    (ort,) = _sessions(backend.config.graphs)
+    opts = ort.session.get_session_options()
+    assert opts.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    assert opts.get_session_config_entry("session.force_spinning_stop") == "1"
+
+
+def test_an_unknown_spinning_mode_is_refused():
+    from graph_autofusion.runtime.ort_session import ort_session
+
+    with pytest.raises(ValueError, match="spinning must be one of"):
+        ort_session(b"", spinning="always")
+
+
 def test_new_sequence_lengths_compile_nothing_after_the_dynamic_graph():
     m = _TextModel().eval()
     backend = make_backend(engine="onnxruntime", check_speed=False)

@@ -77,7 +77,11 @@ class OrtEngineProgram:
     def __init__(self, result: Any, threads: int) -> None:
         lib = getattr(result, "custom_ops", None)
         self.session = ort_session(
-            result.model, "all", threads, custom_ops_library=lib.path if lib is not None else None
+            result.model,
+            "all",
+            threads,
+            spinning="run",  # as the torch route's programs (torch_ort.SPINNING)
+            custom_ops_library=lib.path if lib is not None else None,
         )
         self.input_names = {i.name for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]

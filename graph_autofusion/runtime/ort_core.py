@@ -26,11 +26,18 @@ _LEVELS = {
 }
 
 
+#: ``open_session``'s spinning modes: ``False`` (idle workers block), ``True`` (onnxruntime's
+#: default: workers spin after each task, also for ~40 ms after a run returns, taking a core
+#: from whatever runs next), ``"run"`` (``session.force_spinning_stop``: they spin between the
+#: operators of a run and block when it returns).
+SPINNING = (False, True, "run")
+
+
 def open_session(
     src: Any,
     level: str = "disable",
     threads: int = 2,
-    spinning: bool = False,
+    spinning: bool | str = False,
     library: str | None = None,
     in_place: Mapping[str, np.ndarray] | None = None,
     *,
@@ -51,7 +58,11 @@ def open_session(
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.log_severity_level = log_severity
+    if spinning not in SPINNING:
+        raise ValueError(f"spinning must be one of {SPINNING}, got {spinning!r}")
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    if spinning == "run":  # spin inside a run, stop when it returns
+        so.add_session_config_entry("session.force_spinning_stop", "1")
     if profile_prefix is not None:
         so.enable_profiling = True
         so.profile_file_prefix = str(profile_prefix)
