@@ -31,7 +31,6 @@ per-layer cosine / relative error safe mode measured.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -282,13 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-minilm", dest="minilm", action="store_false")
     p.add_argument("--out", default=str(RESULTS / "compressed_weights"), help="path stem")
     args = p.parse_args(argv)
-    data = run(args)
-    stem = Path(args.out)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps(data, indent=1, default=str))
-    text = markdown(data)
-    stem.with_suffix(".md").write_text(text)
-    print(text)
+    from peers import write_results
+
+    print(write_results(args.out, run(args), markdown))
     return 0
 
 

@@ -25,7 +25,6 @@ rounds in a shuffled order (``round_robin(rotate=True)``).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -208,13 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache-multiple", type=float, default=4.0)
     p.add_argument("--out", default=str(RESULTS / "gemv_stream"), help="path stem")
     args = p.parse_args(argv)
-    data = run(args)
-    stem = Path(args.out)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps(data, indent=1, default=str))
-    text = markdown(data)
-    stem.with_suffix(".md").write_text(text)
-    print(text)
+    from peers import write_results
+
+    print(write_results(args.out, run(args), markdown))
     return 0
 
 

@@ -15,6 +15,11 @@ OpenVINO is a benchmark dependency only.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 from graph_autofusion.runtime.peer_engines import (  # noqa: F401 - the benchmarks' names
     ISA_FLAGS,
     OV_CONFIG,
@@ -40,3 +45,14 @@ Unavailable = PeerUnavailable
 #: (``round_robin(pre_calls=...)``): what is timed is a call in a stream of calls.
 SPIN_SETTLE_S = 0.05
 PRE_CALLS = 1
+
+
+def write_results(stem: str | Path, data: Any, markdown: Callable[[Any], str]) -> str:
+    """``stem``.json (``data``, everything) and ``stem``.md (``markdown(data)``, the table),
+    the folder made if needed; returns the markdown text."""
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".json").write_text(json.dumps(data, indent=1, default=str))
+    text = markdown(data)
+    stem.with_suffix(".md").write_text(text)
+    return text
