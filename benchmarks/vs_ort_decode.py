@@ -4,7 +4,8 @@ The decoder half of ``benchmarks/vs_ort_optimizer.py`` (``--decode`` there runs 
 For every KV-cache decoder export of the zoo (``graph_autofusion.testing.kv_cache``: Llama MHA
 and GQA, GPT-2, Qwen2; both torch exporters) three models run in onnxruntime (CPU, 2 intra-op
 threads, ``ORT_ENABLE_ALL``, onnxruntime's default spinning workers, every timed call after an
-untimed ``peers.SPIN_SETTLE_S`` pause) in one process:
+untimed ``peers.SPIN_SETTLE_S`` pause; a prefill also after ``peers.PRE_CALLS`` untimed ones)
+in one process:
 
 * ``original``: the export;
 * ``peer``: ``onnxruntime.transformers.optimizer.optimize_model(path, "gpt2", heads, hidden)``

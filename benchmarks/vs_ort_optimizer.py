@@ -215,18 +215,15 @@ def time_side_by_side(
     per_round = per_round * (1 + PRE_CALLS) + SPIN_SETTLE_S * len(sessions)
     runs = max(runs, min(5 * runs, int(budget_s / max(per_round, 1e-6))))
     names = list(sessions)
-    used: dict[str, list[int]] = {k: [] for k in names}  # the session of each timed call
     turn = 1 + PRE_CALLS  # a timed call and the untimed ones before it: one session
-    calls = dict.fromkeys(names, 0)
+    calls = dict.fromkeys(names, -warmup)  # < 0: a warm-up call
 
     def call(k: str, sessions: dict[str, list[Any]] = sessions) -> Any:
-        n = calls[k] - warmup
+        n = calls[k]
         calls[k] += 1
-        if n < 0:  # a warm-up call: the sessions in turn
-            return sessions[k][calls[k] % SESSIONS_PER_VARIANT].run(None, ins[k])
-        j = (n // turn) % SESSIONS_PER_VARIANT
-        if n % turn == turn - 1:
-            used[k].append(j)
+        # warm-ups use the sessions in turn; then timed call i (and its untimed ones) session
+        # i % SESSIONS_PER_VARIANT
+        j = (n if n < 0 else n // turn) % SESSIONS_PER_VARIANT
         return sessions[k][j].run(None, ins[k])
 
     gc.collect()
@@ -242,8 +239,8 @@ def time_side_by_side(
         k: [[] for _ in range(SESSIONS_PER_VARIANT)] for k in names
     }
     for k in names:
-        for j, dt in zip(used[k], times[k], strict=True):
-            per_session[k][j].append(dt)
+        for i, dt in enumerate(times[k]):
+            per_session[k][i % SESSIONS_PER_VARIANT].append(dt)
     res: dict[str, Any] = {k: stats_ms(v) for k, v in times.items()}
     res["session_medians_ms"] = {
         k: [float(np.median(v) * 1e3) if v else None for v in per_session[k]] for k in names
@@ -707,7 +704,7 @@ def markdown(data: dict[str, Any]) -> str:
         f"{env['threads']} intra-op "
         f"threads, inter-op 1). Times in ms: median [p10-p90] of at least {data['runs']} runs "
         f"(more, up to 5x, for fast models; min/max and n in the JSON) after "
-        f"{data['warmup']} warm-ups, the variants interleaved, each round in its own shuffled order, each over {SESSIONS_PER_VARIANT} sessions used in turn (onnxruntime's spinning workers, its default, with a {SPIN_SETTLE_S * 1e3:.0f} ms pause before every timed call so that one session's spinning ends before the next runs), in one process "
+        f"{data['warmup']} warm-ups, the variants interleaved, each round in its own shuffled order, each over {SESSIONS_PER_VARIANT} sessions used in turn (onnxruntime's spinning workers, its default, with a {SPIN_SETTLE_S * 1e3:.0f} ms pause before every timed call so that one session's spinning ends before the next runs, then {PRE_CALLS} untimed call(s) of the same session so that the timed one finds its threads awake), in one process "
         f"per model. Ratios are of medians. Load average at start {data['load_start']}, at "
         f"end {data['load_end']} (other jobs shared the machine; differences under ~5% are "
         f"noise). Commit {data.get('git', {}).get('head', '?')[:10]}"

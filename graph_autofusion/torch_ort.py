@@ -32,13 +32,7 @@ import torch
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.ir.dtypes import DType
 from graph_autofusion.ir.node import from_constants
-from graph_autofusion.runtime.ort_session import model_weights, ort_session
-
-#: The sessions' worker threads spin between the operators of a run and block when it returns
-#: (``ort_session(spinning="run")``): each parallel operator finds its workers awake, and no
-#: worker spins on into the torch code that follows the call (after onnxruntime's default
-#: spinning, an eager BERT s16 forward right after took 69 ms instead of 37).
-SPINNING = "run"
+from graph_autofusion.runtime.ort_session import SERVING_SPINNING, model_weights, ort_session
 
 
 class OrtEngineRefused(GraphAutoFusionError):
@@ -70,7 +64,7 @@ class OrtGraphProgram:
             self.model,
             level="all",
             threads=self.threads,
-            spinning=SPINNING,
+            spinning=SERVING_SPINNING,
             in_place=model_weights(self.model),
             prepack=prepack,
         )

@@ -256,11 +256,9 @@ def _absorb_bias(model: Model, site: Site) -> None:
         return
     other = add.inputs[1] if add.inputs[0] is y else add.inputs[0]
     bias = const_value(other) if other is not None and other is not y else None
-    if bias is None or bias.dtype != np.float32 or bias.size != site.n or bias.size == 0:
+    if bias is None or bias.dtype != np.float32 or bias.size != site.n:
         return
-    if bias.shape[-1] != site.n or (y.rank is None and bias.ndim > 1):
-        return
-    if y.rank is not None and bias.ndim > y.rank:
+    if bias.shape[-1:] != (site.n,) or bias.ndim > (y.rank if y.rank is not None else 1):
         return
     site.bias = np.ascontiguousarray(bias.reshape(-1))
     site.tail = add
@@ -334,13 +332,13 @@ def _replace(model: Model, node: Node, new: Node, tail: Node | None = None) -> N
     out.dtype, out.shape = y.dtype, y.shape
     name = y.name
     graph.replace_all_uses_with(y, out)
-    inner = {id(node.outputs[0])}
+    product = node.outputs[0]  # read by ``tail`` only: goes with it
     feeders = [
         v
         for n in (node, tail)
         if n is not None
         for v in n.inputs
-        if v is not None and id(v) not in inner
+        if v is not None and v is not product
     ]
     graph.remove_nodes([n for n in (tail, node) if n is not None])
     prune_dead_feeders(model, feeders)

@@ -48,7 +48,7 @@ from graph_autofusion.ir.core import Model
 from graph_autofusion.pipeline.cpu import fuse_model_cpu
 from graph_autofusion.pipeline.onnxruntime import fuse_model
 from graph_autofusion.report import progress as _progress
-from graph_autofusion.runtime.ort_session import ort_session
+from graph_autofusion.runtime.ort_session import SERVING_SPINNING, ort_session
 from graph_autofusion.runtime.timing import current_timer
 from graph_autofusion.verify.inputs import generate_inputs
 from graph_autofusion.verify.sample_inputs import own_copy
@@ -80,7 +80,7 @@ class OrtEngineProgram:
             result.model,
             "all",
             threads,
-            spinning="run",  # as the torch route's programs (torch_ort.SPINNING)
+            spinning=SERVING_SPINNING,
             custom_ops_library=lib.path if lib is not None else None,
         )
         self.input_names = {i.name for i in self.session.get_inputs()}

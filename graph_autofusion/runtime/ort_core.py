@@ -30,7 +30,12 @@ _LEVELS = {
 #: default: workers spin after each task, also for ~40 ms after a run returns, taking a core
 #: from whatever runs next), ``"run"`` (``session.force_spinning_stop``: they spin between the
 #: operators of a run and block when it returns).
-SPINNING = (False, True, "run")
+SPINNING_MODES = (False, True, "run")
+#: The mode of the sessions that serve a user's calls inside a process that runs other work
+#: (the torch route's programs, the cpu target's onnxruntime engine): each parallel operator
+#: finds its workers awake, and no worker spins on into the code that follows the call (after
+#: onnxruntime's default spinning, an eager BERT s16 forward right after took 69 ms, not 37).
+SERVING_SPINNING = "run"
 
 
 def open_session(
@@ -58,8 +63,8 @@ def open_session(
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.log_severity_level = log_severity
-    if spinning not in SPINNING:
-        raise ValueError(f"spinning must be one of {SPINNING}, got {spinning!r}")
+    if spinning not in SPINNING_MODES:
+        raise ValueError(f"spinning must be one of {SPINNING_MODES}, got {spinning!r}")
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     if spinning == "run":  # spin inside a run, stop when it returns
         so.add_session_config_entry("session.force_spinning_stop", "1")

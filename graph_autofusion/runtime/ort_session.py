@@ -15,10 +15,16 @@ import numpy as np
 from graph_autofusion.codegen import ort_customop as co
 from graph_autofusion.errors import MissingFileError
 from graph_autofusion.ir.core import Model
-from graph_autofusion.runtime.ort_core import IN_PLACE_MIN_BYTES, in_place_weights, open_session
+from graph_autofusion.runtime.ort_core import (
+    IN_PLACE_MIN_BYTES,
+    SERVING_SPINNING,
+    in_place_weights,
+    open_session,
+)
 
 __all__ = [
     "IN_PLACE_MIN_BYTES",
+    "SERVING_SPINNING",
     "fused_session",
     "in_place_weights",
     "model_weights",
