@@ -85,6 +85,8 @@ class StepPlan:
     logits: int  # the output whose last position's argmax is the next token
     #: per argument, how its sizes (a tensor) or value (an int) change per step
     deltas: list[Any] = field(default_factory=list)
+    #: Dynamo's shape guards of the graph, compiled on first use (``_guard_code``)
+    guards: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         kinds: dict[str, list[int]] = collections.defaultdict(list)
@@ -196,7 +198,8 @@ def first_unguarded_step(plan: StepPlan, args: Sequence[Any], steps: int) -> tup
     """The first of the next ``steps`` calls whose sizes Dynamo's shape guards for the graph
     would refuse (a length threshold where the model's Python takes another branch, and Dynamo
     would compile another graph), or 0 when none would; the loop bypasses those guards, so it
-    runs only when every step passes them. Sizes are simulated (meta tensors), nothing runs."""
+    runs only when every step passes them. Sizes are simulated (nothing runs), and the guards
+    are read from Dynamo once per plan."""
     try:
         return _first_unguarded_step(plan, args, steps)
     except Exception as exc:  # noqa: BLE001 - Dynamo's internals: no loop then
@@ -204,37 +207,88 @@ def first_unguarded_step(plan: StepPlan, args: Sequence[Any], steps: int) -> tup
 
 
 def _first_unguarded_step(plan: StepPlan, args: Sequence[Any], steps: int) -> tuple[int, str]:
-    from torch._guards import detect_fake_mode
     from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
 
-    holders = [
-        n.meta.get("example_value") for n in plan.graph.gm.graph.nodes if n.op == "placeholder"
-    ]
-    if len(holders) != len(args) or any(h is None for h in holders):
-        return 1, "the graph's placeholders carry no example values"
-    mode = detect_fake_mode([h for h in holders if isinstance(h, torch.Tensor)])
-    if mode is None or mode.shape_env is None:
-        return 0, ""  # static shapes: nothing symbolic to guard
-    try:
-        code = mode.shape_env.produce_guards_expression(holders, ignore_static=True)
-    except Exception as exc:  # noqa: BLE001 - Dynamo's internals: no loop then
-        return 1, f"Dynamo's shape guards could not be read ({type(exc).__name__})"
-    if not code:
+    if plan.guards is None:
+        plan.guards = _guard_code(plan)
+    guards = plan.guards
+    if isinstance(guards, str):
+        return 1, guards
+    if not guards:
         return 0, ""
-    check = compile(code, "<decode shape guards>", "eval")
-    moving = [i for i, d in enumerate(plan.deltas) if _moves(d) and f"L['t{i}']" in code]
-    named = {f"t{i}": a for i, a in enumerate(args) if f"L['t{i}']" in code}
+    check, used = guards
+    moving = [i for i in used if _moves(plan.deltas[i])]
+    named = {f"t{i}": args[i] for i in used}
     for k in range(1, steps + 1):
         for i in moving:
             a, d = args[i], plan.deltas[i]
             if isinstance(a, torch.Tensor):
-                size = [n + k * v for n, v in zip(a.shape, d)]
-                named[f"t{i}"] = torch.empty(size, dtype=a.dtype, device="meta")
+                named[f"t{i}"] = _Sizes([n + k * v for n, v in zip(a.shape, d)])
             else:
                 named[f"t{i}"] = a + k * d
-        if not eval(check, SYMPY_INTERP, {"L": named}):  # noqa: S307 - Dynamo's own guard code
+        try:
+            ok = eval(check, SYMPY_INTERP, {"L": named})  # noqa: S307 - Dynamo's own guard code
+        except AttributeError:  # a guard on more than sizes and strides: real (meta) tensors
+            for i in moving:
+                if isinstance(named[f"t{i}"], _Sizes):
+                    size = named[f"t{i}"].shape
+                    named[f"t{i}"] = torch.empty(size, dtype=args[i].dtype, device="meta")
+            ok = eval(check, SYMPY_INTERP, {"L": named})  # noqa: S307
+        if not ok:
             return k, f"Dynamo's shape guards refuse decode step {k} (a length threshold)"
     return 0, ""
+
+
+def _guard_code(plan: StepPlan) -> Any:
+    """Dynamo's shape guards of the plan's graph, compiled once per plan (reading them from
+    the shape environment costs milliseconds): ``(code, the arguments it reads)``, ``()``
+    when nothing is guarded, or the reason they cannot be read."""
+    from torch._guards import detect_fake_mode
+
+    holders = [
+        n.meta.get("example_value") for n in plan.graph.gm.graph.nodes if n.op == "placeholder"
+    ]
+    if len(holders) != len(plan.rules) or any(h is None for h in holders):
+        return "the graph's placeholders carry no example values"
+    mode = detect_fake_mode([h for h in holders if isinstance(h, torch.Tensor)])
+    if mode is None or mode.shape_env is None:
+        return ()  # static shapes: nothing symbolic to guard
+    try:
+        code = mode.shape_env.produce_guards_expression(holders, ignore_static=True)
+    except Exception as exc:  # noqa: BLE001 - Dynamo's internals: no loop then
+        return f"Dynamo's shape guards could not be read ({type(exc).__name__})"
+    if not code:
+        return ()
+    used = [i for i in range(len(holders)) if f"L['t{i}']" in code]
+    return compile(code, "<decode shape guards>", "eval"), used
+
+
+class _Sizes:
+    """What a decode step's shape guards read of a tensor that is not made yet: its sizes
+    and a contiguous layout's strides (the loop's tensors are onnxruntime's or torch's fresh,
+    contiguous outputs)."""
+
+    __slots__ = ("shape",)
+
+    def __init__(self, shape: Sequence[int]) -> None:
+        self.shape = tuple(shape)
+
+    def size(self, dim: int | None = None) -> Any:
+        return self.shape if dim is None else self.shape[dim]
+
+    def stride(self, dim: int | None = None) -> Any:
+        out, acc = [], 1
+        for n in reversed(self.shape):
+            out.append(acc)
+            acc *= max(n, 1)
+        strides = tuple(reversed(out))
+        return strides if dim is None else strides[dim]
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def storage_offset(self) -> int:
+        return 0
 
 
 def _moves(delta: Any) -> bool:

@@ -246,3 +246,30 @@ def test_a_length_threshold_in_dynamo_guards_keeps_generate_on_its_own_path():
         want = model.generate(ids, **kw)
     assert torch.equal(fused.generate(ids, **kw), want)
     assert stats.loop_calls == 1, stats.last_reason
+    (plan,) = stats.plans.values()
+    assert isinstance(plan.guards, tuple) and plan.guards  # read from Dynamo once, then kept
+    step, why = torch_decode.first_unguarded_step(plan, _last_args(plan, ids, 8), 24)
+    assert 0 < step <= 24 and "length threshold" in why, (step, why)
+
+
+def _last_args(plan, ids, decoded):
+    """Arguments of a decode call after ``decoded`` tokens of prompt ``ids``: the plan's
+    example arguments (Dynamo's placeholders) at that cache length."""
+    holders = [n.meta["example_value"] for n in plan.graph.gm.graph.nodes if n.op == "placeholder"]
+    length = ids.shape[1] + decoded - 1
+    args = []
+    for h, d in zip(holders, plan.deltas):
+        if isinstance(h, torch.Tensor):
+            shape = [length if v else int(n) for n, v in zip(h.shape, d)]
+            args.append(torch.zeros(shape, dtype=h.dtype))
+        else:
+            args.append(length if d else h)
+    return args
+
+
+def test_guard_sizes_have_a_contiguous_tensors_strides():
+    for shape in [(1, 8, 0, 64), (2, 3, 4), (5,), ()]:
+        t = torch.empty(shape, device="meta")
+        s = torch_decode._Sizes(shape)
+        assert s.stride() == t.stride() and s.size() == t.size() and s.dim() == t.dim()
+        assert all(s.stride(i) == t.stride(i) for i in range(t.dim()))
