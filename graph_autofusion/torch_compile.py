@@ -33,7 +33,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -136,12 +136,7 @@ class CompiledGraph:
         self._lock = threading.Lock()
         self.plan_source = ""  # "planned", or "saved" (a loaded plan's choice)
         self.source = ""  # the generated program
-        #: (the constant arguments' picker, the tensors and versions compiled for, program,
-        #: the 0-d float arguments the import took as numbers, (index, value): FxImport.scalars;
-        #: another value compiles again, as other weights do)
-        self._programs: list[
-            tuple[Callable[[Sequence[Any]], tuple], tuple, list[int], Any, tuple]
-        ] = []
+        self._programs: list[Program] = []  # one per weight set (and fixed numbers)
         self._grad_warned = False
         self.imported: Any = None  # the graph as imported (IR)
         self.core_gm = gm  # the graph less the sizes it returns (what the engines run)
@@ -176,11 +171,12 @@ class CompiledGraph:
                     stacklevel=2,
                 )
             return self.gm.forward(*args)
-        for pick, refs, versions, program, scalars in self._programs:  # C-level loops
+        for pick, refs, versions, program, scalars, sizes in self._programs:  # C-level loops
             if (
                 all(map(operator.is_, pick(args), refs))
                 and list(map(_VERSION, refs)) == versions
                 and (not scalars or all(args[i].item() == v for i, v in scalars))
+                and (not sizes or all(_size(args[i], axis) == v for i, axis, v in sizes))
             ):
                 out = program(*args)
                 if self._unpacked and self.calls >= PACK_AFTER_CALLS:
@@ -202,7 +198,7 @@ class CompiledGraph:
         compiled (or a weight set past the limit) runs as Dynamo captured it from now on."""
         if self.fallback is not None or len(self._programs) >= MAX_WEIGHT_SETS:
             if self.fallback is None:
-                self._fail(f"more than {MAX_WEIGHT_SETS} weight sets")
+                self._fail(f"more than {MAX_WEIGHT_SETS} programs (weight sets, or sizes fixed)")
             return self.gm.forward(*args)
         t = time.perf_counter()
         try:
@@ -213,7 +209,11 @@ class CompiledGraph:
             return self.gm.forward(*args)
         pick = _picker(imported.constant_inputs)
         refs = pick(args)
-        self._programs.append((pick, refs, list(map(_VERSION, refs)), program, imported.scalars))
+        self._programs.append(
+            Program(
+                pick, refs, list(map(_VERSION, refs)), program, imported.scalars, imported.sizes
+            )
+        )
         self.compile_seconds += time.perf_counter() - t
         return outs
 
@@ -548,6 +548,23 @@ class CompiledGraph:
 
 
 _VERSION = operator.attrgetter("_version")
+
+
+class Program(NamedTuple):
+    """A graph's program for one set of constant arguments, and what it was compiled for;
+    another weight, number or size there compiles again."""
+
+    pick: Callable[[Sequence[Any]], tuple]  # the constant arguments of a call
+    refs: tuple  # the tensors compiled for ...
+    versions: list[int]  # ... at these versions
+    program: Any
+    scalars: tuple  # (index, value): 0-d floats taken as numbers (FxImport.scalars)
+    sizes: tuple  # (index, axis, value): sizes the export fixed (FxImport.sizes)
+
+
+def _size(arg: Any, axis: int | None) -> Any:
+    """An argument's size along ``axis`` (a tensor's), or the argument (an int)."""
+    return arg if axis is None else arg.shape[axis]
 
 
 def _holds_session(program: Any) -> bool:

@@ -240,6 +240,12 @@ def test_a_length_threshold_in_dynamo_guards_keeps_generate_on_its_own_path():
         want = model.generate(ids, **kw)
     assert torch.equal(fused.generate(ids, **kw), want)
     assert stats.loop_calls == 0 and "shape guards refuse" in stats.last_reason
+    # the graph of the step where the window fills holds only at that cache length: its
+    # export fixes the length Dynamo left symbolic (it had failed, and the graph ran eager)
+    graphs = fused.autofusion.backend.config.graphs
+    assert [g.index for g in graphs if g.fallback is not None] == []
+    pinned = [p.sizes for g in graphs for p in g._programs if p.sizes]
+    assert pinned and all(axis == 2 and v >= 18 for s in pinned for _, axis, v in s), pinned
     kw = dict(GREEDY, max_new_tokens=8)  # within the window: the loop decodes
     ids = _prompt(6, 2)
     with torch.no_grad():

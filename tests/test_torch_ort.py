@@ -54,7 +54,7 @@ def _ids(n: int, seed: int = 0) -> torch.Tensor:
 
 def _sessions(graphs) -> list[OrtGraphProgram]:
     """The onnxruntime programs the graphs' compiled calls run."""
-    found = (_find_ort(prog) for g in graphs for _i, _r, _v, prog, _s in g._programs)
+    found = (_find_ort(p.program) for g in graphs for p in g._programs)
     return [p for p in found if p is not None]
 
 

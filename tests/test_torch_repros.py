@@ -603,5 +603,5 @@ def test_a_symbolic_float_an_operator_needs_as_a_number_is_this_call_s_value():
         g.summary() for g in graphs
     ]
     # the later two scalings were taken as numbers, one program each, checked on every call
-    taken = sorted(v for g in graphs for *_rest, s in g._programs for _i, v in s)
+    taken = sorted(v for g in graphs for p in g._programs for _i, v in p.scalars)
     assert taken == pytest.approx([4**-0.5, 2**-0.5]), taken

@@ -213,6 +213,27 @@ def _specialized(x: Any) -> int | None:
     return None
 
 
+def _dynamic_hint(x: Any) -> Any:
+    """``Dim.DYNAMIC`` for the export of a symbolic size, bounded by the range Dynamo's guards
+    give it on this graph (a sliding-window cache at least as long as the window): the export
+    of a graph that only holds in that range would otherwise fail its constraints."""
+    hint = torch.export.Dim.DYNAMIC
+    if not isinstance(x, torch.SymInt):
+        return hint
+    vr = x.node.shape_env.var_to_range.get(x.node.expr)
+    if vr is None:
+        return hint
+    lo, hi = _finite(vr.lower), _finite(vr.upper)
+    lo = lo if lo is not None and lo > 2 else None
+    hi = hi if hi is not None and hi >= max(lo or 0, 2) else None
+    return hint if lo is None and hi is None else hint(min=lo, max=hi)
+
+
+def _finite(bound: Any) -> int | None:
+    """A value range's bound as an int, or None when it is infinite."""
+    return int(bound) if getattr(bound, "is_Integer", False) else None
+
+
 def _symbol(x: Any) -> str | None:
     """The free symbol of a plain symbolic size (``s87``), else ``None``."""
     if isinstance(x, torch.SymInt):
@@ -252,6 +273,10 @@ class FxImport:
     #: these numbers (:mod:`~graph_autofusion.frontend.fx_scalars`): a caller passing another
     #: value there needs another import.
     scalars: tuple[tuple[int, float], ...] = ()
+    #: (argument, axis or None for an int argument, value): sizes Dynamo left symbolic that
+    #: the graph only holds at, fixed in the model to this call's value: a caller passing
+    #: another size there needs another import.
+    sizes: tuple[tuple[int, int | None, int], ...] = ()
 
 
 def import_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> FxImport:
@@ -339,14 +364,14 @@ def _import_fx(
             user.append(_concrete_int(x, placeholders[i].name))
             # DYNAMIC, not AUTO: an export that would specialize the size fails (the graph
             # then runs in eager) instead of silently fixing it to this call's
-            dynamic.append(torch.export.Dim.DYNAMIC)
+            dynamic.append(_dynamic_hint(placeholders[i].meta.get("example_value", x)))
             continue
         user.append(x)
         axes = {}
         if isinstance(ev, torch.Tensor):
             for axis, d in enumerate(ev.shape):
                 if _symbol(d) is not None:
-                    axes[axis] = torch.export.Dim.DYNAMIC
+                    axes[axis] = _dynamic_hint(d)
         dynamic.append(axes or None)
     sizes = {
         i: (position[carriers[sym][0]], carriers[sym][1])
@@ -355,17 +380,21 @@ def _import_fx(
     }
     wrapper = _FxWrapper(gm, consts, len(placeholders), sizes, fixed)
     real = [x.detach() if isinstance(x, torch.Tensor) else x for x in user]
+    pinned: tuple[tuple[int, int | None, int], ...] = ()
     try:
-        ep = torch.export.export(
-            wrapper,
-            tuple(real),
-            dynamic_shapes={"user": tuple(dynamic)}
-            if any(d is not None for d in dynamic)
-            else None,
-            strict=False,
-        )
+        ep = _export(wrapper, real, dynamic)
     except Exception as e:
-        raise FrontendError(f"torch.export of the FX graph failed: {e}") from e
+        if "specialized it to be a constant" not in str(e):
+            raise FrontendError(f"torch.export of the FX graph failed: {e}") from e
+        # the graph holds at one value of a size Dynamo left symbolic (a sliding-window
+        # cache, full, keeps its length): exported at this call's value; the caller compiles
+        # again for another (FxImport.sizes)
+        auto = [_auto(d) for d in dynamic]
+        try:
+            ep = _export(wrapper, real, auto)
+        except Exception as e2:
+            raise FrontendError(f"torch.export of the FX graph failed: {e2}") from e2
+        pinned = _pinned_sizes(ep, user_index, dynamic)
     _refuse_mutations(ep)
     model = _convert_undecomposed(ep, wrapper.fqns)
     if model is None:
@@ -380,7 +409,61 @@ def _import_fx(
             f"the FX graph has {len(user)} inputs but its export {len(model.graph.inputs)}"
         )
     mutated, aliases = _written_inputs(ep, user_index)
-    return FxImport(model, tuple(user_index), tuple(sorted(consts)), mutated, aliases)
+    return FxImport(model, tuple(user_index), tuple(sorted(consts)), mutated, aliases, sizes=pinned)
+
+
+def _export(wrapper: Any, args: Sequence[Any], dynamic: Sequence[Any]) -> Any:
+    return torch.export.export(
+        wrapper,
+        tuple(args),
+        dynamic_shapes={"user": tuple(dynamic)} if any(d is not None for d in dynamic) else None,
+        strict=False,
+    )
+
+
+def _fixed(size: Any) -> bool:
+    """Whether an exported size is a number (a plain int, or a symbolic one the export
+    specialized)."""
+    return not isinstance(size, torch.SymInt) or bool(size.node.expr.is_number)
+
+
+def _auto(hint: Any) -> Any:
+    """An export hint that lets the export fix a size (``Dim.AUTO``) in place of
+    ``Dim.DYNAMIC`` (per axis of a tensor's, or an int's)."""
+    if hint is None:
+        return None
+    if isinstance(hint, dict):
+        return {axis: _auto(h) for axis, h in hint.items()}
+    return torch.export.Dim.AUTO(min=hint.min, max=hint.max)
+
+
+def _pinned_sizes(
+    ep: torch.export.ExportedProgram, user_index: Sequence[int], dynamic: Sequence[Any]
+) -> tuple[tuple[int, int | None, int], ...]:
+    """(argument, axis or None for an int argument, value): the sizes Dynamo left symbolic
+    that the export fixed to this call's value."""
+    nodes = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    specs = [s for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    pinned = []
+    for k, (spec, hint) in enumerate(zip(specs, dynamic)):
+        if hint is None:
+            continue
+        if not isinstance(hint, dict):  # an int argument: fixed, it is a constant
+            value = getattr(spec.arg, "value", None)
+            node = nodes.get(getattr(spec.arg, "name", ""))
+            val = node.meta.get("val") if node is not None else value
+            if isinstance(val, int | torch.SymInt) and _fixed(val):
+                pinned.append((user_index[k], None, int(val)))
+            continue
+        node = nodes.get(getattr(spec.arg, "name", ""))
+        val = node.meta.get("val") if node is not None else None
+        if isinstance(val, torch.Tensor):
+            pinned += [
+                (user_index[k], axis, int(val.shape[axis]))
+                for axis in hint
+                if _fixed(val.shape[axis])
+            ]
+    return tuple(pinned)
 
 
 def _written_inputs(
