@@ -31,6 +31,8 @@ WEIGHT_FORMS = ("fp32", "fp16", "int8", "int4")
 #: ``FuseOptions.weights_policy``: ``default`` keeps the LM head and the embedding tables fp32;
 #: ``all`` compresses them too (the head at int8 at most, the tables at int8), still verified.
 WEIGHT_POLICIES = ("default", "all")
+#: onnxruntime's idle workers in the sessions that serve a fused model (``FuseOptions.spinning``)
+SPINNING = ("run", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,14 @@ class FuseOptions:
         weights_policy: ``default``: the LM head and the embedding tables stay fp32; ``all``:
             they are compressed too (head int8 even for int4, tables int8
             ``GatherBlockQuantized``), each verified like every layer.
+        spinning: onnxruntime's worker threads in the sessions that serve the fused model in
+            this process (the PyTorch route's graphs, the cpu target's onnxruntime engine):
+            ``run`` (the default: they spin between the operators of a call and block when it
+            returns, so no core is taken from the work that follows), ``on`` (onnxruntime's
+            own default: they also spin for tens of milliseconds after each call; the lowest
+            latency for calls that come now and then in a process that does little else, at
+            the cost of a core that work right after the call competes for), ``off`` (they
+            block between operators too).
     """
 
     target: str = "onnxruntime"
@@ -97,6 +107,7 @@ class FuseOptions:
     keep_fp32: tuple[str, ...] = ()
     weights: str = "fp32"
     weights_policy: str = "default"
+    spinning: str = "run"
 
     def __post_init__(self) -> None:
         switches = (
@@ -121,6 +132,8 @@ class FuseOptions:
             raise OptionsError(
                 f"unknown weights policy {self.weights_policy!r}; known: {list(WEIGHT_POLICIES)}"
             )
+        if self.spinning not in SPINNING:
+            raise OptionsError(f"unknown spinning mode {self.spinning!r}; known: {list(SPINNING)}")
         if not (0.0 <= self.benefit_threshold < 1.0):
             raise OptionsError(f"benefit_threshold must be in [0, 1), got {self.benefit_threshold}")
 

@@ -507,7 +507,12 @@ class CompiledGraph:
             small = min(quick) < defaults.FEW_THREADS_BELOW_S
         if not small:
             return program
-        solo = _OrtCall(OrtGraphProgram(ort.model, ort.user_inputs, 1, prepack=ort.prepack), self)
+        solo = _OrtCall(
+            OrtGraphProgram(
+                ort.model, ort.user_inputs, 1, prepack=ort.prepack, spinning=ort.spinning
+            ),
+            self,
+        )
         many = f"{ort.threads} threads"
         sides = {many: program, "1 thread": solo}
         calls = {k: functools.partial(fn, *args) for k, fn in sides.items()}

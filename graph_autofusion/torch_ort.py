@@ -32,7 +32,12 @@ import torch
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.ir.dtypes import DType
 from graph_autofusion.ir.node import from_constants
-from graph_autofusion.runtime.ort_session import SERVING_SPINNING, model_weights, ort_session
+from graph_autofusion.runtime.ort_session import (
+    SERVING_MODES,
+    SERVING_SPINNING,
+    model_weights,
+    ort_session,
+)
 
 
 class OrtEngineRefused(GraphAutoFusionError):
@@ -48,7 +53,12 @@ class OrtGraphProgram:
     """
 
     def __init__(
-        self, model: Any, user_inputs: Sequence[int], threads: int | None, prepack: bool = True
+        self,
+        model: Any,
+        user_inputs: Sequence[int],
+        threads: int | None,
+        prepack: bool = True,
+        spinning: bool | str = SERVING_SPINNING,
     ) -> None:
         self.model = model
         self.user_inputs = tuple(user_inputs)
@@ -57,6 +67,7 @@ class OrtGraphProgram:
         self.in_place_bytes = sum(a.nbytes for a in model_weights(model).values())
         self.threads = threads or torch.get_num_threads()
         self.prepack = prepack
+        self.spinning = spinning  # the session's mode (FuseOptions.spinning)
         self.session = self._open(prepack)
 
     def _open(self, prepack: bool) -> Any:
@@ -64,7 +75,7 @@ class OrtGraphProgram:
             self.model,
             level="all",
             threads=self.threads,
-            spinning=SERVING_SPINNING,
+            spinning=self.spinning,
             in_place=model_weights(self.model),
             prepack=prepack,
         )
@@ -168,7 +179,11 @@ def build_ort_program(
         raise OrtEngineRefused(f"the ONNX route failed: {exc}") from exc
     try:
         program = OrtGraphProgram(
-            result.model, imported.user_inputs, options.threads, prepack=_worth_packing(result)
+            result.model,
+            imported.user_inputs,
+            options.threads,
+            prepack=_worth_packing(result),
+            spinning=SERVING_MODES[options.spinning],
         )
     except Exception as exc:  # noqa: BLE001 - onnxruntime's own exception types
         raise OrtEngineRefused(

@@ -111,11 +111,40 @@ def test_the_session_spins_inside_a_run_and_stops_when_it_returns():
     assert opts.get_session_config_entry("session.force_spinning_stop") == "1"
 
 
+def _config(opts, key):
+    try:
+        return opts.get_session_config_entry(key)
+    except Exception:  # noqa: BLE001 - onnxruntime raises for an entry never set
+        return None
+
+
+@pytest.mark.parametrize("mode, allow, stop", [("on", "1", None), ("off", "0", None)])
+def test_the_user_chooses_the_serving_sessions_spinning(mode, allow, stop):
+    """``FuseOptions.spinning``: ``on`` is onnxruntime's default (workers spin on after the
+    call), ``off`` blocks them between operators too."""
+    from graph_autofusion.options import FuseOptions
+
+    m = _TextModel().eval()
+    opts = FuseOptions(target="cpu", check_speed=False, spinning=mode)
+    backend = make_backend(engine="onnxruntime", options=opts)
+    c = torch.compile(m, backend=backend)
+    with torch.no_grad():
+        torch.testing.assert_close(c(_ids(16)), m(_ids(16)), rtol=1e-4, atol=1e-5)
+    (ort,) = _sessions(backend.config.graphs)
+    got = ort.session.get_session_options()
+    assert _config(got, "session.intra_op.allow_spinning") == allow
+    assert _config(got, "session.force_spinning_stop") in (stop, "0")
+
+
 def test_an_unknown_spinning_mode_is_refused():
+    from graph_autofusion.errors import OptionsError
+    from graph_autofusion.options import FuseOptions
     from graph_autofusion.runtime.ort_session import ort_session
 
     with pytest.raises(ValueError, match="spinning must be one of"):
         ort_session(b"", spinning="always")
+    with pytest.raises(OptionsError, match="unknown spinning mode 'always'"):
+        FuseOptions(spinning="always")
 
 
 def test_new_sequence_lengths_compile_nothing_after_the_dynamic_graph():

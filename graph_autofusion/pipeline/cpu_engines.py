@@ -48,7 +48,7 @@ from graph_autofusion.ir.core import Model
 from graph_autofusion.pipeline.cpu import fuse_model_cpu
 from graph_autofusion.pipeline.onnxruntime import fuse_model
 from graph_autofusion.report import progress as _progress
-from graph_autofusion.runtime.ort_session import SERVING_SPINNING, ort_session
+from graph_autofusion.runtime.ort_session import SERVING_MODES, SERVING_SPINNING, ort_session
 from graph_autofusion.runtime.timing import current_timer
 from graph_autofusion.verify.inputs import generate_inputs
 from graph_autofusion.verify.sample_inputs import own_copy
@@ -74,13 +74,13 @@ class OrtEngineProgram:
     """A fused model of the onnxruntime engine in one onnxruntime session (its custom-operator
     library registered): ``run(feeds)`` returns ``{output name: array}``."""
 
-    def __init__(self, result: Any, threads: int) -> None:
+    def __init__(self, result: Any, threads: int, spinning: bool | str = SERVING_SPINNING) -> None:
         lib = getattr(result, "custom_ops", None)
         self.session = ort_session(
             result.model,
             "all",
             threads,
-            spinning=SERVING_SPINNING,
+            spinning=spinning,
             custom_ops_library=lib.path if lib is not None else None,
         )
         self.input_names = {i.name for i in self.session.get_inputs()}
@@ -161,7 +161,9 @@ def fuse_onnx_cpu(
     times: dict[str, float] = {}
     if len(built) > 1:
         with _progress.task("cpu target: measure the engines"):
-            times = measure_engines(built, feeds, _threads(options))
+            times = measure_engines(
+                built, feeds, _threads(options), SERVING_MODES[options.spinning]
+            )
         name = "onnxruntime" if times["onnxruntime"] < times["torch"] else "torch"
         why = "measured on the sample inputs"
     else:
@@ -209,7 +211,10 @@ def _onnxruntime_engine(
 
 
 def measure_engines(
-    built: Mapping[str, Any], feeds: Mapping[str, Any], threads: int
+    built: Mapping[str, Any],
+    feeds: Mapping[str, Any],
+    threads: int,
+    spinning: bool | str = SERVING_SPINNING,
 ) -> dict[str, float]:
     """Each built engine's median seconds on ``feeds`` (see the module docstring)."""
     import torch
@@ -217,7 +222,7 @@ def measure_engines(
     calls: dict[str, Callable[[], Any]] = {}
     for name, res in built.items():
         if name == "onnxruntime":
-            prog = OrtEngineProgram(res, threads)
+            prog = OrtEngineProgram(res, threads, spinning)
             arrays = {k: _numpy(v) for k, v in feeds.items()}
             calls[name] = lambda prog=prog, arrays=arrays: prog.run(arrays)
         else:

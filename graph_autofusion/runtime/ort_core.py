@@ -36,6 +36,8 @@ SPINNING_MODES = (False, True, "run")
 #: finds its workers awake, and no worker spins on into the code that follows the call (after
 #: onnxruntime's default spinning, an eager BERT s16 forward right after took 69 ms, not 37).
 SERVING_SPINNING = "run"
+#: ``FuseOptions.spinning``'s names for the modes of the serving sessions
+SERVING_MODES = {"run": "run", "on": True, "off": False}
 
 
 def open_session(

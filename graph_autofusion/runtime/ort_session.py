@@ -17,6 +17,7 @@ from graph_autofusion.errors import MissingFileError
 from graph_autofusion.ir.core import Model
 from graph_autofusion.runtime.ort_core import (
     IN_PLACE_MIN_BYTES,
+    SERVING_MODES,
     SERVING_SPINNING,
     in_place_weights,
     open_session,
@@ -24,6 +25,7 @@ from graph_autofusion.runtime.ort_core import (
 
 __all__ = [
     "IN_PLACE_MIN_BYTES",
+    "SERVING_MODES",
     "SERVING_SPINNING",
     "fused_session",
     "in_place_weights",
