@@ -362,8 +362,8 @@ def _import_fx(
         x, ev = example_inputs[i], placeholders[i].meta.get("example_value")
         if i in sym_inputs:
             user.append(_concrete_int(x, placeholders[i].name))
-            # DYNAMIC, not AUTO: an export that would specialize the size fails (the graph
-            # then runs in eager) instead of silently fixing it to this call's
+            # DYNAMIC, not AUTO: an export that specializes the size fails, and the retry
+            # below records each size it fixes (FxImport.sizes), never silently
             dynamic.append(_dynamic_hint(placeholders[i].meta.get("example_value", x)))
             continue
         user.append(x)
