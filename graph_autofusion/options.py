@@ -32,7 +32,7 @@ WEIGHT_FORMS = ("fp32", "fp16", "int8", "int4")
 #: ``all`` compresses them too (the head at int8 at most, the tables at int8), still verified.
 WEIGHT_POLICIES = ("default", "all")
 #: onnxruntime's idle workers in the sessions that serve a fused model (``FuseOptions.spinning``)
-SPINNING = ("run", "on", "off")
+SPINNING = ("auto", "run", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -78,8 +78,10 @@ class FuseOptions:
             ``GatherBlockQuantized``), each verified like every layer.
         spinning: onnxruntime's worker threads in the sessions that serve the fused model in
             this process (the PyTorch route's graphs, the cpu target's onnxruntime engine):
-            ``run`` (the default: they spin between the operators of a call and block when it
-            returns, so no core is taken from the work that follows), ``on`` (onnxruntime's
+            ``auto`` (the default: ``run``, but ``on`` for a graph once it serves the drop-in
+            module's decode loop, whose calls come back to back), ``run`` (they spin between
+            the operators of a call and block when it returns, so no core is taken from the
+            work that follows), ``on`` (onnxruntime's
             own default: they also spin for tens of milliseconds after each call; the lowest
             latency for calls that come now and then in a process that does little else, at
             the cost of a core that work right after the call competes for), ``off`` (they
@@ -107,7 +109,7 @@ class FuseOptions:
     keep_fp32: tuple[str, ...] = ()
     weights: str = "fp32"
     weights_policy: str = "default"
-    spinning: str = "run"
+    spinning: str = "auto"
 
     def __post_init__(self) -> None:
         switches = (

@@ -146,6 +146,7 @@ class CompiledGraph:
         self.ort_result: Any = None  # the ONNX route's FuseResult (onnxruntime engine)
         self.ort_failures = 0  # calls onnxruntime failed (run in eager instead)
         self._unpacked: list[Any] = []  # onnxruntime programs to pack once the graph is hot
+        self._orts: list[Any] = []  # the graph's onnxruntime programs (one per weight set)
         self._writes: Writes | None = None  # the arguments the graph writes into
 
     def __call__(self, *args: Any) -> Any:
@@ -185,6 +186,16 @@ class CompiledGraph:
         with self._lock:
             return self._build(args)
 
+    def serve_loop(self) -> None:
+        """The graph now serves the drop-in module's decode loop, whose calls come back to
+        back: under ``spinning="auto"`` its onnxruntime sessions keep their workers spinning
+        between calls (opened again once; each call then finds them awake)."""
+        if self.config.options.spinning != "auto":
+            return
+        with self._lock:
+            for ort in self._orts:
+                ort.set_spinning(True)
+
     def _pack(self) -> None:
         """The graph is hot: its onnxruntime sessions pack their weights from now on."""
         with self._lock:
@@ -220,6 +231,7 @@ class CompiledGraph:
     def _fail(self, why: str) -> None:
         self.fallback = why
         self._programs.clear()
+        self._orts.clear()
         warnings.warn(
             f"autofusion: graph {self.index} runs in eager ({why})",
             AutofusionWarning,
@@ -275,6 +287,8 @@ class CompiledGraph:
         if engine != "torch" and self.result is not None:
             self.result.program = None  # its kernels stay (reports, the kernel folder)
         ort = getattr(functional, "program", None) if engine == "onnxruntime" else None
+        if ort is not None:
+            self._orts.append(ort)
         if ort is not None and ort.session is None and not ort.can_defer_packing():
             ort.reopen()  # let go while the next engine was built and timed
         if ort is not None and ort.can_defer_packing():

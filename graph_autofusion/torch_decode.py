@@ -450,6 +450,9 @@ def generate(module: Any, backend_config: Any, stats: DecodeStats, *args: Any, *
     recorder.calls.clear()
     stats.plans[plan.graph.index] = plan
     stats.loop_calls += 1
+    serve = getattr(plan.graph, "serve_loop", None)
+    if serve is not None:
+        serve()
     with torch.no_grad():
         tokens = _loop(plan, state, seq[:, -1:], n - probe_n, eos, pad, done)
     stats.loop_tokens += tokens.shape[1]

@@ -83,18 +83,26 @@ class OrtGraphProgram:
     def set_packing(self, prepack: bool) -> None:
         """Open the session again with (or without) onnxruntime's packed copy of the constant
         GEMM weights. The old session goes first, so the two never hold weights at once."""
-        if prepack == self.prepack:
-            return
-        old = self.prepack
+        if prepack != self.prepack:
+            self._reopen(prepack, self.spinning)
+
+    def set_spinning(self, spinning: bool | str) -> None:
+        """Open the session again with another spinning mode (``ort_session``'s)."""
+        if spinning != self.spinning:
+            self._reopen(self.prepack, spinning)
+
+    def _reopen(self, prepack: bool, spinning: bool | str) -> None:
+        old = self.prepack, self.spinning
         self.session = None
         from graph_autofusion.torch_outputs import give_back_memory
 
         give_back_memory()
         try:
+            self.prepack, self.spinning = prepack, spinning
             self.session = self._open(prepack)
-            self.prepack = prepack
         except Exception:  # noqa: BLE001 - the session it had opens again
-            self.session = self._open(old)
+            self.prepack, self.spinning = old
+            self.session = self._open(self.prepack)
 
     def release(self) -> None:
         """Let the session (and its packed weights) go; :meth:`reopen` opens it again."""

@@ -56,6 +56,48 @@ def test_the_loop_gives_eager_tokens_on_two_prompt_lengths(llama_pair):
     assert {"token", "feed", "const", "count"} <= kinds
 
 
+def _spinning(graph) -> list[tuple]:
+    """(allow_spinning, force_spinning_stop) of each onnxruntime session of ``graph``."""
+    out = []
+    for ort in graph._orts:
+        opts = ort.session.get_session_options()
+        entries = []
+        for key in ("session.intra_op.allow_spinning", "session.force_spinning_stop"):
+            try:
+                entries.append(opts.get_session_config_entry(key))
+            except Exception:  # noqa: BLE001 - onnxruntime raises for an entry never set
+                entries.append("0" if key.endswith("stop") else None)
+        out.append(tuple(entries))
+    return out
+
+
+def test_the_loop_s_graph_keeps_its_workers_spinning_between_calls(llama_pair):
+    """spinning="auto": a graph serving the decode loop (calls back to back) spins between
+    calls; the prefill graph keeps spinning inside a run only. An explicit "run" stays."""
+    model, fused = llama_pair
+    ids = _prompt(12, 5)
+    kw = dict(GREEDY, max_new_tokens=10)
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+    assert torch.equal(fused.generate(ids, **kw), want)
+    loop_graphs = [p.graph for p in fused.autofusion.decode.plans.values()]
+    assert loop_graphs and all(g._orts for g in loop_graphs)
+    assert all(s == ("1", "0") for g in loop_graphs for s in _spinning(g))
+    others = [g for g in fused.autofusion.backend.config.graphs if g not in loop_graphs]
+    assert any(g._orts for g in others)
+    assert all(s == ("1", "1") for g in others for s in _spinning(g))
+
+    from graph_autofusion.options import FuseOptions
+
+    torch._dynamo.reset()
+    run = GraphAutoFusion(
+        model, options=FuseOptions(target="cpu", check_speed=False, spinning="run")
+    ).fuse()
+    assert torch.equal(run.generate(ids, **kw), want)
+    (plan,) = run.autofusion.decode.plans.values()
+    assert plan.graph._orts and all(s == ("1", "1") for s in _spinning(plan.graph))
+
+
 def _late_token(generated) -> int:
     """A token first made after the probe (the loop, not Hugging Face, must stop on it)."""
     seen = generated[: torch_decode.PROBE_TOKENS + 1].tolist()

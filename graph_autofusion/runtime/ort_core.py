@@ -37,7 +37,7 @@ SPINNING_MODES = (False, True, "run")
 #: onnxruntime's default spinning, an eager BERT s16 forward right after took 69 ms, not 37).
 SERVING_SPINNING = "run"
 #: ``FuseOptions.spinning``'s names for the modes of the serving sessions
-SERVING_MODES = {"run": "run", "on": True, "off": False}
+SERVING_MODES = {"auto": SERVING_SPINNING, "run": "run", "on": True, "off": False}
 
 
 def open_session(
