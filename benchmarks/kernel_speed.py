@@ -1,7 +1,7 @@
 """Generated kernels against torch eager, torch.compile (Inductor) and onnxruntime's contrib
 kernels, side by side in one run.
 
-Run: ``.venv/bin/python benchmarks/kernels.py [--runs N] [--quick] [--out DIR]`` (writes
+Run: ``.venv/bin/python benchmarks/kernel_speed.py [--runs N] [--quick] [--out DIR]`` (writes
 ``kernels.json`` and ``kernels.md`` to ``DIR``, by default ``benchmarks/results/``, and prints
 the table).
 
@@ -396,7 +396,7 @@ def _line(row: dict) -> str:
 def markdown(result: dict) -> str:
     bw = result["bandwidth_gb_s"]
     lines = [
-        "# Generated kernels vs eager, Inductor and onnxruntime (`benchmarks/kernels.py`)",
+        "# Generated kernels vs eager, Inductor and onnxruntime (`benchmarks/kernel_speed.py`)",
         "",
         f"torch {result['torch']}, {result['threads']} threads, median of {result['runs']} "
         "round-robin runs (64 MB rows: a third of them), each round in its own seeded shuffled "
