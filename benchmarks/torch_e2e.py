@@ -22,7 +22,7 @@ each per round, after warm-up); median with p10-p90; 2 threads everywhere:
   without the ``bench`` extra) and ``ours_onnx`` (``GraphAutoFusion(path).fuse()`` decided on
   the timed inputs, then ORT ALL). Every onnxruntime session is
   ``runtime.ort_session.ort_session(..., "all", threads=2, spinning=True)`` (onnxruntime's
-  default spinning workers; our torch route's own sessions spin inside a run only,
+  default spinning workers; our torch route's own sessions spin inside a run and 1 ms after it,
   ``runtime.ort_session.SERVING_SPINNING``); a first call of an ONNX engine excludes the
   export (recorded apart). Every timed call follows an untimed ``peers.SPIN_SETTLE_S`` pause,
   so a spinning session's workers are idle when the next runs, then ``peers.PRE_CALLS``

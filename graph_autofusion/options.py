@@ -80,8 +80,8 @@ class FuseOptions:
             this process (the PyTorch route's graphs, the cpu target's onnxruntime engine):
             ``auto`` (the default: ``run``, but ``on`` for a graph once it serves the drop-in
             module's decode loop, whose calls come back to back), ``run`` (they spin between
-            the operators of a call and block when it returns, so no core is taken from the
-            work that follows), ``on`` (onnxruntime's
+            the operators of a call and for at most a millisecond after it returns,
+            so little of a core is taken from the work that follows), ``on`` (onnxruntime's
             own default: they also spin for tens of milliseconds after each call; the lowest
             latency for calls that come now and then in a process that does little else, at
             the cost of a core that work right after the call competes for), ``off`` (they

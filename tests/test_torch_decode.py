@@ -57,23 +57,25 @@ def test_the_loop_gives_eager_tokens_on_two_prompt_lengths(llama_pair):
 
 
 def _spinning(graph) -> list[tuple]:
-    """(allow_spinning, force_spinning_stop) of each onnxruntime session of ``graph``."""
+    """(allow_spinning, whether the spinning tail is bounded) of each onnxruntime session of
+    ``graph``."""
     out = []
     for ort in graph._orts:
         opts = ort.session.get_session_options()
         entries = []
-        for key in ("session.intra_op.allow_spinning", "session.force_spinning_stop"):
+        for key in ("session.intra_op.allow_spinning", "session.intra_op.spin_duration_us"):
             try:
                 entries.append(opts.get_session_config_entry(key))
             except Exception:  # noqa: BLE001 - onnxruntime raises for an entry never set
-                entries.append("0" if key.endswith("stop") else None)
+                entries.append(None)
+        entries[1] = "1" if entries[1] is not None else "0"
         out.append(tuple(entries))
     return out
 
 
 def test_the_loop_s_graph_keeps_its_workers_spinning_between_calls(llama_pair):
     """spinning="auto": a graph serving the decode loop (calls back to back) spins between
-    calls; the prefill graph keeps spinning inside a run only. An explicit "run" stays."""
+    calls; the prefill graph keeps its bounded spinning tail. An explicit "run" stays."""
     model, fused = llama_pair
     ids = _prompt(12, 5)
     kw = dict(GREEDY, max_new_tokens=10)

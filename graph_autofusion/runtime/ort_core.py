@@ -28,13 +28,25 @@ _LEVELS = {
 
 #: ``open_session``'s spinning modes: ``False`` (idle workers block), ``True`` (onnxruntime's
 #: default: workers spin after each task, also for ~40 ms after a run returns, taking a core
-#: from whatever runs next), ``"run"`` (``session.force_spinning_stop``: they spin between the
-#: operators of a run and block when it returns).
+#: from whatever runs next), ``"run"`` (``session.intra_op.spin_duration_us``: they spin between
+#: the operators of a run and for at most :data:`SPIN_TAIL_US` after it returns, then block).
 SPINNING_MODES = (False, True, "run")
+#: ``"run"``'s spinning tail in microseconds: long enough that the gaps between a run's
+#: parallel operators, and between calls that come back to back or a Dynamo frame apart
+#: (~0.5-1 ms on the zoo's text models), find the workers awake; short enough that little of a
+#: core is taken from the code after the call. MiniLM s16's export on a 2-core EPYC VM
+#: (``/work/scratch/spin_tail.py``, 2026-12-04): 3.1-3.9 ms a call with 500 or 1000
+#: (onnxruntime's default spinning: 3.1-3.8), 7.7-8.1 with 100, 4.7-9.7 with
+#: ``session.force_spinning_stop`` (this mode before 2026-12-04); an eager forward right after
+#: took about what it takes after a session that never spins with 500 or 1000 (+0.1-0.6 ms;
+#: +1.7 with 2000, +6.7 with 5000, +40 after onnxruntime's default). A blocked worker's wake-up
+#: cost milliseconds now and then on that VM, which is what the tail keeps a call from paying.
+SPIN_TAIL_US = 1000
 #: The mode of the sessions that serve a user's calls inside a process that runs other work
 #: (the torch route's programs, the cpu target's onnxruntime engine): each parallel operator
-#: finds its workers awake, and no worker spins on into the code that follows the call (after
-#: onnxruntime's default spinning, an eager BERT s16 forward right after took 69 ms, not 37).
+#: finds its workers awake, and no worker spins on for long into the code that follows the call
+#: (after onnxruntime's default spinning, an eager BERT s16 forward right after took 69 ms, not
+#: 37).
 SERVING_SPINNING = "run"
 #: ``FuseOptions.spinning``'s names for the modes of the serving sessions
 SERVING_MODES = {"auto": SERVING_SPINNING, "run": "run", "on": True, "off": False}
@@ -68,8 +80,8 @@ def open_session(
     if spinning not in SPINNING_MODES:
         raise ValueError(f"spinning must be one of {SPINNING_MODES}, got {spinning!r}")
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    if spinning == "run":  # spin inside a run, stop when it returns
-        so.add_session_config_entry("session.force_spinning_stop", "1")
+    if spinning == "run":  # spin inside a run and briefly after it, then block
+        so.add_session_config_entry("session.intra_op.spin_duration_us", str(SPIN_TAIL_US))
     if profile_prefix is not None:
         so.enable_profiling = True
         so.profile_file_prefix = str(profile_prefix)

@@ -54,9 +54,11 @@ def ort_session(
     threads spin (``True``: onnxruntime's default, what deployments run); off by default
     because sessions here are often used side by side, and an idle session's spinning threads
     take the cores from the one being timed. ``"run"``: they spin between the operators of a
-    run and block when it returns (``session.force_spinning_stop``): a run is as fast as with
-    spinning (BERT-base s16: 15.5 ms against 17.1 without, 15.5 with) and leaves no spinning
-    behind (an eager forward right after took 37 ms, against 69 ms after a spinning one).
+    run and for at most ``ort_core.SPIN_TAIL_US`` (1 ms) after it returns
+    (``session.intra_op.spin_duration_us``): a run is as fast as with spinning (MiniLM s16:
+    3.1 ms against 5.7 without, 3.1 with) and leaves little spinning behind (an eager forward
+    right after took 9.8 ms, against 9.2 after a session that never spins and 52 after a
+    spinning one).
 
     A model using graph-autofusion's custom operators gets their library registered:
     ``custom_ops_library``, else the one its metadata names (next to a saved file), else the
