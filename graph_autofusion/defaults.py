@@ -40,6 +40,13 @@ ENGINE_TIMING_ROUNDS = 5
 #: settles sub-millisecond effects (another runtime's waking threads, cache contents), which
 #: a call this long does not feel, and on a large prefill it was half of the measurement.
 ENGINE_STEADY_S = 0.02
+#: A pause (seconds) before each side's calls in an engine measurement: torch's OpenMP workers
+#: spin for a few milliseconds after an eager forward's last parallel operator, and an
+#: onnxruntime run in that window competes with them for the cores (MiniLM s16's session:
+#: 7.3 ms right after an eager forward, 6.1 after 1 ms, 4.2 after 3, 3.6 after 10 or more;
+#: ``/work/scratch/omp_spin.py``, 2026-12-04). Without it the first call of a graph measured
+#: its onnxruntime program at up to twice its steady time and chose the torch program.
+ENGINE_SETTLE_S = 0.01
 #: A compiled graph whose onnxruntime program takes less than this on its first calls is also
 #: timed on one thread: onnxruntime's idle workers sleep (the package's sessions do not spin),
 #: and waking them costs more than a sub-millisecond graph's parallel work saves (a tiny

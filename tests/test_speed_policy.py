@@ -82,6 +82,30 @@ def test_a_side_whose_timed_call_is_long_is_not_called_untimed_before_the_next()
         assert timed == 5 and calls - timed == untimed, (name, log)
 
 
+def test_each_side_s_calls_follow_a_pause_so_another_runtime_s_threads_stop(monkeypatch):
+    """torch's OpenMP workers spin on for milliseconds after eager; an onnxruntime side timed
+    inside that window competes with them for the cores. Every side's untimed call, and its
+    timed call where none precedes it, comes after a pause of ``ENGINE_SETTLE_S``."""
+    from graph_autofusion import defaults
+    from graph_autofusion.verify import speed
+
+    sides = Sides({"onnxruntime": 1e-3, "eager": 50e-3}, names=("onnxruntime", "eager"))
+    monkeypatch.setattr(speed.time, "sleep", lambda s: sides.log.append(("sleep", s)))
+    _choose(sides, rounds=4)
+    log = sides.log[2:]  # after the warm-up calls (no pause: nothing was timed yet)
+    assert defaults.ENGINE_SETTLE_S > 0
+    turns, i = [], 0
+    while i < len(log):
+        assert log[i] == ("sleep", defaults.ENGINE_SETTLE_S), log[i:]
+        j = i + 1
+        while j < len(log) and log[j][0] != "sleep":
+            j += 1
+        turns.append([n for _, n in log[i + 1 : j]])
+        i = j
+    # one pause per side per round, before its calls (untimed and timed, or timed alone)
+    assert len(turns) == 8 and all(t and len(set(t)) == 1 for t in turns)
+
+
 def test_a_side_slower_than_the_baseline_within_the_margin_is_kept():
     sides = Sides({"onnxruntime": 1.08e-3, "torch": 1.2e-3, "eager": 1e-3})
     best, _ = _choose(sides, margin=1.10)

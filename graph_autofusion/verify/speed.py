@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import random
 import statistics
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -115,7 +116,10 @@ class SpeedPolicy:
         still-spinning threads), unless its previous timed call took
         :data:`~graph_autofusion.defaults.ENGINE_STEADY_S` or more (such a call is in steady
         state by itself: its data outgrow the caches the other side touched; a BERT-base
-        prefill's compile saves two seconds). Each timed call is ``timer(key, name, side)``."""
+        prefill's compile saves two seconds). Each side's calls follow a pause of
+        :data:`~graph_autofusion.defaults.ENGINE_SETTLE_S`, so the threads another runtime left
+        spinning (torch's OpenMP workers after eager) have stopped. Each timed call is
+        ``timer(key, name, side)``."""
         timer = timer or current_timer()
         order = list(sides)
         if warmup:
@@ -126,6 +130,7 @@ class SpeedPolicy:
             random.Random(r).shuffle(order)
             for name in order:
                 fn = sides[name]
+                time.sleep(defaults.ENGINE_SETTLE_S)
                 if not times[name] or times[name][-1] < defaults.ENGINE_STEADY_S:
                     fn()
                 times[name].append(timer(key, name, fn))
