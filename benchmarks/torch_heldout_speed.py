@@ -6,7 +6,13 @@ model runs in its own process: eager, ``torch.compile(model)`` (Inductor) and
 ``torch.compile(model, backend="autofusion")`` (ours, its defaults) are built and checked on
 the first call (sequence models at length ``--seq``, image models at their sweep size), then
 timed in ``--runs`` rounds whose order is shuffled each round
-(``runtime.timing.round_robin(rotate=True)``), under ``torch.no_grad()``, 2 threads.
+(``runtime.timing.round_robin(rotate=True)``), under ``torch.no_grad()``, 2 threads. Since
+2026-12-04 each timed call follows a ``peers.SPIN_SETTLE_S`` pause and ``peers.PRE_CALLS``
+untimed calls of its own configuration, as ``torch_e2e.py`` times them: timed back to back,
+one configuration's still-spinning threads ran into the next one's call (the torch route's
+sessions spin for up to 1 ms after a run, torch's OpenMP workers for milliseconds after eager
+and Inductor), which widened every configuration's p90 2-3x and made ours bimodal in about a
+third of the processes on the tiniest models.
 
 Run on a quiet machine (one timing job at a time)::
 
@@ -77,7 +83,15 @@ def worker(name: str, seq: int, runs: int) -> dict[str, Any]:
                 f(**inputs)
 
         fns[cfg] = call
-    for k, s in summarize(round_robin(fns, runs, warmup=2, rotate=True)).items():
+    from peers import PRE_CALLS, SPIN_SETTLE_S
+
+    # as torch_e2e.py times them: each timed call after a pause and one untimed call of its
+    # own, so no configuration's still-spinning threads (torch's OpenMP workers after eager or
+    # Inductor, onnxruntime's after ours) run into the next one's timed call
+    timed = round_robin(
+        fns, runs, warmup=2, rotate=True, settle_s=SPIN_SETTLE_S, pre_calls=PRE_CALLS
+    )
+    for k, s in summarize(timed).items():
         row["configs"][k].update(s)
     row["engines"] = [g.summary().get("engine") for g in tc.default_graphs()]
     return row
