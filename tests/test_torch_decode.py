@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from graph_autofusion import GraphAutoFusion, torch_decode  # noqa: E402
+from graph_autofusion.runtime.ort_core import SPIN_TAIL_US  # noqa: E402
 from graph_autofusion.testing.small_hf import SMALL_HF, tiny_causal_lm, tiny_llama  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("torch_compile")
@@ -56,9 +57,13 @@ def test_the_loop_gives_eager_tokens_on_two_prompt_lengths(llama_pair):
     assert {"token", "feed", "const", "count"} <= kinds
 
 
+#: the bounded spinning tail of a ``run`` session, as its config entry reads
+TAIL = str(SPIN_TAIL_US)
+
+
 def _spinning(graph) -> list[tuple]:
-    """(allow_spinning, whether the spinning tail is bounded) of each onnxruntime session of
-    ``graph``."""
+    """(allow_spinning, spin_duration_us) of each onnxruntime session of ``graph`` (None for
+    an entry never set: onnxruntime's own spinning tail)."""
     out = []
     for ort in graph._orts:
         opts = ort.session.get_session_options()
@@ -68,7 +73,6 @@ def _spinning(graph) -> list[tuple]:
                 entries.append(opts.get_session_config_entry(key))
             except Exception:  # noqa: BLE001 - onnxruntime raises for an entry never set
                 entries.append(None)
-        entries[1] = "1" if entries[1] is not None else "0"
         out.append(tuple(entries))
     return out
 
@@ -84,10 +88,10 @@ def test_the_loop_s_graph_keeps_its_workers_spinning_between_calls(llama_pair):
     assert torch.equal(fused.generate(ids, **kw), want)
     loop_graphs = [p.graph for p in fused.autofusion.decode.plans.values()]
     assert loop_graphs and all(g._orts for g in loop_graphs)
-    assert all(s == ("1", "0") for g in loop_graphs for s in _spinning(g))
+    assert all(s == ("1", None) for g in loop_graphs for s in _spinning(g))
     others = [g for g in fused.autofusion.backend.config.graphs if g not in loop_graphs]
     assert any(g._orts for g in others)
-    assert all(s == ("1", "1") for g in others for s in _spinning(g))
+    assert all(s == ("1", TAIL) for g in others for s in _spinning(g))
 
     from graph_autofusion.options import FuseOptions
 
@@ -97,7 +101,7 @@ def test_the_loop_s_graph_keeps_its_workers_spinning_between_calls(llama_pair):
     ).fuse()
     assert torch.equal(run.generate(ids, **kw), want)
     (plan,) = run.autofusion.decode.plans.values()
-    assert plan.graph._orts and all(s == ("1", "1") for s in _spinning(plan.graph))
+    assert plan.graph._orts and all(s == ("1", TAIL) for s in _spinning(plan.graph))
 
 
 def _late_token(generated) -> int:

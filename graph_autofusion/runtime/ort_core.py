@@ -39,7 +39,8 @@ SPINNING_MODES = (False, True, "run")
 #: (onnxruntime's default spinning: 3.1-3.8), 7.7-8.1 with 100, 4.7-9.7 with
 #: ``session.force_spinning_stop`` (this mode before 2026-12-04); an eager forward right after
 #: took about what it takes after a session that never spins with 500 or 1000 (+0.1-0.6 ms;
-#: +1.7 with 2000, +6.7 with 5000, +40 after onnxruntime's default). A blocked worker's wake-up
+#: +43-45 ms after onnxruntime's default; in a run through the torch route, 2000 added 1.7 ms
+#: and 5000 6.7 ms over 500). A blocked worker's wake-up
 #: cost milliseconds now and then on that VM, which is what the tail keeps a call from paying.
 SPIN_TAIL_US = 1000
 #: The mode of the sessions that serve a user's calls inside a process that runs other work

@@ -56,9 +56,9 @@ def ort_session(
     take the cores from the one being timed. ``"run"``: they spin between the operators of a
     run and for at most ``ort_core.SPIN_TAIL_US`` (1 ms) after it returns
     (``session.intra_op.spin_duration_us``): a run is as fast as with spinning (MiniLM s16:
-    3.1 ms against 5.7 without, 3.1 with) and leaves little spinning behind (an eager forward
-    right after took 9.8 ms, against 9.2 after a session that never spins and 52 after a
-    spinning one).
+    3.7-3.9 ms against 6.1-6.4 without, 3.7-3.8 with) and leaves little spinning behind (an
+    eager forward right after took 13.3 ms, against 12.9 after a session that never spins and
+    58 after a spinning one).
 
     A model using graph-autofusion's custom operators gets their library registered:
     ``custom_ops_library``, else the one its metadata names (next to a saved file), else the
