@@ -1,11 +1,12 @@
-"""Compressed weights (issue 22): the zoo Llama's decode ms/token with fp32, int8 and int4
-weights on our ONNX route, against the fp32 peers, with the machine's streaming bandwidth.
+"""Compressed weights (issue 22): the zoo Llama's decode ms/token with fp32, fp16, int8 and
+int4 weights on our ONNX route, against the fp32 peers, with the machine's streaming bandwidth.
 
 Configurations, all on the zoo Llama's KV-cache decoder export (``--exporter``, dynamo by
 default), each an onnxruntime session (CPU, 2 intra-op threads, ``ORT_ENABLE_ALL``) or
 OpenVINO (f32 inference precision, 2 threads; ``benchmarks/torch_e2e_engines.py``):
 
-* ``ours_fp32``, ``ours_int8``, ``ours_int4``: ``GraphAutoFusion(path, preset="llm",
+* ``ours_fp32``, ``ours_fp16``, ``ours_int8``, ``ours_int4`` (``_all``: ``weights_policy="all"``):
+  ``GraphAutoFusion(path, preset="llm",
   sample_inputs=<one decode step at past 64>, options=FuseOptions(weights=...)).fuse()`` (safe
   mode on; each compressed layer verified), saved, then opened from the saved file;
 * ``ort_all``: onnxruntime on the export; ``openvino``: OpenVINO on the export.
@@ -48,6 +49,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 #: (configuration, weights, weights_policy)
 OURS = (
     ("ours_fp32", "fp32", "default"),
+    ("ours_fp16", "fp16", "default"),
+    ("ours_fp16_all", "fp16", "all"),
     ("ours_int8", "int8", "default"),
     ("ours_int4", "int4", "default"),
     ("ours_int8_all", "int8", "all"),
@@ -56,8 +59,10 @@ OURS = (
 PEERS = ("ort_all", "openvino")
 LABELS = {
     "ours_fp32": "our ONNX route, fp32",
-    "ours_int8": "our ONNX route, int8 (head, embeddings fp32)",
-    "ours_int4": "our ONNX route, int4 (head, embeddings fp32)",
+    "ours_fp16": "our ONNX route, fp16 (head, embeddings fp32)",
+    "ours_fp16_all": "our ONNX route, fp16 all (head fp16, embeddings fp32)",
+    "ours_int8": "our ONNX route, int8 (head fp16, embeddings fp32)",
+    "ours_int4": "our ONNX route, int4 (head fp16, embeddings fp32)",
     "ours_int8_all": "our ONNX route, int8 all (head, embeddings int8)",
     "ours_int4_all": "our ONNX route, int4 all (head, embeddings int8)",
     "ort_all": "ORT ALL (export, fp32)",

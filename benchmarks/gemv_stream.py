@@ -4,7 +4,8 @@ streaming bandwidth, measured in one process.
 ``benchmarks/compressed_weights.py`` divides a whole decode step's weight bytes by its time, a
 lower bound of the contractions' rate (the step also runs attention, norms and the rest). This
 times the contractions alone: for each form the compressed-weights stage writes (``fp32``: a
-plain ``MatMul``; ``int8`` / ``int4``: ``com.microsoft.MatMulNBits`` with the block size, zero
+plain ``MatMul``; ``fp16``: our ``GemvF16`` custom operator; ``int8`` / ``int4``:
+``com.microsoft.MatMulNBits`` with the block size, zero
 points and ``accuracy_level`` of ``graph_autofusion.defaults``), one onnxruntime session (CPU,
 2 intra-op threads, ``ORT_ENABLE_ALL``) holds enough independent layers of one shape that their
 weights are at least ``--cache-multiple`` times the last-level cache, all fed by one activation
@@ -43,7 +44,7 @@ SHAPES = (
     ("7B-class attention", 4096, 4096),
     ("7B-class MLP up", 4096, 11008),
 )
-FORMS = ("fp32", "int8", "int4")
+FORMS = ("fp32", "fp16", "int8", "int4")
 #: the STREAM triad timed beside them: a = b + 3 c over three arrays of this many MiB
 TRIAD_MIB = 256
 TRIAD = "stream triad"
@@ -75,6 +76,8 @@ def layers_model(form: str, k: int, n: int, count: int, rng: np.random.Generator
     from onnx import TensorProto, helper, numpy_helper
 
     from graph_autofusion import defaults
+    from graph_autofusion.codegen.ort_customop_c import DOMAIN
+    from graph_autofusion.codegen.ort_gemv_f16 import OP as F16_OP
     from graph_autofusion.codegen.weights import nbits_attrs
 
     nodes, inits = [], []
@@ -83,6 +86,11 @@ def layers_model(form: str, k: int, n: int, count: int, rng: np.random.Generator
             w = rng.standard_normal((k, n), dtype=np.float32)
             inits.append(numpy_helper.from_array(w, f"w{i}"))
             nodes.append(helper.make_node("MatMul", ["a", f"w{i}"], [f"y{i}"]))
+            continue
+        if form == "fp16":  # the stage's fp16 form: GemvF16 over an [N, K] fp16 matrix
+            w = rng.standard_normal((n, k), dtype=np.float32).astype(np.float16)
+            inits.append(numpy_helper.from_array(w, f"w{i}"))
+            nodes.append(helper.make_node(F16_OP, ["a", f"w{i}"], [f"y{i}"], domain=DOMAIN))
             continue
         p = random_packed(form, k, n, rng)
         ins = [f"b{i}", f"s{i}"]
@@ -97,7 +105,11 @@ def layers_model(form: str, k: int, n: int, count: int, rng: np.random.Generator
     outs = [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None) for i in range(count)]
     a = helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, k])
     graph = helper.make_graph(nodes, f"gemv_{form}", [a], outs, inits)
-    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    opsets = [
+        helper.make_opsetid("", 17),
+        helper.make_opsetid("com.microsoft", 1),
+        helper.make_opsetid(DOMAIN, 1),
+    ]
     model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = 9
     return model.SerializeToString()
@@ -105,8 +117,8 @@ def layers_model(form: str, k: int, n: int, count: int, rng: np.random.Generator
 
 def layer_bytes(form: str, k: int, n: int) -> int:
     """The bytes one layer's kernel reads for its weight."""
-    if form == "fp32":
-        return 4 * k * n
+    if form in ("fp32", "fp16"):
+        return (4 if form == "fp32" else 2) * k * n
     return random_packed(form, k, n, np.random.default_rng(0)).nbytes
 
 
@@ -122,6 +134,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     llc_kb = caches.get("l3") or caches.get("l2") or 32768.0
     target = args.cache_multiple * llc_kb * 1024
     data: dict[str, Any] = {"machine": machine(), "llc_kb": llc_kb, "runs": args.runs}
+    from graph_autofusion.codegen.ort_customop import build_library, register_library
+
+    lib = build_library([], gemv=True)  # GemvF16, found by ort_session for the fp16 models
+    register_library(lib.path, lib.ops)
     rng = np.random.default_rng(0)
     sessions, rows = {}, {}
     for label, k, n in SHAPES:

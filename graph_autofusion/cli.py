@@ -212,15 +212,16 @@ def build_parser() -> argparse.ArgumentParser:
         default="fp32",
         choices=list(WEIGHT_FORMS),
         help="how contractions by a constant matrix store their weights: fp32 (default), int8 "
-        "or int4 (blockwise MatMulNBits, each layer verified by safe mode; failures stay fp32), "
-        "fp16 (no fused form on onnxruntime CPU: reported kept fp32)",
+        "or int4 (blockwise MatMulNBits), fp16 (our GemvF16 operator, its library saved beside "
+        "the model); each layer verified by safe mode, failures stay fp32",
     )
     p.add_argument(
         "--weights-policy",
         default="default",
         choices=list(WEIGHT_POLICIES),
-        help="with --weights int8/int4: 'default' keeps the LM head and the embedding tables "
-        "fp32; 'all' compresses them too (head int8, tables int8), each verified",
+        help="'default' keeps the LM head at a higher precision (fp16 in an int8/int4 model, "
+        "fp32 in an fp16 one) and the embedding tables fp32; 'all' compresses them too (head "
+        "int8, or fp16 in an fp16 model; tables int8 in int models), each verified",
     )
     p.add_argument(
         "--float-check",

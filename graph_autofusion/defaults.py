@@ -70,13 +70,13 @@ WEIGHTS_ACCURACY_LEVEL = 4
 WEIGHTS_MIN_ELEMENTS = 4096
 #: Safe mode's per-layer floor: the compressed layer's output on real activations against its
 #: fp32 output (cosine at least, relative L2 error at most).
-WEIGHTS_LAYER_COSINE = {"int8": 0.999, "int4": 0.99}
-WEIGHTS_LAYER_REL_ERR = {"int8": 0.05, "int4": 0.15}
+WEIGHTS_LAYER_COSINE = {"fp16": 0.9999, "int8": 0.999, "int4": 0.99}
+WEIGHTS_LAYER_REL_ERR = {"fp16": 0.01, "int8": 0.05, "int4": 0.15}
 #: Safe mode's end-to-end floor of a model with compressed weights (lossy by design: its own
 #: floor, not :data:`E2E_COSINE`).
-WEIGHTS_E2E_COSINE = {"int8": 0.99, "int4": 0.98}
+WEIGHTS_E2E_COSINE = {"fp16": 0.999, "int8": 0.99, "int4": 0.98}
 #: ... and relative L2 error at most (a scaled answer has cosine 1).
-WEIGHTS_E2E_REL_ERR = {"int8": 0.1, "int4": 0.5}
+WEIGHTS_E2E_REL_ERR = {"fp16": 0.05, "int8": 0.1, "int4": 0.5}
 #: Rounds of rolling back the worst half of the compressed layers when the end-to-end check
 #: fails (then every layer goes back to fp32).
 WEIGHTS_E2E_ROUNDS = 3

@@ -4,6 +4,7 @@ each layer verified by safe mode, failures kept fp32 with their reason."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import onnx
@@ -11,12 +12,18 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from graph_autofusion import GraphAutoFusion
+from graph_autofusion.codegen.ort_customop import ort_include_dir
 from graph_autofusion.codegen.weights import KEPT_FP16, KEPT_HEAD, find_sites, quantize
 from graph_autofusion.frontend.onnx_frontend import load_onnx, to_onnx
 from graph_autofusion.options import FuseOptions, OptionsError
 from graph_autofusion.runtime.ort_session import ort_session
 
 FAST = dict(check_speed=False)
+#: fp16 weights (and an int model's LM head) are the GemvF16 custom operator: its library needs
+#: onnxruntime's C API header (``make venv`` fetches it)
+needs_library = pytest.mark.skipif(
+    ort_include_dir() is None, reason="onnxruntime C API header not available"
+)
 K0 = 5  # the hidden feature the sensitive layer's outlier sits on
 
 
@@ -78,7 +85,7 @@ def _ops(model) -> dict[str, int]:
 def test_matmulnbits_layout_matches_the_dequantized_weight_in_onnxruntime():
     """The packing (4 bits two to a byte, low nibble first; zero points packed alike) is
     what onnxruntime's kernel reads: at accuracy_level 0 it computes A @ dequantized."""
-    from graph_autofusion.codegen.weights import probe_model
+    from graph_autofusion.codegen.weights_probe import probe_model
 
     rng = np.random.default_rng(0)
     w = rng.standard_normal((100, 48)).astype(np.float32)  # K not a whole number of blocks
@@ -279,11 +286,85 @@ def test_a_bias_add_is_left_alone_where_folding_would_change_the_graph(case):
         assert got.shape == want.shape and _cosine(got, want) >= 0.9999
 
 
-def test_fp16_is_reported_kept_fp32_not_faked():
+def _gemv_f16_ops(model) -> int:
+    return sum(n.op_type == "GemvF16" for n in model.graph.nodes)
+
+
+@needs_library
+def test_fp16_weights_run_on_gemvf16_and_match_the_fp16_rounded_weights():
+    """Every contraction becomes GemvF16 over an fp16 copy of its weight (the bias Add kept
+    after it); the outputs are those of the fp16-rounded weights in float64, to fp32's
+    accumulation error, and the weights take half the bytes."""
     src, feeds = _mlp(), _feeds()
     gaf = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="fp16", **FAST))
     fused = gaf.fuse()
-    assert "MatMulNBits" not in _ops(fused)
+    assert _gemv_f16_ops(fused) == 3 and "MatMul" not in _ops(fused)
+    halves = [v for v in fused.graph.initializers.values() if v.const.dtype == np.float16]
+    assert len(halves) == 3
+    rep = gaf.safe_fusion_report().to_dict()["weights"]
+    assert rep["form"] == "fp16" and rep["compressed"] == 3 and rep["verified"]
+    for layer in rep["layers"]:
+        assert layer["form"] == "fp16" and layer["block_size"] is None
+        assert layer["cosine"] >= 0.99999 and layer["rel_err"] < 1e-3
+        assert layer["bytes"] == layer["fp32_bytes"] // 2
+    # the model's own arithmetic, with each weight rounded to fp16, in float64
+    ws = {n: numpy_helper.to_array(i) for n, i in ((i.name, i) for i in src.graph.initializer)}
+    x = feeds["x"].astype(np.float64)
+    h = np.maximum(x @ ws["w1"].astype(np.float16).astype(np.float64), 0)
+    h = np.maximum(h @ ws["w2"].astype(np.float16).astype(np.float64), 0)
+    want = h @ ws["w3"].astype(np.float16).astype(np.float64) + ws["b3"]
+    np.testing.assert_allclose(_run(fused, feeds), want, rtol=1e-4, atol=1e-5)
+    assert "3 contractions are GemvF16" in " ".join(gaf.result.notes)
+
+
+@needs_library
+def test_fp16_saved_model_reloads_with_its_library(tmp_path):
+    src, feeds = _mlp(), _feeds()
+    gaf = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="fp16", **FAST))
+    fused = gaf.fuse()
+    gaf.save(tmp_path / "fp16.onnx")
+    assert gaf.kernel_dir and os.path.isdir(gaf.kernel_dir)
+    manifest = json.loads(open(os.path.join(gaf.kernel_dir, "manifest.json")).read())
+    assert "GemvF16" in {op["name"] for op in manifest["operators"]}
+    from graph_autofusion.runtime.ort_session import fused_session
+
+    sess = fused_session(str(tmp_path / "fp16.onnx"))
+    np.testing.assert_array_equal(sess.run(None, feeds)[0], _run(fused, feeds))
+
+
+@needs_library
+def test_fp16_keeps_the_head_fp32_by_default_and_rounds_it_under_policy_all():
+    src, feeds = _mlp(head=True), _feeds()
+    default = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="fp16", **FAST))
+    default.fuse()
+    forms = {r.name: (r.form, r.reason) for r in default.result.weights.layers}
+    assert forms["fc3"] == ("fp32", KEPT_HEAD) and forms["fc1"][0] == "fp16"
+    every = GraphAutoFusion(
+        src, sample_inputs=feeds, options=FuseOptions(weights="fp16", weights_policy="all", **FAST)
+    )
+    every.fuse()
+    assert all(r.form == "fp16" for r in every.result.weights.layers)
+
+
+@needs_library
+def test_fp16_a_weight_beyond_fp16_range_stays_fp32_with_the_reason():
+    src, feeds = _mlp(outlier=1e6), _feeds()
+    gaf = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="fp16", **FAST))
+    fused = gaf.fuse()
+    forms = {r.name: r for r in gaf.result.weights.layers}
+    assert forms["fc2"].form == "fp32" and "layer check" in forms["fc2"].reason
+    assert forms["fc1"].form == forms["fc3"].form == "fp16"
+    np.testing.assert_allclose(_run(fused, feeds), _run(src, feeds), rtol=1e-3, atol=1e-3)
+
+
+def test_fp16_without_a_buildable_library_is_kept_fp32_with_the_reason(monkeypatch):
+    from graph_autofusion.pipeline import ort_kernels
+
+    monkeypatch.setattr(ort_kernels, "ort_include_dir", lambda: None)
+    src, feeds = _mlp(), _feeds()
+    gaf = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="fp16", **FAST))
+    fused = gaf.fuse()
+    assert _gemv_f16_ops(fused) == 0
     layers = gaf.result.weights.layers
     assert len(layers) == 3 and all(r.form == "fp32" and r.reason == KEPT_FP16 for r in layers)
     np.testing.assert_allclose(_run(fused, feeds), _run(src, feeds), rtol=1e-5, atol=1e-5)
@@ -367,6 +448,44 @@ def test_torch_compile_backend_compresses_on_the_onnxruntime_engine():
 
 
 @pytest.mark.xdist_group("torch_compile")
+@needs_library
+def test_drop_in_module_fp16_compresses_the_decode_steps_gemv_and_keeps_the_tokens():
+    """A decode step's linears are our fp32 Gemv on the torch route (one row, static): the
+    weights stage takes them as contractions too, so generate()'s decode graphs run GemvF16
+    (before, they kept every weight fp32 whatever ``weights`` said)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from graph_autofusion.testing.small_hf import tiny_llama
+
+    model = tiny_llama()
+    ids = torch.randint(0, 1000, (1, 12), generator=torch.Generator().manual_seed(5))
+    gen = dict(max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0)
+    with torch.no_grad():
+        want = model.generate(ids, **gen)
+    torch._dynamo.reset()
+    try:
+        fused = GraphAutoFusion(model, options=FuseOptions(weights="fp16")).fuse(check_speed=False)
+        with torch.no_grad():
+            got = fused.generate(ids, **gen)
+        assert torch.equal(got, want)
+        steps = [
+            g for g in fused.autofusion.graphs
+            if g.ort_result is not None and g.ort_result.feeds["user_0"].shape[-1] == 1
+        ]  # fmt: skip
+        assert steps, [g.summary() for g in fused.autofusion.graphs]
+        for g in steps:
+            ops, w = _ops(g.ort_result.model), g.ort_result.weights
+            assert ops.get("GemvF16", 0) >= 4 and ops["GemvF16"] == len(w.compressed), ops
+            # what stays fp32 Gemv is what the report keeps, with its reason (the LM head)
+            kept = [r for r in w.kept if r.op != "Gather"]
+            assert ops.get("Gemv", 0) == len(kept) and all(r.reason for r in kept)
+            assert any(r.reason == KEPT_HEAD for r in kept)
+    finally:
+        torch._dynamo.reset()
+
+
+@pytest.mark.xdist_group("torch_compile")
+@needs_library
 def test_drop_in_module_int8_reports_its_layers_and_save_pretrained_keeps_them(tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
@@ -389,8 +508,10 @@ def test_drop_in_module_int8_reports_its_layers_and_save_pretrained_keeps_them(t
         assert len(fused.autofusion.graphs) == 1  # the fused graph itself, not a recompile
         assert _cosine(got.numpy(), want.numpy()) >= 0.99
         compressed = [r.name for r in gaf.result.weights.compressed]
-        assert compressed  # the projections (64x64 and up); the LM head stays fp32
-        assert any(r.reason.startswith("kept fp32: LM head") for r in gaf.result.weights.kept)
+        assert compressed  # the projections (64x64 and up) int8, the LM head fp16 (policy)
+        forms = {r.form for r in gaf.result.weights.compressed}
+        assert forms == {"int8", "fp16"}
+        assert sum(r.form == "fp16" for r in gaf.result.weights.compressed) == 1
         rep = gaf.safe_fusion_report()[0].to_dict()["weights"]
         assert rep["compressed"] == len(compressed) and rep["form"] == "int8"
         assert all(r["cosine"] >= 0.999 for r in rep["layers"] if r["form"] == "int8")
@@ -432,15 +553,18 @@ def _tiny_lm() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_policy_all_compresses_the_head_at_int8_and_the_embeddings():
+@needs_library
+def test_the_default_policy_keeps_the_head_at_fp16_and_all_compresses_it_at_int8():
     src = _tiny_lm()
     feeds = {"ids": np.random.default_rng(1).integers(0, 300, (1, 12)).astype(np.int64)}
     keep = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="int4", **FAST))
-    keep.fuse()
+    kept = keep.fuse()
     layers = {r.name: r for r in keep.result.weights.layers}
-    assert layers["lm_head"].form == "fp32" and layers["lm_head"].reason == KEPT_HEAD
+    assert layers["lm_head"].form == "fp16" and layers["lm_head"].cosine > 0.99999
     assert layers["emb"].op == "Gather" and "embedding table" in layers["emb"].reason
     assert layers["fc"].form == "int4"
+    assert _ops(kept).get("GemvF16") == 1 and _ops(kept).get("MatMulNBits") == 1
+    assert "LM head fp16" in " ".join(keep.result.notes)
     opts = FuseOptions(weights="int4", weights_policy="all", **FAST)
     gaf = GraphAutoFusion(src, sample_inputs=feeds, options=opts)
     fused = gaf.fuse()

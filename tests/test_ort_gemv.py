@@ -227,3 +227,48 @@ def test_the_kernel_matches_numpy(m, n, k):
         *(ctypes.c_int64(v) for v in (m, n, k)),
     )
     np.testing.assert_allclose(y, x @ wt.T, rtol=1e-5, atol=1e-5)
+
+
+# (rows, weight rows, K): one row (the one-pass dot), groups of four weight rows with a rest,
+# K with vector tails, and enough work to split into thread-pool chunks
+F16_SHAPES = [(1, 200, 64), (3, 13, 37), (8, 1, 5), (5, 130, 100), (16, 4100, 520)]
+
+
+@pytest.mark.parametrize("m,n,k", F16_SHAPES)
+def test_the_fp16_kernel_matches_numpy_on_the_rounded_weight(m, n, k):
+    fn = ctypes.CDLL(build_library([], gemv=True).path).gaf_gemv_f16_nk
+    fn.restype = None
+    rng = np.random.default_rng(m * n * k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    wt = rng.standard_normal((n, k)).astype(np.float16)
+    y = np.empty((m, n), np.float32)
+    p = ctypes.c_void_p
+    fn(p(x.ctypes.data), p(wt.ctypes.data), p(y.ctypes.data), *map(ctypes.c_int64, (m, n, k)))
+    want = x.astype(np.float64) @ wt.astype(np.float64).T
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("m,n,k", F16_SHAPES)
+def test_the_fp16_operator_in_onnxruntime_matches_numpy(m, n, k):
+    """Through onnxruntime (its thread pool splits the larger shapes), any leading shape."""
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(m + n + k)
+    wt = rng.standard_normal((n, k)).astype(np.float16)
+    x = rng.standard_normal((1, m, k)).astype(np.float32)
+    node = helper.make_node("GemvF16", ["x", "w"], ["y"], domain=DOMAIN)
+    graph = helper.make_graph(
+        [node],
+        "f16",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "m", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(wt, "w")],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)]
+    )
+    lib = build_library([], gemv=True)
+    y = ort_session(model, "all", 2, custom_ops_library=lib.path).run(None, {"x": x})[0]
+    assert y.shape == (1, m, n) and y.dtype == np.float32
+    want = x.astype(np.float64) @ wt.astype(np.float64).T
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)

@@ -70,6 +70,7 @@ from graph_autofusion.codegen.ort_customop_save import (
     write_kernel_dir,
 )
 from graph_autofusion.codegen.ort_gemv import OP as GEMV_OP
+from graph_autofusion.codegen.ort_gemv_f16 import OP as GEMV_F16_OP
 from graph_autofusion.codegen.targets import CpuTarget, candidate_nodes_outputs
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.patterns.candidates import match_rules
@@ -215,7 +216,8 @@ def build_library(
     kernels: Sequence[Kernel], base: CodegenOptions | None = None, *, gemv: bool = False
 ) -> CustomOpLibrary:
     """Compile ``kernels`` (finalized) and their operators into one library (cached);
-    ``gemv``: with the few-row ``Gemv`` operator (:mod:`graph_autofusion.codegen.ort_gemv`).
+    ``gemv``: with the few-row ``Gemv`` operator (:mod:`graph_autofusion.codegen.ort_gemv`)
+    and ``GemvF16`` (:mod:`graph_autofusion.codegen.ort_gemv_f16`).
 
     Raises:
         CustomOpBuildError: no header, no compiler, or the compiler failed.
@@ -228,7 +230,7 @@ def build_library(
         built: BuiltSource = compile_source(source, opts, what="custom-operator library")
     except (KernelCompileError, CompilerNotFoundError) as exc:
         raise CustomOpBuildError(f"custom-operator library failed to build: {exc}") from exc
-    ops = tuple(op_name(k) for k in unique) + ((GEMV_OP,) if gemv else ())
+    ops = tuple(op_name(k) for k in unique) + ((GEMV_OP, GEMV_F16_OP) if gemv else ())
     return CustomOpLibrary(
         built.path, built.source_path, ops, tuple(unique), opts, built.from_cache, built.compile_s
     )

@@ -22,6 +22,7 @@ from graph_autofusion.codegen.ort_customop_registry import (
     meta_for,
 )
 from graph_autofusion.codegen.ort_gemv import OP as GEMV_OP
+from graph_autofusion.codegen.ort_gemv_f16 import OP as GEMV_F16_OP
 from graph_autofusion.errors import GraphAutoFusionError, ModelWriteError
 
 if TYPE_CHECKING:  # pragma: no cover - ort_customop imports this module
@@ -107,6 +108,19 @@ def write_kernel_dir(library: CustomOpLibrary, directory: str, groups: Sequence[
                 }
             ]
             if GEMV_OP in library.ops
+            else []
+        )
+        + (
+            [
+                {
+                    "name": GEMV_F16_OP,
+                    "kernel": "graph_autofusion/codegen/ort_gemv_f16.py",
+                    "signature": "GemvF16(x f32[..., K], Wt f16[N, K]) -> f32[..., N]",
+                    "inputs": ["f32", "f16"],
+                    "outputs": ["f32"],
+                }
+            ]
+            if GEMV_F16_OP in library.ops
             else []
         ),
         "groups": [

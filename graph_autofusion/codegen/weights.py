@@ -1,4 +1,6 @@
-"""Compressed weights on onnxruntime: contractions by a constant matrix as ``MatMulNBits``.
+"""Compressed weights on onnxruntime: contractions by a constant matrix as ``MatMulNBits``
+(int8, int4) or graph-autofusion's ``GemvF16`` (fp16, :func:`to_half`; the operator is
+:mod:`graph_autofusion.codegen.ort_gemv_f16`).
 
     sites, kept = find_sites(model)                  # what could be compressed, what cannot
     packed = quantize(site.weight, bits=8, block_size=32)
@@ -32,6 +34,9 @@ from typing import Any
 import numpy as np
 
 from graph_autofusion.codegen.onnxruntime import prune_dead_feeders
+from graph_autofusion.codegen.ort_customop_c import DOMAIN
+from graph_autofusion.codegen.ort_gemv import OP as GEMV_OP
+from graph_autofusion.codegen.ort_gemv_f16 import OP as F16_OP
 from graph_autofusion.ir.core import Model, Node, Value, const_value
 from graph_autofusion.ir.dtypes import DType
 
@@ -45,15 +50,15 @@ _SHAPE_ONLY = ("Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten", "Cast")
 KEPT_HEAD = "kept fp32: LM head (policy: the layer producing the model's output, or vocabulary-sized, stays fp32)"
 KEPT_EMBEDDING = "kept fp32: embedding table (policy: Gather tables stay fp32)"
 KEPT_FP16 = (
-    "kept fp32: no fused fp16 form on onnxruntime CPU (a Cast of an fp16 initializer is "
-    "constant-folded back to fp32 at session load; the fp16 MatMul, activations cast to fp16, "
-    "runs slower than fp32 on x86; MatMulNBits takes 2-8 bits)"
+    "kept fp32: the fp16 form is graph-autofusion's GemvF16 custom operator, and its library "
+    "could not be built here"
 )
 
 
 @dataclass
 class Packed:
-    """A weight ``[K, N]`` quantized for ``MatMulNBits``."""
+    """A weight ``[K, N]`` quantized for ``MatMulNBits`` (``bits`` 4 or 8), or rounded to
+    fp16 for ``GemvF16`` (``bits`` 16: ``b`` is the fp16 ``[N, K]`` matrix, no scales)."""
 
     bits: int
     block_size: int
@@ -138,6 +143,17 @@ def quantize(w: np.ndarray, bits: int, block_size: int, zero_point: bool = False
     return Packed(bits, block_size, k, n, np.ascontiguousarray(b), scale, zps, deq)
 
 
+def to_half(w: np.ndarray) -> Packed:
+    """``w [K, N]`` rounded to fp16 as ``GemvF16`` reads it (``[N, K]``, nn.Linear's layout).
+    A weight beyond fp16's range becomes infinite: the per-layer check refuses it."""
+    w = np.asarray(w, dtype=np.float32)
+    k, n = w.shape
+    with np.errstate(over="ignore"):
+        half = np.ascontiguousarray(w.T).astype(np.float16)
+    deq = np.ascontiguousarray(half.T.astype(np.float32))
+    return Packed(16, 0, k, n, half, np.zeros((n, 0), np.float32), None, deq)
+
+
 def _transposed_const(v: Value) -> np.ndarray | None:
     """``v``'s data when it is ``Transpose(constant 2-D, perm [1, 0])``."""
     p = v.producer
@@ -208,17 +224,23 @@ def find_sites(model: Model, *, min_elements: int = 4096, keep_head: bool = True
     """Every contraction by a rank-2 matrix in ``model``'s main graph, in graph order, each with
     ``reason`` empty when it can become ``MatMulNBits`` and the reason it stays fp32 otherwise
     (``keep_head``: the LM head by policy; otherwise it is marked ``head`` only).
-    Contractions of two activations of higher rank (attention scores) are not listed."""
+    Contractions of two activations of higher rank (attention scores) are not listed. Our
+    fp32 ``Gemv`` (a decode step's linear on the torch route) is one too, its ``[N, K]``
+    weight read as ``W``; the ``If`` form's branches (a dynamic row count) are not searched."""
     sites: list[Site] = []
     vocab = {rows for _, rows, _ in embedding_tables(model)}
     for node in model.graph.nodes:
-        if node.op_type not in ("MatMul", "Gemm", "FusedMatMul"):
-            continue
-        if (node.domain or "") not in (
+        if node.op_type == GEMV_OP and node.domain == DOMAIN:  # our few-row GEMV, Wt [N, K]
+            b, wt = node.inputs[1], const_value(node.inputs[1])
+            if wt is None or wt.ndim != 2:
+                continue
+            data, via_t = wt.T, False
+        elif node.op_type not in ("MatMul", "Gemm", "FusedMatMul") or (node.domain or "") not in (
             ("com.microsoft",) if node.op_type == "FusedMatMul" else ("", "ai.onnx")
         ):
             continue
-        b, data, via_t, why = _weight_of(node)
+        else:
+            b, data, via_t, why = _weight_of(node)
         if b is None:
             continue
         if data is None and b.rank != 2:
@@ -353,6 +375,8 @@ def compress_site(model: Model, site: Site, packed: Packed, accuracy_level: int)
     graph = model.graph
     node = site.node
     prefix = (site.name or "matmul").replace("/", "_").strip("_") or "matmul"
+    if packed.bits == 16:
+        return _half_site(model, site, packed, prefix)
     ins = nbits_inputs(graph, site, packed, prefix)
     new = graph.make_node(
         "MatMulNBits",
@@ -367,61 +391,22 @@ def compress_site(model: Model, site: Site, packed: Packed, accuracy_level: int)
     return new
 
 
-def probe_model(
-    items: list[tuple[str, np.ndarray, Packed, np.ndarray | None]], accuracy_level: int
-) -> Any:
-    """An ONNX model computing each ``(name, activation, packed, bias)`` with its own
-    ``MatMulNBits``: inputs ``a<i>`` (the activation's shape), outputs ``y<i>`` (safe mode's
-    per-layer check runs every compressed layer of a model in one session)."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    nodes, inits, ins, outs = [], [], [], []
-    for i, (_name, act, p, bias) in enumerate(items):
-        names = [f"a{i}", f"b{i}", f"s{i}"]
-        inits += [numpy_helper.from_array(p.b, f"b{i}"), numpy_helper.from_array(p.scales, f"s{i}")]
-        names.append(f"z{i}" if p.zero_points is not None else "")
-        if p.zero_points is not None:
-            inits.append(numpy_helper.from_array(p.zero_points, f"z{i}"))
-        if bias is not None:
-            names += ["", f"c{i}"]
-            inits.append(numpy_helper.from_array(bias, f"c{i}"))
-        while names[-1] == "":
-            names.pop()
-        nodes.append(
-            helper.make_node(
-                "MatMulNBits",
-                names,
-                [f"y{i}"],
-                domain="com.microsoft",
-                **nbits_attrs(p, accuracy_level),
-            )
+def _half_site(model: Model, site: Site, packed: Packed, prefix: str) -> Node:
+    """``site`` as ``GemvF16(a, Wt16)`` (then ``Add`` of its bias)."""
+    graph = model.graph
+    w = graph.add_initializer(graph.fresh_name(f"{prefix}_f16"), packed.b)
+    name = f"{site.name}/{F16_OP}" if site.name else F16_OP
+    new = graph.make_node(F16_OP, [site.a, w], {}, domain=DOMAIN, name=name, before=site.node)
+    product = site.node.outputs[0]
+    new.outputs[0].dtype, new.outputs[0].shape = product.dtype, product.shape
+    if site.bias is not None:
+        bias = graph.add_initializer(graph.fresh_name(f"{prefix}_bias"), site.bias)
+        new = graph.make_node(
+            "Add", [new.outputs[0], bias], {}, name=f"{name}/bias", before=site.node
         )
-        ins.append(helper.make_tensor_value_info(f"a{i}", TensorProto.FLOAT, list(act.shape)))
-        outs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None))
-    graph = helper.make_graph(nodes, "weights_probe", ins, outs, inits)
-    return helper.make_model(
-        graph,
-        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
-    )
-
-
-def reference_model(items: list[tuple[str, np.ndarray, np.ndarray, np.ndarray | None]]) -> Any:
-    """The fp32 twin of :func:`probe_model`: ``y<i> = a<i> @ W (+ bias)`` with ``MatMul``
-    (safe mode's per-layer timing of the uncompressed side)."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    nodes, inits, ins, outs = [], [], [], []
-    for i, (_name, act, w, bias) in enumerate(items):
-        inits.append(numpy_helper.from_array(np.ascontiguousarray(w, np.float32), f"w{i}"))
-        out = f"y{i}" if bias is None else f"m{i}"
-        nodes.append(helper.make_node("MatMul", [f"a{i}", f"w{i}"], [out]))
-        if bias is not None:
-            inits.append(numpy_helper.from_array(bias, f"c{i}"))
-            nodes.append(helper.make_node("Add", [out, f"c{i}"], [f"y{i}"]))
-        ins.append(helper.make_tensor_value_info(f"a{i}", TensorProto.FLOAT, list(act.shape)))
-        outs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None))
-    graph = helper.make_graph(nodes, "weights_reference", ins, outs, inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    _replace(model, site.node, new, site.tail)
+    model.opset_imports.setdefault(DOMAIN, 1)
+    return new
 
 
 @dataclass

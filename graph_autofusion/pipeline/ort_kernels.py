@@ -34,6 +34,7 @@ from graph_autofusion.codegen.ort_customop import (
     register_library,
 )
 from graph_autofusion.codegen.ort_gemv import OP as GEMV_OP
+from graph_autofusion.codegen.ort_gemv_f16 import OP as GEMV_F16_OP
 from graph_autofusion.codegen.ort_matmul import apply_sites, plan_sites
 from graph_autofusion.errors import GraphAutoFusionError
 
@@ -81,15 +82,7 @@ class CustomOps:
         return out
 
     def build(self, groups: list[CustomOpGroup], gemv: bool = False) -> CustomOpLibrary:
-        try:
-            lib = build_library([g.kernel for g in groups], self.codegen, gemv=gemv)
-        except CustomOpBuildError as exc:
-            raise CustomOpsUnavailable(str(exc)) from exc
-        problem = check_loads(lib.path)
-        if problem:
-            raise CustomOpsUnavailable(f"the custom-operator library does not load: {problem}")
-        register_library(lib.path, lib.ops)
-        return lib
+        return _build([g.kernel for g in groups], self.codegen, gemv)
 
     def lower(self, model: Any, keys: list[str] | None) -> list[Lowered]:
         groups = self.groups if keys is None else [g for g in self.groups if g.key in set(keys)]
@@ -107,5 +100,37 @@ class CustomOps:
             return
         if used != set(self.library.ops):
             keep = [g for g in self.groups if g.op in used]
-            self.library = self.build(keep, GEMV_OP in used)
+            self.library = self.build(keep, bool(used & {GEMV_OP, GEMV_F16_OP}))
         result.custom_ops = self.library
+
+
+def _build(kernels: list[Any], codegen: Any, gemv: bool) -> CustomOpLibrary:
+    """One library of ``kernels`` (and the Gemv operators), built, loaded once to check it,
+    and registered for this process's sessions.
+
+    Raises:
+        CustomOpsUnavailable: no onnxruntime header, or the library fails to build or load.
+    """
+    if ort_include_dir() is None:
+        raise CustomOpsUnavailable(f"{NO_HEADER} (sh tools/ort_headers.sh)")
+    try:
+        lib = build_library(kernels, codegen, gemv=gemv)
+    except CustomOpBuildError as exc:
+        raise CustomOpsUnavailable(str(exc)) from exc
+    problem = check_loads(lib.path)
+    if problem:
+        raise CustomOpsUnavailable(f"the custom-operator library does not load: {problem}")
+    register_library(lib.path, lib.ops)
+    return lib
+
+
+def with_gemv(library: CustomOpLibrary | None, codegen: Any) -> CustomOpLibrary:
+    """``library`` when it defines ``GemvF16``, else one library of its kernels and the Gemv
+    operators (the compressed-weights stage's fp16 form needs them).
+
+    Raises:
+        CustomOpsUnavailable: it cannot be built or loaded here.
+    """
+    if library is not None and GEMV_F16_OP in library.ops:
+        return library
+    return _build(list(library.kernels) if library is not None else [], codegen, True)

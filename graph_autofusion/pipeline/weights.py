@@ -23,9 +23,17 @@ After the fusions are verified, every contraction by a constant matrix of the fu
    half of the compressed layers (by relative error) goes back to fp32 and the check repeats
    (``WEIGHTS_E2E_ROUNDS``), then every layer.
 
-Policy: the LM head and the embedding tables stay fp32; tiny matrices too. ``fp16`` has no
-fused form on onnxruntime's CPU provider: every layer is reported "kept fp32". Without safe
-mode the candidates are compressed unchecked (the report says so).
+Forms: ``int8``/``int4`` are onnxruntime's ``com.microsoft.MatMulNBits``; ``fp16`` is the
+``ai.graph_autofusion`` ``GemvF16`` custom operator (:mod:`graph_autofusion.codegen.
+ort_gemv_f16`: the weight stored fp16, widened in registers, fp32 accumulation), whose library
+becomes ``result.custom_ops`` (saved beside the model); where it cannot be built every layer
+is reported "kept fp32" with the reason.
+
+Policy: the LM head stays at a higher precision than the rest (fp16 in an int8 or int4 model,
+fp32 in an fp16 one) and the embedding tables fp32; tiny matrices stay fp32. ``all``
+compresses the head (int8 in an int4 model, fp16 in an fp16 one) and the tables (int8; fp16
+models keep their tables fp32). Without safe mode the candidates are compressed unchecked (the report says
+so).
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from graph_autofusion.codegen.weights import (
     BITS,
     KEPT_EMBEDDING,
     KEPT_FP16,
+    KEPT_HEAD,
     Embedding,
     Packed,
     Site,
@@ -50,18 +59,26 @@ from graph_autofusion.codegen.weights import (
     compress_site,
     find_embeddings,
     find_sites,
-    probe_model,
     quantize,
-    reference_model,
+    to_half,
 )
+from graph_autofusion.codegen.weights_probe import probe_model, reference_model
 from graph_autofusion.ir.core import Model
+from graph_autofusion.pipeline.ort_kernels import CustomOpsUnavailable, with_gemv
 from graph_autofusion.pipeline.result import clone_model
 from graph_autofusion.runtime.ort_session import model_weights, ort_session
 from graph_autofusion.verify.speed import SpeedPolicy
 
 #: The LM head's form when ``weights_policy="all"`` compresses it: the highest of the
-#: compressed forms (an int4 model keeps its head at 8 bits).
-HEAD_FORM = "int8"
+#: compressed forms (an int4 model keeps its head at 8 bits), fp16 in an fp16 model.
+HEAD_FORM = {"int8": "int8", "int4": "int8", "fp16": "fp16"}
+#: ... and under the default policy, which keeps it at a higher precision than the model's
+#: other layers: fp16 in an int8 or int4 model (fp32 where GemvF16 cannot be built), fp32 in
+#: an fp16 model.
+HEAD_FORM_DEFAULT = {"int8": "fp16", "int4": "fp16", "fp16": "fp32"}
+#: What each form's contractions become.
+FORM_OPS = {"int8": "MatMulNBits", "int4": "MatMulNBits", "fp16": "GemvF16"}
+KEPT_EMBEDDING_FP16 = "kept fp32: embedding table (no fp16 form for Gather tables here)"
 
 
 @dataclass
@@ -164,34 +181,46 @@ def compress_weights(
         return None
     model: Model = result.model
     every = getattr(options, "weights_policy", "default") == "all"
-    sites = find_sites(model, min_elements=defaults.WEIGHTS_MIN_ELEMENTS, keep_head=not every)
+    head_form = HEAD_FORM[form] if every else HEAD_FORM_DEFAULT[form]
+    sites = find_sites(model, min_elements=defaults.WEIGHTS_MIN_ELEMENTS, keep_head=False)
+    for s in sites:
+        if s.head and not s.reason and head_form == "fp32":
+            s.reason = KEPT_HEAD
     block8 = defaults.WEIGHTS_BLOCK_SIZE["int8"]
     embs = find_embeddings(model, block8)
     report = WeightsReport(form, verified=bool(options.safe_mode))
     records = {s.name: _record(s) for s in sites}
+    half = form == "fp16"
     for e in embs:
         if e.name in records:  # a node of the same name: the table is left alone, unlisted
             continue
         rows, cols = e.table.shape
-        reason = e.reason or ("" if every else KEPT_EMBEDDING)
+        reason = e.reason or (KEPT_EMBEDDING_FP16 if half else "" if every else KEPT_EMBEDDING)
         records[e.name] = LayerRecord(
             e.name, "Gather", int(cols), int(rows), "fp32", fp32_bytes=e.fp32_bytes,
             bytes=e.fp32_bytes, reason=reason,
         )  # fmt: skip
     report.layers = list(records.values())
     result.weights = report
-    if form == "fp16":
-        for r in report.layers:
-            r.reason = r.reason or KEPT_FP16
-        report.notes.append("no layer compressed: fp16 has no fused form on onnxruntime CPU")
-        return report
+    library = None
+    heads = [s for s in sites if s.head and not s.reason]
+    if half or (heads and head_form == "fp16"):  # GemvF16: its library must build here
+        try:
+            library = with_gemv(getattr(result, "custom_ops", None), options.codegen)
+        except CustomOpsUnavailable as exc:
+            for r in report.layers:
+                if half or r.name in {s.name for s in heads}:
+                    r.reason = r.reason or KEPT_FP16
+            report.notes.append(f"{KEPT_FP16[len('kept fp32: ') :]} ({exc})")
+            if half:
+                return report
     level = defaults.WEIGHTS_ACCURACY_LEVEL
     if only is not None:
         for r in report.layers:
             if not r.reason and r.name not in set(only):
                 r.reason = "kept fp32: the saved plan keeps it fp32"
     todo = [s for s in sites if not records[s.name].reason]
-    forms = {s.name: HEAD_FORM if s.head else form for s in todo}
+    forms = {s.name: head_form if s.head else form for s in todo}
     packs = {s.name: _quantize(s.weight, forms[s.name]) for s in todo}
     tables = [e for e in embs if records.get(e.name) is not None and not records[e.name].reason]
     tables = [e for e in tables if records[e.name].op == "Gather"]
@@ -205,12 +234,12 @@ def compress_weights(
     chosen = [s.name for s in todo] + [e.name for e in tables]
     for name in chosen:
         r, p = records[name], packs[name]
-        r.form, r.block_size, r.bytes = forms[name], p.block_size, p.nbytes
+        r.form, r.block_size, r.bytes = forms[name], p.block_size or None, p.nbytes
         r.zero_point = p.zero_points is not None
     if not chosen:
         report.notes.append("no layer compressed")
         return report
-    work = _apply(model, chosen, packs, level, every)
+    work = _apply(model, chosen, packs, level)
     if options.safe_mode:
         floor = defaults.WEIGHTS_E2E_COSINE[form]
         for round_ in range(defaults.WEIGHTS_E2E_ROUNDS + 1):
@@ -234,19 +263,27 @@ def compress_weights(
             if not chosen:
                 report.notes.append("the end-to-end check failed: every layer stays fp32")
                 return report
-            work = _apply(model, chosen, packs, level, every)
+            work = _apply(model, chosen, packs, level)
     result.model = work
+    if library is not None and any(forms[n] == "fp16" for n in chosen):
+        result.custom_ops = library  # the fused model needs the GemvF16 library (saved with it)
     n_tables = sum(records[n].op == "Gather" for n in chosen)
+    how = (
+        "fp16 weights, fp32 accumulation"
+        if half
+        else f"{form}{f', LM head {head_form}' if any(forms[n] != form for n in chosen) else ''}, "
+        f"block {defaults.WEIGHTS_BLOCK_SIZE[form]}, accuracy_level {level}"
+    )
     report.notes.append(
-        f"{len(chosen) - n_tables} contractions are MatMulNBits ({form}"
-        f"{', LM head int8' if any(forms[n] != form for n in chosen) else ''}, block "
-        f"{defaults.WEIGHTS_BLOCK_SIZE[form]}, accuracy_level {level})"
+        f"{len(chosen) - n_tables} contractions are {FORM_OPS[form]} ({how})"
         + (f", {n_tables} embedding tables GatherBlockQuantized (int8)" if n_tables else "")
     )
     return report
 
 
 def _quantize(w: np.ndarray, form: str) -> Packed:
+    if form == "fp16":
+        return to_half(w)
     return quantize(
         w, BITS[form], defaults.WEIGHTS_BLOCK_SIZE[form], defaults.WEIGHTS_ZERO_POINT[form]
     )
@@ -307,14 +344,12 @@ def _worst(chosen: list[str], records: Mapping[str, LayerRecord], everything: bo
     return ranked[: max(1, len(chosen) // 2)]
 
 
-def _apply(
-    model: Model, names: list[str], packs: Mapping[str, Packed], level: int, every: bool
-) -> Model:
+def _apply(model: Model, names: list[str], packs: Mapping[str, Packed], level: int) -> Model:
     """A copy of ``model`` with the sites named ``names`` as ``MatMulNBits`` and the tables
     named so as ``GatherBlockQuantized``."""
     work = clone_model(model)
     wanted = set(names)
-    sites = find_sites(work, min_elements=defaults.WEIGHTS_MIN_ELEMENTS, keep_head=not every)
+    sites = find_sites(work, min_elements=defaults.WEIGHTS_MIN_ELEMENTS, keep_head=False)
     for site in sites:
         if site.name in wanted:
             compress_site(work, site, packs[site.name], level)
