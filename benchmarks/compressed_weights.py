@@ -9,6 +9,10 @@ OpenVINO (f32 inference precision, 2 threads; ``benchmarks/torch_e2e_engines.py`
   ``GraphAutoFusion(path, preset="llm",
   sample_inputs=<one decode step at past 64>, options=FuseOptions(weights=...)).fuse()`` (safe
   mode on; each compressed layer verified), saved, then opened from the saved file;
+* ``dropin_fp32``, ``dropin_fp16``, ``dropin_int8``: the PyTorch route, the zoo model as
+  ``GraphAutoFusion(model, options=FuseOptions(weights=...)).fuse()`` and its ``generate()``
+  (Hugging Face's for the first tokens, then our decode loop; ``--no-torch`` leaves them
+  out); its weight bytes are those of the graph that served the most calls (the decode step);
 * ``ort_all``: onnxruntime on the export; ``openvino``: OpenVINO on the export.
 
 Decode: greedy generation after a 16-token prompt (``greedy_decode_ort``); ms/token is
@@ -56,6 +60,9 @@ OURS = (
     ("ours_int8_all", "int8", "all"),
     ("ours_int4_all", "int4", "all"),
 )
+#: (configuration, weights): the PyTorch route, ``GraphAutoFusion(model, options=
+#: FuseOptions(weights=...)).fuse().generate()`` (the drop-in module; its decode loop)
+TORCH = (("dropin_fp32", "fp32"), ("dropin_fp16", "fp16"), ("dropin_int8", "int8"))
 PEERS = ("ort_all", "openvino")
 LABELS = {
     "ours_fp32": "our ONNX route, fp32",
@@ -65,10 +72,14 @@ LABELS = {
     "ours_int4": "our ONNX route, int4 (head fp16, embeddings fp32)",
     "ours_int8_all": "our ONNX route, int8 all (head, embeddings int8)",
     "ours_int4_all": "our ONNX route, int4 all (head, embeddings int8)",
+    "dropin_fp32": "drop-in module, fp32",
+    "dropin_fp16": "drop-in module, fp16 (head fp32)",
+    "dropin_int8": "drop-in module, int8 (head fp16)",
     "ort_all": "ORT ALL (export, fp32)",
     "openvino": "OpenVINO (export, f32)",
 }
 PROMPT = 16
+GEN = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
 SAMPLE_PAST = 64
 
 
@@ -158,6 +169,42 @@ def minilm_accuracy() -> dict[str, Any]:
     return out
 
 
+def dropin(name: str, form: str) -> tuple[Any, dict[str, Any]]:
+    """The zoo model as a drop-in fused module with ``weights=form`` (fused on its example
+    call, then one generate() so its decode graphs exist), and what its decode graph reads
+    per token."""
+    import torch
+
+    from graph_autofusion.api import GraphAutoFusion
+    from graph_autofusion.codegen.weights import find_sites
+    from graph_autofusion.options import FuseOptions
+    from graph_autofusion.testing.builders import build_model
+
+    model = build_model(name)[0].model.eval()
+    t = time.perf_counter()
+    fused = GraphAutoFusion(model, options=FuseOptions(weights=form)).fuse()
+    ids = torch.zeros((1, PROMPT), dtype=torch.long)
+    with torch.no_grad():
+        fused.generate(ids, max_new_tokens=12, **GEN)
+    fuse_s = time.perf_counter() - t
+    step = max(fused.autofusion.graphs, key=lambda g: g.calls)  # the decode loop's graph
+    res = step.ort_result
+    if res is None:
+        return fused, {"fuse_s": round(fuse_s, 2), "decode_engine": step.engine}
+    w = res.weights
+    if w is None:
+        sites = find_sites(res.model, min_elements=0, keep_head=False)
+        weight_bytes = sum(s.fp32_bytes for s in sites if s.weight is not None)
+    else:
+        weight_bytes = sum(r.bytes for r in w.layers if r.op != "Gather")
+    return fused, {
+        "fuse_s": round(fuse_s, 2),
+        "decode_engine": step.engine,
+        "weight_bytes_per_token": int(weight_bytes),
+        "weights": w.to_dict() if w is not None else None,
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from torch_e2e_engines import OpenVINOSession, Unavailable, machine
 
@@ -187,6 +234,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             configs["openvino"] = {}
         except Unavailable as exc:
             configs["openvino"] = {"unavailable": str(exc)}
+        modules = {}
+        if args.torch:
+            import torch
+
+            torch.set_num_threads(2)
+            for key, form in TORCH:
+                log(f"fuse {key}")
+                modules[key], configs[key] = dropin(name, form)
         fp32_bytes = configs["ours_fp32"]["weight_bytes_per_token"]
         for key in PEERS:
             if key in sessions:
@@ -198,9 +253,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             configs[key]["same_tokens_as_fp32"] = sum(a == b for a, b in zip(tokens, want)) / n
             fns[f"{key}:{n}"] = lambda s=sess: greedy_decode_ort(s, name, prompt, n - 1)
             fns[f"{key}:1"] = lambda s=sess: greedy_decode_ort(s, name, prompt, 0)
+        for key, mod in modules.items():
+            ids = torch.from_numpy(prompt)
+
+            def gen(k: int, m: Any = mod, ids: Any = ids) -> Any:
+                with torch.no_grad():
+                    return m.generate(ids, max_new_tokens=k, **GEN)
+
+            tokens = gen(n)[0, PROMPT:].tolist()
+            configs[key]["same_tokens_as_fp32"] = sum(a == b for a, b in zip(tokens, want)) / n
+            fns[f"{key}:{n}"] = lambda g=gen: g(n)
+            fns[f"{key}:1"] = lambda g=gen: g(1)
         log(f"timing {len(sessions)} configurations, {args.runs} rounds, {n} tokens")
         raw = round_robin(fns, args.runs, warmup=1, rotate=True)
-        for key in sessions:
+        for key in (*sessions, *modules):
             per_token = [(a - b) / (n - 1) for a, b in zip(raw[f"{key}:{n}"], raw[f"{key}:1"])]
             stats = summarize({key: per_token})[key]
             configs[key].update({k: round(v, 3) for k, v in stats.items()})
@@ -208,6 +274,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if wb:
                 configs[key]["weight_gbs"] = round(wb / (stats["ms"] * 1e-3) / 1e9, 1)
         sessions.clear()
+        modules.clear()
     data["bandwidth_after"] = bandwidth()
     data["configs"] = configs
     stream = max(data["bandwidth_before"]["gbs"], data["bandwidth_after"]["gbs"])
@@ -284,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--no-minilm", dest="minilm", action="store_false")
+    p.add_argument(
+        "--no-torch", dest="torch", action="store_false", help="without the drop-in module rows"
+    )
     p.add_argument("--out", default=str(RESULTS / "compressed_weights"), help="path stem")
     args = p.parse_args(argv)
     from peers import write_results

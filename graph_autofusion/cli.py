@@ -219,9 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--weights-policy",
         default="default",
         choices=list(WEIGHT_POLICIES),
-        help="'default' keeps the LM head at a higher precision (fp16 in an int8/int4 model, "
-        "fp32 in an fp16 one) and the embedding tables fp32; 'all' compresses them too (head "
-        "int8, or fp16 in an fp16 model; tables int8 in int models), each verified",
+        help="'default' keeps the LM head and the embedding tables at a higher precision "
+        "(fp16 in an int8/int4 model, fp32 in an fp16 one); 'all' compresses them too (head "
+        "and tables int8, or fp16 in an fp16 model), each verified",
     )
     p.add_argument(
         "--float-check",

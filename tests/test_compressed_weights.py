@@ -508,10 +508,11 @@ def test_drop_in_module_int8_reports_its_layers_and_save_pretrained_keeps_them(t
         assert len(fused.autofusion.graphs) == 1  # the fused graph itself, not a recompile
         assert _cosine(got.numpy(), want.numpy()) >= 0.99
         compressed = [r.name for r in gaf.result.weights.compressed]
-        assert compressed  # the projections (64x64 and up) int8, the LM head fp16 (policy)
+        assert compressed  # the projections (64x64 and up) int8; LM head, table fp16 (policy)
         forms = {r.form for r in gaf.result.weights.compressed}
         assert forms == {"int8", "fp16"}
-        assert sum(r.form == "fp16" for r in gaf.result.weights.compressed) == 1
+        half = sorted(r.op for r in gaf.result.weights.compressed if r.form == "fp16")
+        assert len(half) == 2 and half[0] == "Gather"
         rep = gaf.safe_fusion_report()[0].to_dict()["weights"]
         assert rep["compressed"] == len(compressed) and rep["form"] == "int8"
         assert all(r["cosine"] >= 0.999 for r in rep["layers"] if r["form"] == "int8")
@@ -554,17 +555,34 @@ def _tiny_lm() -> onnx.ModelProto:
 
 
 @needs_library
-def test_the_default_policy_keeps_the_head_at_fp16_and_all_compresses_it_at_int8():
+def test_the_default_policy_keeps_head_and_table_at_fp16_and_all_compresses_them_at_int8():
     src = _tiny_lm()
     feeds = {"ids": np.random.default_rng(1).integers(0, 300, (1, 12)).astype(np.int64)}
     keep = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="int4", **FAST))
     kept = keep.fuse()
     layers = {r.name: r for r in keep.result.weights.layers}
     assert layers["lm_head"].form == "fp16" and layers["lm_head"].cosine > 0.99999
-    assert layers["emb"].op == "Gather" and "embedding table" in layers["emb"].reason
+    assert layers["emb"].op == "Gather" and layers["emb"].form == "fp16"
+    assert layers["emb"].cosine > 0.99999 and layers["emb"].bytes == 300 * 64 * 2
     assert layers["fc"].form == "int4"
-    assert _ops(kept).get("GemvF16") == 1 and _ops(kept).get("MatMulNBits") == 1
+    ops = _ops(kept)
+    assert ops.get("GemvF16") == 1 and ops.get("MatMulNBits") == 1 and ops.get("Cast") == 1
+    table = [v.const for v in kept.graph.initializers.values() if v.const.shape == (300, 64)]
+    assert len(table) == 1 and table[0].dtype == np.float16  # the fp32 table is gone
     assert "LM head fp16" in " ".join(keep.result.notes)
+    assert "1 embedding tables fp16" in " ".join(keep.result.notes)
+    np.testing.assert_allclose(_run(kept, feeds), _run(src, feeds), rtol=0.2, atol=0.2)
+    assert _cosine(_run(kept, feeds), _run(src, feeds)) >= 0.98
+    # an fp16 model keeps its table fp32 (the higher precision), and compresses it under all
+    half = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="fp16", **FAST))
+    half.fuse()
+    assert {r.name: r.form for r in half.result.weights.layers}["emb"] == "fp32"
+    opts = FuseOptions(weights="fp16", weights_policy="all", **FAST)
+    every = GraphAutoFusion(src, sample_inputs=feeds, options=opts)
+    every.fuse()
+    assert {r.name: r.form for r in every.result.weights.layers} == {
+        "emb": "fp16", "fc": "fp16", "lm_head": "fp16"
+    }  # fmt: skip
     opts = FuseOptions(weights="int4", weights_policy="all", **FAST)
     gaf = GraphAutoFusion(src, sample_inputs=feeds, options=opts)
     fused = gaf.fuse()

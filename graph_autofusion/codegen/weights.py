@@ -48,7 +48,7 @@ _SHAPE_ONLY = ("Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten", "Cast")
 
 # reasons a contraction stays fp32
 KEPT_HEAD = "kept fp32: LM head (policy: the layer producing the model's output, or vocabulary-sized, stays fp32)"
-KEPT_EMBEDDING = "kept fp32: embedding table (policy: Gather tables stay fp32)"
+KEPT_EMBEDDING = "kept fp32: embedding table (policy: an fp16 model keeps its tables fp32)"
 KEPT_FP16 = (
     "kept fp32: the fp16 form is graph-autofusion's GemvF16 custom operator, and its library "
     "could not be built here"
@@ -455,9 +455,11 @@ def compress_embedding(model: Model, emb: Embedding, packed: Packed) -> list[Nod
     8-bit table ``packed`` (:func:`quantize` of the table's transpose: blocks along the
     columns; no zero point: 128)."""
 
+    graph = model.graph
+    if packed.bits == 16:  # fp16: Gather of the fp16 table, then Cast to float32
+        return _half_table(model, emb, packed)
     if packed.bits != 8 or packed.zero_points is not None:
         raise ValueError("embeddings are quantized to 8 bits, symmetric")
-    graph = model.graph
     rows, cols = emb.table.shape
     data = graph.add_initializer(
         graph.fresh_name(f"{emb.name}_q8"), packed.b.reshape(rows, -1)[:, :cols]
@@ -476,4 +478,24 @@ def compress_embedding(model: Model, emb: Embedding, packed: Packed) -> list[Nod
         _replace(model, node, new)
         new_nodes.append(new)
     model.opset_imports.setdefault("com.microsoft", 1)
+    return new_nodes
+
+
+def _half_table(model: Model, emb: Embedding, packed: Packed) -> list[Node]:
+    """Every ``Gather`` of ``emb`` reads the fp16 table (``packed.b``, ``[rows, columns]``) and
+    casts the rows it gathers to float32."""
+    graph = model.graph
+    table = graph.add_initializer(graph.fresh_name(f"{emb.name}_f16"), packed.b)
+    new_nodes = []
+    for node in emb.nodes:
+        name = node.name or "Gather"
+        g = graph.make_node(
+            "Gather", [table, node.inputs[1]], {"axis": 0}, name=f"{name}/f16", before=node
+        )
+        g.outputs[0].dtype, g.outputs[0].shape = DType.FLOAT16, node.outputs[0].shape
+        new = graph.make_node(
+            "Cast", [g.outputs[0]], {"to": int(DType.FLOAT)}, name=f"{name}/cast", before=node
+        )
+        _replace(model, node, new)
+        new_nodes += [g, new]
     return new_nodes

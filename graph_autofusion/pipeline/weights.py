@@ -29,10 +29,10 @@ ort_gemv_f16`: the weight stored fp16, widened in registers, fp32 accumulation),
 becomes ``result.custom_ops`` (saved beside the model); where it cannot be built every layer
 is reported "kept fp32" with the reason.
 
-Policy: the LM head stays at a higher precision than the rest (fp16 in an int8 or int4 model,
-fp32 in an fp16 one) and the embedding tables fp32; tiny matrices stay fp32. ``all``
-compresses the head (int8 in an int4 model, fp16 in an fp16 one) and the tables (int8; fp16
-models keep their tables fp32). Without safe mode the candidates are compressed unchecked (the report says
+Policy: the LM head and the embedding tables stay at a higher precision than the rest (fp16 in
+an int8 or int4 model, fp32 in an fp16 one); tiny matrices stay fp32. ``all`` compresses them
+too (the head int8 in an int4 model, fp16 in an fp16 one; the tables int8, fp16 in an fp16
+model). Without safe mode the candidates are compressed unchecked (the report says
 so).
 """
 
@@ -76,9 +76,12 @@ HEAD_FORM = {"int8": "int8", "int4": "int8", "fp16": "fp16"}
 #: other layers: fp16 in an int8 or int4 model (fp32 where GemvF16 cannot be built), fp32 in
 #: an fp16 model.
 HEAD_FORM_DEFAULT = {"int8": "fp16", "int4": "fp16", "fp16": "fp32"}
+#: The embedding tables' form under ``weights_policy="all"`` and under the default policy
+#: (fp16: ``Gather`` of an fp16 table, then ``Cast``; int8: ``GatherBlockQuantized``).
+TABLE_FORM = {"int8": "int8", "int4": "int8", "fp16": "fp16"}
+TABLE_FORM_DEFAULT = {"int8": "fp16", "int4": "fp16", "fp16": "fp32"}
 #: What each form's contractions become.
 FORM_OPS = {"int8": "MatMulNBits", "int4": "MatMulNBits", "fp16": "GemvF16"}
-KEPT_EMBEDDING_FP16 = "kept fp32: embedding table (no fp16 form for Gather tables here)"
 
 
 @dataclass
@@ -187,7 +190,8 @@ def compress_weights(
         if s.head and not s.reason and head_form == "fp32":
             s.reason = KEPT_HEAD
     block8 = defaults.WEIGHTS_BLOCK_SIZE["int8"]
-    embs = find_embeddings(model, block8)
+    table_form = TABLE_FORM[form] if every else TABLE_FORM_DEFAULT[form]
+    embs = find_embeddings(model, block8 if table_form == "int8" else 1)
     report = WeightsReport(form, verified=bool(options.safe_mode))
     records = {s.name: _record(s) for s in sites}
     half = form == "fp16"
@@ -195,7 +199,7 @@ def compress_weights(
         if e.name in records:  # a node of the same name: the table is left alone, unlisted
             continue
         rows, cols = e.table.shape
-        reason = e.reason or (KEPT_EMBEDDING_FP16 if half else "" if every else KEPT_EMBEDDING)
+        reason = e.reason or (KEPT_EMBEDDING if table_form == "fp32" else "")
         records[e.name] = LayerRecord(
             e.name, "Gather", int(cols), int(rows), "fp32", fp32_bytes=e.fp32_bytes,
             bytes=e.fp32_bytes, reason=reason,
@@ -224,13 +228,14 @@ def compress_weights(
     packs = {s.name: _quantize(s.weight, forms[s.name]) for s in todo}
     tables = [e for e in embs if records.get(e.name) is not None and not records[e.name].reason]
     tables = [e for e in tables if records[e.name].op == "Gather"]
-    for e in tables:  # 8 bits, symmetric: GatherBlockQuantized's default zero point
-        forms[e.name] = "int8"
-        packs[e.name] = quantize(np.ascontiguousarray(e.table.T), 8, block8, False)
+    for e in tables:  # int8: symmetric (GatherBlockQuantized's default zero point)
+        forms[e.name] = table_form
+        t = np.ascontiguousarray(e.table.T)
+        packs[e.name] = to_half(t) if table_form == "fp16" else quantize(t, 8, block8, False)
     if options.safe_mode and todo:
         todo = _check_layers(model, result.feeds, todo, packs, records, options, level, forms)
     if options.safe_mode and tables:
-        tables = _check_tables(model, result.feeds, tables, packs, records, threads)
+        tables = _check_tables(model, result.feeds, tables, packs, records, threads, forms)
     chosen = [s.name for s in todo] + [e.name for e in tables]
     for name in chosen:
         r, p = records[name], packs[name]
@@ -276,7 +281,12 @@ def compress_weights(
     )
     report.notes.append(
         f"{len(chosen) - n_tables} contractions are {FORM_OPS[form]} ({how})"
-        + (f", {n_tables} embedding tables GatherBlockQuantized (int8)" if n_tables else "")
+        + (
+            f", {n_tables} embedding tables "
+            + ("fp16 (Gather, Cast)" if table_form == "fp16" else "GatherBlockQuantized (int8)")
+            if n_tables
+            else ""
+        )
     )
     return report
 
@@ -296,15 +306,16 @@ def _check_tables(
     packs: Mapping[str, Packed],
     records: Mapping[str, LayerRecord],
     threads: int,
+    forms: Mapping[str, str],
 ) -> list[Embedding]:
-    """Safe mode's check of quantized embedding tables: the rows the sample inputs select
+    """Safe mode's check of compressed embedding tables: the rows the sample inputs select
     (every row when their indices cannot be captured), dequantized, against fp32."""
     names = {n.inputs[1].name for e in tables for n in e.nodes}
     acts = _capture(model, feeds, names, threads)
-    floor = defaults.WEIGHTS_LAYER_COSINE["int8"]
-    cap = defaults.WEIGHTS_LAYER_REL_ERR["int8"]
     passed = []
     for e in tables:
+        floor = defaults.WEIGHTS_LAYER_COSINE[forms[e.name]]
+        cap = defaults.WEIGHTS_LAYER_REL_ERR[forms[e.name]]
         idx = [acts.get(n.inputs[1].name) for n in e.nodes]
         rows = (
             np.unique(np.concatenate([np.ravel(i) for i in idx]).astype(np.int64))
