@@ -413,6 +413,24 @@ def test_cli_fuse_with_weights_int8(tmp_path, capsys):
     assert "onnxruntime-target option" in capsys.readouterr().err
 
 
+@needs_library
+def test_cli_fuse_with_weights_fp16_writes_the_library_beside_the_model(tmp_path, capsys):
+    from graph_autofusion.cli import main
+
+    onnx.save(_mlp(), tmp_path / "mlp.onnx")
+    out = tmp_path / "mlp.fp16.onnx"
+    code = main(
+        ["fuse", str(tmp_path / "mlp.onnx"), "-o", str(out), "--weights", "fp16",
+         "--no-speed-check", "--json"]
+    )  # fmt: skip
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["weights"]["compressed"] == 3
+    assert sum(n.op_type == "GemvF16" for n in onnx.load(out).graph.node) == 3
+    assert os.path.isfile(tmp_path / "mlp.fp16.onnx.kernels" / "manifest.json")
+    feeds = {"x": np.random.default_rng(2).standard_normal((1, 5, 64)).astype(np.float32)}
+    assert _cosine(_run(str(out), feeds), _run(str(tmp_path / "mlp.onnx"), feeds)) >= 0.99999
+
+
 @pytest.mark.xdist_group("torch_compile")
 def test_torch_compile_backend_compresses_on_the_onnxruntime_engine():
     torch = pytest.importorskip("torch")
