@@ -97,32 +97,18 @@ def write_kernel_dir(library: CustomOpLibrary, directory: str, groups: Sequence[
             }
             for name, k in kernels.items()
         ]
-        + (
-            [
-                {
-                    "name": GEMV_OP,
-                    "kernel": "graph_autofusion/codegen/ort_gemv.py",
-                    "signature": "Gemv(x f32[..., K], Wt f32[N, K]) -> f32[..., N]",
-                    "inputs": ["f32", "f32"],
-                    "outputs": ["f32"],
-                }
-            ]
-            if GEMV_OP in library.ops
-            else []
-        )
-        + (
-            [
-                {
-                    "name": GEMV_F16_OP,
-                    "kernel": "graph_autofusion/codegen/ort_gemv_f16.py",
-                    "signature": "GemvF16(x f32[..., K], Wt f16[N, K]) -> f32[..., N]",
-                    "inputs": ["f32", "f16"],
-                    "outputs": ["f32"],
-                }
-            ]
-            if GEMV_F16_OP in library.ops
-            else []
-        ),
+        + [
+            {
+                "name": op,
+                "kernel": f"graph_autofusion/codegen/{src}.py",
+                "signature": sig,
+                "inputs": ["f32", w],
+                "outputs": ["f32"],
+            }
+            for op, src, w in ((GEMV_OP, "ort_gemv", "f32"), (GEMV_F16_OP, "ort_gemv_f16", "f16"))
+            if op in library.ops
+            for sig in (f"{op}(x f32[..., K], Wt {w}[N, K]) -> f32[..., N]",)
+        ],
         "groups": [
             {
                 "key": g.key,

@@ -92,13 +92,16 @@ void gaf_gemv_nk_f32(const float *x, const float *w, float *y, int64_t M, int64_
     gaf_gv_cols(&j, 0, N);
 }
 
-static OrtStatus *gaf_gv_err(const char *msg) {
+static OrtStatus *gaf_gv_err(const char *op, const char *msg) {
     char buf[256];
-    snprintf(buf, sizeof buf, "graph-autofusion custom operator Gemv: %s", msg);
+    snprintf(buf, sizeof buf, "graph-autofusion custom operator %s: %s", op, msg);
     return gaf_api->CreateStatus(ORT_INVALID_ARGUMENT, buf);
 }
 
-static OrtStatus *gaf_gv_compute(OrtKernelContext *ctx) {
+/* the inputs x [..., K] and W [N, K] of a Gemv-like operator ``op`` (errors name it), its
+   output y [..., N] allocated, and M (x's rows); *M = 0 when there is nothing to compute */
+static OrtStatus *gaf_gv_bind(OrtKernelContext *ctx, const char *op, void **x, void **w, void **y,
+                              int64_t *M, int64_t *N, int64_t *K) {
     const OrtApi *api = gaf_api; OrtStatus *err;
     const OrtValue *xv, *wv; OrtValue *yv;
     int64_t xs[GAF_MAXD], ws[2]; size_t xr, wr;
@@ -107,28 +110,35 @@ static OrtStatus *gaf_gv_compute(OrtKernelContext *ctx) {
     if ((err = api->KernelContext_GetInput(ctx, 1, &wv))) return err;
     if ((err = api->GetTensorTypeAndShape(xv, &info))) return err;
     err = api->GetDimensionsCount(info, &xr);
-    if (!err && (xr < 1 || xr > GAF_MAXD)) { api->ReleaseTensorTypeAndShapeInfo(info); return gaf_gv_err("x must have rank 1 to 12"); }
+    if (!err && (xr < 1 || xr > GAF_MAXD)) { api->ReleaseTensorTypeAndShapeInfo(info); return gaf_gv_err(op, "x must have rank 1 to 12"); }
     if (!err) err = api->GetDimensions(info, xs, xr);
     api->ReleaseTensorTypeAndShapeInfo(info);
     if (err) return err;
     if ((err = api->GetTensorTypeAndShape(wv, &info))) return err;
     err = api->GetDimensionsCount(info, &wr);
-    if (!err && wr != 2) { api->ReleaseTensorTypeAndShapeInfo(info); return gaf_gv_err("W must be a matrix"); }
+    if (!err && wr != 2) { api->ReleaseTensorTypeAndShapeInfo(info); return gaf_gv_err(op, "W must be a matrix"); }
     if (!err) err = api->GetDimensions(info, ws, 2);
     api->ReleaseTensorTypeAndShapeInfo(info);
     if (err) return err;
-    const int64_t N = ws[0], K = ws[1];
-    if (xs[xr - 1] != K) return gaf_gv_err("x's last dim differs from W's columns");
-    int64_t ys[GAF_MAXD], M = 1;
-    for (size_t i = 0; i + 1 < xr; i++) { ys[i] = xs[i]; M *= xs[i]; }
-    ys[xr - 1] = N;
+    *N = ws[0]; *K = ws[1];
+    if (xs[xr - 1] != *K) return gaf_gv_err(op, "x's last dim differs from W's columns");
+    int64_t ys[GAF_MAXD], m = 1;
+    for (size_t i = 0; i + 1 < xr; i++) { ys[i] = xs[i]; m *= xs[i]; }
+    ys[xr - 1] = *N;
+    *M = m;
     if ((err = api->KernelContext_GetOutput(ctx, 0, ys, xr, &yv))) return err;
-    void *x, *w, *y;
-    if ((err = api->GetTensorMutableData((OrtValue *)xv, &x))) return err;
-    if ((err = api->GetTensorMutableData((OrtValue *)wv, &w))) return err;
-    if ((err = api->GetTensorMutableData(yv, &y))) return err;
-    if (M == 0 || N == 0) return 0;
-    if (K == 0) { memset(y, 0, sizeof(float) * (size_t)(M * N)); return 0; }
+    if ((err = api->GetTensorMutableData((OrtValue *)xv, x))) return err;
+    if ((err = api->GetTensorMutableData((OrtValue *)wv, w))) return err;
+    if ((err = api->GetTensorMutableData(yv, y))) return err;
+    if (*N == 0) *M = 0;
+    if (*M && *K == 0) { memset(*y, 0, sizeof(float) * (size_t)(*M * *N)); *M = 0; }
+    return 0;
+}
+
+static OrtStatus *gaf_gv_compute(OrtKernelContext *ctx) {
+    const OrtApi *api = gaf_api; OrtStatus *err;
+    void *x, *w, *y; int64_t M, N, K;
+    if ((err = gaf_gv_bind(ctx, "Gemv", &x, &w, &y, &M, &N, &K)) || M == 0) return err;
     GafGemvJob job = {(const float *)x, (const float *)w, (float *)y, M, N, K, 0};
     /* chunks of ~GAF_GV_CHUNK weights (4 MB: one thread streams a 1 MB matrix faster than
        two woken for it), at most 64 */

@@ -12,7 +12,8 @@ file and is widened to fp32 in registers (F16C's ``vcvtph2ps``, 8 or 16 at a tim
 products accumulated in fp32, so the only error is the weight's rounding to fp16 (relative
 2^-11 per weight).
 
-Layout and threading follow ``Gemv`` (:mod:`graph_autofusion.codegen.ort_gemv`): ``Wt16`` is
+Layout, shape checks (``gaf_gv_bind``) and threading follow ``Gemv``
+(:mod:`graph_autofusion.codegen.ort_gemv`, whose source comes first in the library): ``Wt16`` is
 nn.Linear's ``[N, K]``, each weight row one contiguous run of ``K`` halves; chunks of weight
 rows run on onnxruntime's intra-op pool (``KernelContext_ParallelFor``), one thread below
 ``GAF_GH_CHUNK`` weights. One activation row: the row is widened and dotted in one pass.
@@ -178,43 +179,10 @@ void gaf_gemv_f16_nk(const float *x, const uint16_t *w, float *y, int64_t M, int
     gaf_gh_run(&j, 0, N);
 }
 
-static OrtStatus *gaf_gh_err(const char *msg) {
-    char buf[256];
-    snprintf(buf, sizeof buf, "graph-autofusion custom operator GemvF16: %s", msg);
-    return gaf_api->CreateStatus(ORT_INVALID_ARGUMENT, buf);
-}
-
 static OrtStatus *gaf_gh_compute(OrtKernelContext *ctx) {
     const OrtApi *api = gaf_api; OrtStatus *err;
-    const OrtValue *xv, *wv; OrtValue *yv;
-    int64_t xs[GAF_MAXD], ws[2]; size_t xr, wr;
-    OrtTensorTypeAndShapeInfo *info;
-    if ((err = api->KernelContext_GetInput(ctx, 0, &xv))) return err;
-    if ((err = api->KernelContext_GetInput(ctx, 1, &wv))) return err;
-    if ((err = api->GetTensorTypeAndShape(xv, &info))) return err;
-    err = api->GetDimensionsCount(info, &xr);
-    if (!err && (xr < 1 || xr > GAF_MAXD)) { api->ReleaseTensorTypeAndShapeInfo(info); return gaf_gh_err("x must have rank 1 to 12"); }
-    if (!err) err = api->GetDimensions(info, xs, xr);
-    api->ReleaseTensorTypeAndShapeInfo(info);
-    if (err) return err;
-    if ((err = api->GetTensorTypeAndShape(wv, &info))) return err;
-    err = api->GetDimensionsCount(info, &wr);
-    if (!err && wr != 2) { api->ReleaseTensorTypeAndShapeInfo(info); return gaf_gh_err("W must be a matrix"); }
-    if (!err) err = api->GetDimensions(info, ws, 2);
-    api->ReleaseTensorTypeAndShapeInfo(info);
-    if (err) return err;
-    const int64_t N = ws[0], K = ws[1];
-    if (xs[xr - 1] != K) return gaf_gh_err("x's last dim differs from W's columns");
-    int64_t ys[GAF_MAXD], M = 1;
-    for (size_t i = 0; i + 1 < xr; i++) { ys[i] = xs[i]; M *= xs[i]; }
-    ys[xr - 1] = N;
-    if ((err = api->KernelContext_GetOutput(ctx, 0, ys, xr, &yv))) return err;
-    void *x, *w, *y;
-    if ((err = api->GetTensorMutableData((OrtValue *)xv, &x))) return err;
-    if ((err = api->GetTensorMutableData((OrtValue *)wv, &w))) return err;
-    if ((err = api->GetTensorMutableData(yv, &y))) return err;
-    if (M == 0 || N == 0) return 0;
-    if (K == 0) { memset(y, 0, sizeof(float) * (size_t)(M * N)); return 0; }
+    void *x, *w, *y; int64_t M, N, K;
+    if ((err = gaf_gv_bind(ctx, "GemvF16", &x, &w, &y, &M, &N, &K)) || M == 0) return err;
     GafGemvH job = {(const float *)x, (const uint16_t *)w, (float *)y, M, N, K, 0};
     /* chunks of ~GAF_GH_CHUNK weights, at most 64, whole groups of four rows; more rows of
        activations: more work per weight, so smaller matrices are split too */
