@@ -32,8 +32,7 @@ is reported "kept fp32" with the reason.
 Policy: the LM head and the embedding tables stay at a higher precision than the rest (fp16 in
 an int8 or int4 model, fp32 in an fp16 one); tiny matrices stay fp32. ``all`` compresses them
 too (the head int8 in an int4 model, fp16 in an fp16 one; the tables int8, fp16 in an fp16
-model). Without safe mode the candidates are compressed unchecked (the report says
-so).
+model). Without safe mode the candidates are compressed unchecked (the report says so).
 """
 
 from __future__ import annotations
@@ -273,10 +272,11 @@ def compress_weights(
     if library is not None and any(forms[n] == "fp16" for n in chosen):
         result.custom_ops = library  # the fused model needs the GemvF16 library (saved with it)
     n_tables = sum(records[n].op == "Gather" for n in chosen)
+    heads = [s.name for s in heads if s.name in set(chosen)]
     how = (
         "fp16 weights, fp32 accumulation"
         if half
-        else f"{form}{f', LM head {head_form}' if any(forms[n] != form for n in chosen) else ''}, "
+        else f"{form}{f', LM head {head_form}' if any(forms[n] != form for n in heads) else ''}, "
         f"block {defaults.WEIGHTS_BLOCK_SIZE[form]}, accuracy_level {level}"
     )
     report.notes.append(
@@ -356,8 +356,8 @@ def _worst(chosen: list[str], records: Mapping[str, LayerRecord], everything: bo
 
 
 def _apply(model: Model, names: list[str], packs: Mapping[str, Packed], level: int) -> Model:
-    """A copy of ``model`` with the sites named ``names`` as ``MatMulNBits`` and the tables
-    named so as ``GatherBlockQuantized``."""
+    """A copy of ``model`` with the sites named ``names`` in their packed form (``MatMulNBits``
+    or ``GemvF16``) and the tables named so as ``GatherBlockQuantized`` (or fp16 ``Gather``)."""
     work = clone_model(model)
     wanted = set(names)
     sites = find_sites(work, min_elements=defaults.WEIGHTS_MIN_ELEMENTS, keep_head=False)
