@@ -414,6 +414,22 @@ def test_cli_fuse_with_weights_int8(tmp_path, capsys):
 
 
 @needs_library
+def test_custom_ops_on_do_not_hide_the_contractions_from_the_weights_stage():
+    """With custom operators on, a decode-step sample (one row, the row count dynamic) would
+    put every MatMul in an ``If`` between Gemv and the GEMM, where the stage finds no
+    contraction: they stayed fp32, unlisted. Compressed weights leave that form out."""
+    src = _mlp()
+    feeds = {"x": np.random.default_rng(3).standard_normal((1, 1, 64)).astype(np.float32)}
+    plain = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(custom_ops=True))
+    assert _ops(plain.fuse(**FAST)).get("If") == 3  # the few-row form, without weights
+    opts = FuseOptions(weights="int8", custom_ops=True, **FAST)
+    gaf = GraphAutoFusion(src, sample_inputs=feeds, options=opts)
+    fused = gaf.fuse()
+    assert _ops(fused).get("MatMulNBits") == 3 and "If" not in _ops(fused)
+    assert len(gaf.result.weights.compressed) == 3
+
+
+@needs_library
 def test_cli_fuse_with_weights_fp16_writes_the_library_beside_the_model(tmp_path, capsys):
     from graph_autofusion.cli import main
 

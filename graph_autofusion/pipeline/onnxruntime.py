@@ -161,7 +161,7 @@ def fuse_model(
     options = (options or FuseOptions()).replace(target="onnxruntime")
     args = dict(feeds=feeds, progress=progress, dump_dir=dump_dir, saved_keys=keys)
     notes: list[str] = []
-    custom = CustomOps.start(options.custom_ops, options.codegen, notes)
+    custom = CustomOps.start(options.custom_ops, options.codegen, notes, options.weights)
     result = None
     if custom is not None:
         try:

@@ -50,15 +50,20 @@ class CustomOps:
     library: CustomOpLibrary | None = None
     gemv: bool = False  # the model has few-row MatMul sites: the library defines Gemv
     gemv_keys: set = field(default_factory=set)  # their keys (planned on the sample shapes)
+    #: the ``If`` form (a dynamic row count) is planned: not with compressed weights, whose
+    #: stage finds no contraction inside an ``If`` (it takes the direct form's ``Gemv``)
+    gemv_if: bool = True
 
     @staticmethod
-    def start(enabled: bool, codegen: Any, notes: list[str]) -> CustomOps | None:
+    def start(
+        enabled: bool, codegen: Any, notes: list[str], weights: str = "fp32"
+    ) -> CustomOps | None:
         if not enabled:
             return None
         if ort_include_dir() is None:
             notes.append(f"custom operators off: {NO_HEADER} (sh tools/ort_headers.sh)")
             return None
-        return CustomOps(codegen)
+        return CustomOps(codegen, gemv_if=weights == "fp32")
 
     def prepare(self, work: Any, analysis: Any, target: Any) -> list[NotLowered]:
         """Lower the planned groups into kernels, build and load their library.
@@ -75,6 +80,8 @@ class CustomOps:
             return tuple(int(d) for d in t[1]) if t is not None and t[1] is not None else None
 
         sites, _refused = plan_sites(work, sample_shape)
+        if not self.gemv_if:
+            sites = [s for s in sites if s.rows is not None]
         self.gemv_keys = {s.key for s in sites}
         self.gemv = bool(sites)
         if self.groups or self.gemv:
