@@ -77,6 +77,3 @@ WEIGHTS_LAYER_REL_ERR = {"fp16": 0.01, "int8": 0.05, "int4": 0.15}
 WEIGHTS_E2E_COSINE = {"fp16": 0.999, "int8": 0.99, "int4": 0.98}
 #: ... and relative L2 error at most (a scaled answer has cosine 1).
 WEIGHTS_E2E_REL_ERR = {"fp16": 0.05, "int8": 0.1, "int4": 0.5}
-#: Rounds of rolling back the worst half of the compressed layers when the end-to-end check
-#: fails (then every layer goes back to fp32).
-WEIGHTS_E2E_ROUNDS = 3

@@ -662,3 +662,34 @@ def test_the_end_to_end_floor_rolls_back_the_worst_layers(monkeypatch):
     assert all("rolled back by the end-to-end check" in r.reason for r in w.layers)
     assert all(r.cosine is not None for r in w.layers)  # each passed its own check first
     np.testing.assert_allclose(_run(fused, feeds), _run(src, feeds), rtol=1e-5, atol=1e-5)
+
+
+def test_the_end_to_end_check_rolls_back_the_fewest_worst_layers(monkeypatch):
+    """A floor the fully compressed model misses: the layers of largest relative error go
+    back to fp32, as few as make the model pass (one fewer fails), the rest stay int4."""
+    import re
+
+    from graph_autofusion import defaults
+
+    src, feeds = _mlp(), _feeds()
+    monkeypatch.setitem(defaults.WEIGHTS_E2E_COSINE, "int4", 0.0)
+    every = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="int4", **FAST))
+    every.fuse()
+    full = min(v["cosine"] for v in every.result.weights.end_to_end.values())
+    errs = {r.name: r.rel_err for r in every.result.weights.layers}
+    assert len(every.result.weights.compressed) == 3 and full < 0.9999
+    floor = (full + 1) / 2
+    monkeypatch.setitem(defaults.WEIGHTS_E2E_COSINE, "int4", floor)
+    gaf = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="int4", **FAST))
+    fused = gaf.fuse()
+    w = gaf.result.weights
+    back = {r.name for r in w.kept}
+    assert 0 < len(back) < 3 and len(w.compressed) == 3 - len(back)
+    ranked = sorted(errs, key=lambda n: -errs[n])
+    assert back == set(ranked[: len(back)])  # the worst by their own error
+    assert all(v["passed"] and v["cosine"] >= floor for v in w.end_to_end.values())
+    # one fewer rolled back was measured and failed (the reason quotes that check)
+    for r in w.kept:
+        m = re.search(rf"with {len(back) - 1} rolled back: output cosine ([0-9.]+)", r.reason)
+        assert m and float(m.group(1)) < floor, r.reason
+    assert _ops(fused).get("MatMulNBits") == 3 - len(back)

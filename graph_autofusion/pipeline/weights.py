@@ -19,9 +19,9 @@ After the fusions are verified, every contraction by a constant matrix of the fu
    :class:`~graph_autofusion.verify.speed.SpeedPolicy`). A failing layer stays fp32, alone,
    with its reason.
 2. **End to end**: the whole compressed model against the original on the sample inputs
-   (cosine of every output at least ``WEIGHTS_E2E_COSINE[form]``). When it fails, the worst
-   half of the compressed layers (by relative error) goes back to fp32 and the check repeats
-   (``WEIGHTS_E2E_ROUNDS``), then every layer.
+   (cosine of every output at least ``WEIGHTS_E2E_COSINE[form]``). When it fails, the fewest
+   of the worst layers (ranked by their own relative error) whose rollback makes it pass go
+   back to fp32, found by bisection on their count (``_roll_back_fewest``).
 
 Forms: ``int8``/``int4`` are onnxruntime's ``com.microsoft.MatMulNBits``; ``fp16`` is the
 ``ai.graph_autofusion`` ``GemvF16`` custom operator (:mod:`graph_autofusion.codegen.
@@ -245,29 +245,15 @@ def compress_weights(
         return report
     work = _apply(model, chosen, packs, level)
     if options.safe_mode:
-        floor = defaults.WEIGHTS_E2E_COSINE[form]
-        for round_ in range(defaults.WEIGHTS_E2E_ROUNDS + 1):
-            e2e = _end_to_end(result.original, work, result.feeds, form, threads)
-            report.end_to_end = e2e
-            if all(v["passed"] for v in e2e.values()):
-                break
-            worst = _worst(chosen, records, everything=round_ == defaults.WEIGHTS_E2E_ROUNDS)
-            cos = min(v["cosine"] for v in e2e.values())
-            rel = max(v["rel_err"] for v in e2e.values())
-            for name in worst:
-                r = records[name]
-                r.form, r.block_size, r.zero_point = "fp32", None, False
-                r.bytes = r.fp32_bytes
-                r.reason = (
-                    f"kept fp32: rolled back by the end-to-end check (output cosine "
-                    f"{cos:.6f}, floor {floor}, relative error {rel:.3g}, cap "
-                    f"{defaults.WEIGHTS_E2E_REL_ERR[form]} with it compressed)"
-                )
-            chosen = [n for n in chosen if n not in set(worst)]
+        e2e = _end_to_end(result.original, work, result.feeds, form, threads)
+        report.end_to_end = e2e
+        if not _passed(e2e):
+            chosen, work = _roll_back_fewest(
+                result, model, chosen, packs, records, level, form, threads, e2e, report
+            )
             if not chosen:
                 report.notes.append("the end-to-end check failed: every layer stays fp32")
                 return report
-            work = _apply(model, chosen, packs, level)
     result.model = work
     if library is not None and any(forms[n] == "fp16" for n in chosen):
         result.custom_ops = library  # the fused model needs the GemvF16 library (saved with it)
@@ -289,6 +275,56 @@ def compress_weights(
         )
     )
     return report
+
+
+def _passed(e2e: Mapping[str, Mapping[str, Any]]) -> bool:
+    return all(v["passed"] for v in e2e.values())
+
+
+def _roll_back_fewest(
+    result: Any,
+    model: Model,
+    chosen: list[str],
+    packs: Mapping[str, Packed],
+    records: Mapping[str, LayerRecord],
+    level: int,
+    form: str,
+    threads: int,
+    failed: dict[str, Any],
+    report: WeightsReport,
+) -> tuple[list[str], Model | None]:
+    """The end-to-end check failed with every layer of ``chosen`` compressed: roll back the
+    fewest of the worst ones (ranked by their own relative error) that make it pass, found
+    by bisection on that count (about log2(len(chosen)) checks; with all of them rolled back
+    the model is the original, which passes). Returns the layers kept and their model."""
+    ranked = sorted(chosen, key=lambda n: -(records[n].rel_err or 0.0))
+    lo, hi, fail = 0, len(ranked), failed  # lo rolled back fails, hi passes
+    best: tuple[Model, dict[str, Any]] | None = None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        work = _apply(model, ranked[mid:], packs, level)
+        e2e = _end_to_end(result.original, work, result.feeds, form, threads)
+        if _passed(e2e):
+            hi, best = mid, (work, e2e)
+        else:
+            lo, fail = mid, e2e
+    cos = min(v["cosine"] for v in fail.values())
+    rel = max(v["rel_err"] for v in fail.values())
+    floor = defaults.WEIGHTS_E2E_COSINE[form]
+    for name in ranked[:hi]:
+        r = records[name]
+        r.form, r.block_size, r.zero_point = "fp32", None, False
+        r.bytes = r.fp32_bytes
+        r.reason = (
+            f"kept fp32: rolled back by the end-to-end check (the {hi} layers of largest "
+            f"relative error are the fewest whose rollback passes it; with {lo} rolled back: "
+            f"output cosine {cos:.6f}, floor {floor}, relative error {rel:.3g}, cap "
+            f"{defaults.WEIGHTS_E2E_REL_ERR[form]})"
+        )
+    if best is None:
+        return [], None
+    report.end_to_end = best[1]
+    return ranked[hi:], best[0]
 
 
 def _quantize(w: np.ndarray, form: str) -> Packed:
@@ -346,13 +382,6 @@ def _record(s: Site) -> LayerRecord:
         bytes=s.fp32_bytes,
         reason=s.reason,
     )
-
-
-def _worst(chosen: list[str], records: Mapping[str, LayerRecord], everything: bool) -> list[str]:
-    if everything or len(chosen) == 1:
-        return list(chosen)
-    ranked = sorted(chosen, key=lambda n: -(records[n].rel_err or 0.0))
-    return ranked[: max(1, len(chosen) // 2)]
 
 
 def _apply(model: Model, names: list[str], packs: Mapping[str, Packed], level: int) -> Model:
