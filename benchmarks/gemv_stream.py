@@ -78,7 +78,7 @@ def layers_model(form: str, k: int, n: int, count: int, rng: np.random.Generator
     from graph_autofusion import defaults
     from graph_autofusion.codegen.ort_customop_c import DOMAIN
     from graph_autofusion.codegen.ort_gemv_f16 import OP as F16_OP
-    from graph_autofusion.codegen.weights import nbits_attrs
+    from graph_autofusion.codegen.weights import nbits_attrs, to_half
 
     nodes, inits = [], []
     for i in range(count):
@@ -87,8 +87,8 @@ def layers_model(form: str, k: int, n: int, count: int, rng: np.random.Generator
             inits.append(numpy_helper.from_array(w, f"w{i}"))
             nodes.append(helper.make_node("MatMul", ["a", f"w{i}"], [f"y{i}"]))
             continue
-        if form == "fp16":  # the stage's fp16 form: GemvF16 over an [N, K] fp16 matrix
-            w = rng.standard_normal((n, k), dtype=np.float32).astype(np.float16)
+        if form == "fp16":  # the stage's fp16 form: GemvF16 over its fp16 layout (panels)
+            w = to_half(rng.standard_normal((k, n), dtype=np.float32), panels=True).b
             inits.append(numpy_helper.from_array(w, f"w{i}"))
             nodes.append(helper.make_node(F16_OP, ["a", f"w{i}"], [f"y{i}"], domain=DOMAIN))
             continue

@@ -231,7 +231,7 @@ def test_the_kernel_matches_numpy(m, n, k):
 
 # (rows, weight rows, K): one row (the one-pass dot), groups of four weight rows with a rest,
 # K with vector tails, and enough work to split into thread-pool chunks
-F16_SHAPES = [(1, 200, 64), (3, 13, 37), (8, 1, 5), (5, 130, 100), (16, 4100, 520)]
+F16_SHAPES = [(1, 200, 64), (3, 13, 37), (8, 1, 5), (5, 130, 100), (16, 4100, 520), (9, 4096, 520)]
 
 
 @pytest.mark.parametrize("m,n,k", F16_SHAPES)
@@ -256,13 +256,17 @@ def test_the_fp16_operator_in_onnxruntime_matches_numpy(m, n, k):
     rng = np.random.default_rng(m + n + k)
     wt = rng.standard_normal((n, k)).astype(np.float16)
     x = rng.standard_normal((1, m, k)).astype(np.float32)
+    if n % 16 == 0:  # the panel layout where it applies, else nn.Linear's rows
+        stored = np.ascontiguousarray(wt.reshape(n // 16, 16, k).transpose(0, 2, 1))
+    else:
+        stored = wt
     node = helper.make_node("GemvF16", ["x", "w"], ["y"], domain=DOMAIN)
     graph = helper.make_graph(
         [node],
         "f16",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "m", k])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(wt, "w")],
+        [numpy_helper.from_array(stored, "w")],
     )
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)]
@@ -271,4 +275,25 @@ def test_the_fp16_operator_in_onnxruntime_matches_numpy(m, n, k):
     y = ort_session(model, "all", 2, custom_ops_library=lib.path).run(None, {"x": x})[0]
     assert y.shape == (1, m, n) and y.dtype == np.float32
     want = x.astype(np.float64) @ wt.astype(np.float64).T
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "m,n,k", [(1, 32, 64), (3, 16, 37), (8, 48, 5), (13, 160, 100), (17, 4096, 520)]
+)
+def test_the_fp16_panel_kernel_matches_numpy(m, n, k):
+    """The panel layout (16 weight rows interleaved along K): tiles of 8 rows, the rest 1-7."""
+    from graph_autofusion.codegen.weights import to_half
+
+    fn = ctypes.CDLL(build_library([], gemv=True).path).gaf_gemv_f16_panels
+    fn.restype = None
+    rng = np.random.default_rng(m + n * k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    packed = to_half(w, panels=True)
+    assert packed.b.shape == (n // 16, k, 16) and packed.b.dtype == np.float16
+    y = np.empty((m, n), np.float32)
+    p = ctypes.c_void_p
+    fn(p(x.ctypes.data), p(packed.b.ctypes.data), p(y.ctypes.data), *map(ctypes.c_int64, (m, n, k)))
+    want = x.astype(np.float64) @ packed.dequantized.astype(np.float64)
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)

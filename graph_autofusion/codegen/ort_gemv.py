@@ -99,12 +99,14 @@ static OrtStatus *gaf_gv_err(const char *op, const char *msg) {
 }
 
 /* the inputs x [..., K] and W [N, K] of a Gemv-like operator ``op`` (errors name it), its
-   output y [..., N] allocated, and M (x's rows); *M = 0 when there is nothing to compute */
+   output y [..., N] allocated, and M (x's rows); *M = 0 when there is nothing to compute.
+   ``panels`` (not NULL): W may also be [N / 16, K, 16], sixteen weight rows interleaved
+   along K (*panels = 1 then) */
 static OrtStatus *gaf_gv_bind(OrtKernelContext *ctx, const char *op, void **x, void **w, void **y,
-                              int64_t *M, int64_t *N, int64_t *K) {
+                              int64_t *M, int64_t *N, int64_t *K, int *panels) {
     const OrtApi *api = gaf_api; OrtStatus *err;
     const OrtValue *xv, *wv; OrtValue *yv;
-    int64_t xs[GAF_MAXD], ws[2]; size_t xr, wr;
+    int64_t xs[GAF_MAXD], ws[3]; size_t xr, wr;
     OrtTensorTypeAndShapeInfo *info;
     if ((err = api->KernelContext_GetInput(ctx, 0, &xv))) return err;
     if ((err = api->KernelContext_GetInput(ctx, 1, &wv))) return err;
@@ -116,11 +118,13 @@ static OrtStatus *gaf_gv_bind(OrtKernelContext *ctx, const char *op, void **x, v
     if (err) return err;
     if ((err = api->GetTensorTypeAndShape(wv, &info))) return err;
     err = api->GetDimensionsCount(info, &wr);
-    if (!err && wr != 2) { api->ReleaseTensorTypeAndShapeInfo(info); return gaf_gv_err(op, "W must be a matrix"); }
-    if (!err) err = api->GetDimensions(info, ws, 2);
+    if (!err && wr != 2 && !(panels && wr == 3)) { api->ReleaseTensorTypeAndShapeInfo(info); return gaf_gv_err(op, "W must be a matrix"); }
+    if (!err) err = api->GetDimensions(info, ws, wr);
     api->ReleaseTensorTypeAndShapeInfo(info);
     if (err) return err;
-    *N = ws[0]; *K = ws[1];
+    if (wr == 3 && ws[2] != 16) return gaf_gv_err(op, "a panel W must be [N / 16, K, 16]");
+    if (panels) *panels = wr == 3;
+    *N = wr == 3 ? 16 * ws[0] : ws[0]; *K = ws[1];
     if (xs[xr - 1] != *K) return gaf_gv_err(op, "x's last dim differs from W's columns");
     int64_t ys[GAF_MAXD], m = 1;
     for (size_t i = 0; i + 1 < xr; i++) { ys[i] = xs[i]; m *= xs[i]; }
@@ -138,7 +142,7 @@ static OrtStatus *gaf_gv_bind(OrtKernelContext *ctx, const char *op, void **x, v
 static OrtStatus *gaf_gv_compute(OrtKernelContext *ctx) {
     const OrtApi *api = gaf_api; OrtStatus *err;
     void *x, *w, *y; int64_t M, N, K;
-    if ((err = gaf_gv_bind(ctx, "Gemv", &x, &w, &y, &M, &N, &K)) || M == 0) return err;
+    if ((err = gaf_gv_bind(ctx, "Gemv", &x, &w, &y, &M, &N, &K, 0)) || M == 0) return err;
     GafGemvJob job = {(const float *)x, (const float *)w, (float *)y, M, N, K, 0};
     /* chunks of ~GAF_GV_CHUNK weights (4 MB: one thread streams a 1 MB matrix faster than
        two woken for it), at most 64 */

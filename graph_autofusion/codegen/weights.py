@@ -143,14 +143,18 @@ def quantize(w: np.ndarray, bits: int, block_size: int, zero_point: bool = False
     return Packed(bits, block_size, k, n, np.ascontiguousarray(b), scale, zps, deq)
 
 
-def to_half(w: np.ndarray) -> Packed:
-    """``w [K, N]`` rounded to fp16 as ``GemvF16`` reads it (``[N, K]``, nn.Linear's layout).
-    A weight beyond fp16's range becomes infinite: the per-layer check refuses it."""
+def to_half(w: np.ndarray, *, panels: bool = False) -> Packed:
+    """``w [K, N]`` rounded to fp16, ``b`` as ``GemvF16`` reads it: nn.Linear's ``[N, K]``, or
+    with ``panels`` (and 16 dividing N) ``[N / 16, K, 16]``, sixteen rows interleaved along K
+    (:mod:`graph_autofusion.codegen.ort_gemv_f16`). A weight beyond fp16's range becomes
+    infinite: the per-layer check refuses it."""
     w = np.asarray(w, dtype=np.float32)
     k, n = w.shape
     with np.errstate(over="ignore"):
         half = np.ascontiguousarray(w.T).astype(np.float16)
     deq = np.ascontiguousarray(half.T.astype(np.float32))
+    if panels and n % 16 == 0:
+        half = np.ascontiguousarray(half.reshape(n // 16, 16, k).transpose(0, 2, 1))
     return Packed(16, 0, k, n, half, np.zeros((n, 0), np.float32), None, deq)
 
 

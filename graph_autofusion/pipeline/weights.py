@@ -329,7 +329,7 @@ def _roll_back_fewest(
 
 def _quantize(w: np.ndarray, form: str) -> Packed:
     if form == "fp16":
-        return to_half(w)
+        return to_half(w, panels=True)
     return quantize(
         w, BITS[form], defaults.WEIGHTS_BLOCK_SIZE[form], defaults.WEIGHTS_ZERO_POINT[form]
     )
