@@ -210,22 +210,26 @@ def test_a_static_graph_of_more_rows_than_gemv_serves_is_left_alone(tmp_path):
     assert [n.op_type for n in proto.graph.node] == ["MatMul", "Relu", "MatMul"]
 
 
+def _kernel(name: str):
+    """``name(x, w, y, M, N, K)`` of the Gemv library, called on numpy arrays (one thread)."""
+    fn = getattr(ctypes.CDLL(build_library([], gemv=True).path), name)
+    fn.restype = None
+
+    def call(x, w, y, m, n, k):
+        ptrs = (ctypes.c_void_p(a.ctypes.data) for a in (x, w, y))
+        fn(*ptrs, *map(ctypes.c_int64, (m, n, k)))
+
+    return call
+
+
 @pytest.mark.parametrize("m,n,k", [(1, 200, 64), (3, 13, 37), (8, 1, 5), (11, 40, 8)])
 def test_the_kernel_matches_numpy(m, n, k):
-    lib = ctypes.CDLL(build_library([], gemv=True).path)
-    fn = lib.gaf_gemv_nk_f32
-    fn.restype = None
+    fn = _kernel("gaf_gemv_nk_f32")
     rng = np.random.default_rng(m * n * k)
     x = rng.standard_normal((m, k)).astype(np.float32)
     wt = rng.standard_normal((n, k)).astype(np.float32)
     y = np.empty((m, n), np.float32)
-    p = ctypes.c_void_p
-    fn(
-        p(x.ctypes.data),
-        p(wt.ctypes.data),
-        p(y.ctypes.data),
-        *(ctypes.c_int64(v) for v in (m, n, k)),
-    )
+    fn(x, wt, y, m, n, k)
     np.testing.assert_allclose(y, x @ wt.T, rtol=1e-5, atol=1e-5)
 
 
@@ -236,14 +240,12 @@ F16_SHAPES = [(1, 200, 64), (3, 13, 37), (8, 1, 5), (5, 130, 100), (16, 4100, 52
 
 @pytest.mark.parametrize("m,n,k", F16_SHAPES)
 def test_the_fp16_kernel_matches_numpy_on_the_rounded_weight(m, n, k):
-    fn = ctypes.CDLL(build_library([], gemv=True).path).gaf_gemv_f16_nk
-    fn.restype = None
+    fn = _kernel("gaf_gemv_f16_nk")
     rng = np.random.default_rng(m * n * k)
     x = rng.standard_normal((m, k)).astype(np.float32)
     wt = rng.standard_normal((n, k)).astype(np.float16)
     y = np.empty((m, n), np.float32)
-    p = ctypes.c_void_p
-    fn(p(x.ctypes.data), p(wt.ctypes.data), p(y.ctypes.data), *map(ctypes.c_int64, (m, n, k)))
+    fn(x, wt, y, m, n, k)
     want = x.astype(np.float64) @ wt.astype(np.float64).T
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)
 
@@ -285,15 +287,13 @@ def test_the_fp16_panel_kernel_matches_numpy(m, n, k):
     """The panel layout (16 weight rows interleaved along K): tiles of 8 rows, the rest 1-7."""
     from graph_autofusion.codegen.weights import to_half
 
-    fn = ctypes.CDLL(build_library([], gemv=True).path).gaf_gemv_f16_panels
-    fn.restype = None
+    fn = _kernel("gaf_gemv_f16_panels")
     rng = np.random.default_rng(m + n * k)
     x = rng.standard_normal((m, k)).astype(np.float32)
     w = rng.standard_normal((k, n)).astype(np.float32)
     packed = to_half(w, panels=True)
     assert packed.b.shape == (n // 16, k, 16) and packed.b.dtype == np.float16
     y = np.empty((m, n), np.float32)
-    p = ctypes.c_void_p
-    fn(p(x.ctypes.data), p(packed.b.ctypes.data), p(y.ctypes.data), *map(ctypes.c_int64, (m, n, k)))
+    fn(x, packed.b, y, m, n, k)
     want = x.astype(np.float64) @ packed.dequantized.astype(np.float64)
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)
