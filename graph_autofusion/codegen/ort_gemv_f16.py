@@ -19,9 +19,9 @@ whose source comes first in the library):
 * **panels** ``Wp [N / 16, K, 16]`` (what the compressed-weights stage writes when 16 divides
   N: :func:`graph_autofusion.codegen.weights.to_half`): sixteen weight rows interleaved along
   K, so one 32-byte load gives the 16 outputs' weights at one k. A tile of up to 8 activation
-  rows keeps one accumulator per row (16 outputs each, AVX-512; two halves of 8 on AVX2):
-  each widened weight vector feeds 8 products against broadcast activations, no horizontal
-  sums, the weights streamed once, front to back. Measured alone (one thread, this AVX-512
+  rows keeps one accumulator per row (16 outputs each, AVX-512; on AVX2 4 rows, two halves of
+  8 each): each widened weight vector feeds a product per row against broadcast activations,
+  no horizontal sums, the weights streamed once, front to back. Measured alone (one thread, this AVX-512
   EPYC): 112 GFLOP/s at 16 rows against 62 for the row-dot form below, 115 at 128 rows; one
   row 42 GB/s on a 32 MB weight.
 * **rows** ``Wt16 [N, K]`` (nn.Linear's layout, N not a multiple of 16): each output is one
@@ -104,6 +104,13 @@ static inline float gaf_gh_dot(const float *restrict x, const uint16_t *restrict
 }
 
 #define GAF_GH_INL static inline __attribute__((always_inline))
+/* activation rows per tile: 8 accumulators of 16 (AVX-512's 32 registers hold them and the
+   weights); AVX2 needs two registers per row, so 4 (8 + 2 + 1 of its 16) */
+#if defined(__AVX512F__)
+#define GAF_GH_ROWS 8
+#else
+#define GAF_GH_ROWS 4
+#endif
 
 /* a tile: R (1-8) activation rows (x, stride K) by one panel (w: [K][16] halves) into
    y (stride N); R is a constant where it is inlined, so the accumulators stay in registers */
@@ -161,13 +168,14 @@ GAF_GH_INL void gaf_gh_tile1(const float *x, const uint16_t *w, float *y, int64_
 #endif
 }
 
-/* panels [p0, p1) against every activation row, in tiles of 8 rows */
+/* panels [p0, p1) against every activation row, in tiles of GAF_GH_ROWS rows */
 static void gaf_gh_panels(const GafGemvH *j, int64_t p0, int64_t p1) {
     const int64_t K = j->K, N = j->N, M = j->M;
     for (int64_t p = p0; p < p1; p++) {
         const uint16_t *w = j->w + p * K * 16;
         int64_t m = 0;
-        for (; m + 8 <= M; m += 8) gaf_gh_tile(j->x + m * K, w, j->y + m * N + p * 16, K, N, 8);
+        for (; m + GAF_GH_ROWS <= M; m += GAF_GH_ROWS)
+            gaf_gh_tile(j->x + m * K, w, j->y + m * N + p * 16, K, N, GAF_GH_ROWS);
         const float *x = j->x + m * K;
         float *y = j->y + m * N + p * 16;
         switch (M - m) {
