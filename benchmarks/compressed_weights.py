@@ -88,6 +88,19 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def token_weight_bytes(result: Any) -> int:
+    """The contraction weights a decode step of ``result.model`` reads: the compressed-weights
+    report's bytes (embeddings read a row per token and are left out), or with fp32 weights
+    every contraction's as it is."""
+    w = result.weights
+    if w is not None:
+        return int(sum(r.bytes for r in w.layers if r.op != "Gather"))
+    from graph_autofusion.codegen.weights import find_sites
+
+    sites = find_sites(result.model, min_elements=0, keep_head=False)
+    return int(sum(s.fp32_bytes for s in sites if s.weight is not None))
+
+
 def fuse(path: Path, name: str, form: str, policy: str, out: str) -> dict[str, Any]:
     """Our ONNX route with ``weights=form, weights_policy=policy``, saved to ``out``."""
     from vs_ort_decode import DECODERS, decode_feeds
@@ -106,14 +119,7 @@ def fuse(path: Path, name: str, form: str, policy: str, out: str) -> dict[str, A
     fuse_s = time.perf_counter() - t
     gaf.save(out)
     w = gaf.result.weights
-    layers = w.layers if w is not None else []
-    if w is None:  # fp32: the contractions' bytes as they are
-        from graph_autofusion.codegen.weights import find_sites
-
-        sites = find_sites(gaf.result.model, min_elements=0, keep_head=False)
-        weight_bytes = sum(s.fp32_bytes for s in sites if s.weight is not None)
-    else:
-        weight_bytes = sum(r.bytes for r in layers if r.op != "Gather")  # a row per token
+    weight_bytes = token_weight_bytes(gaf.result)
     return {
         "fuse_s": round(fuse_s, 2),
         "file_bytes": os.path.getsize(out),
@@ -177,7 +183,6 @@ def dropin(name: str, form: str) -> tuple[Any, dict[str, Any]]:
     import torch
 
     from graph_autofusion.api import GraphAutoFusion
-    from graph_autofusion.codegen.weights import find_sites
     from graph_autofusion.options import FuseOptions
     from graph_autofusion.testing.builders import build_model
 
@@ -193,11 +198,7 @@ def dropin(name: str, form: str) -> tuple[Any, dict[str, Any]]:
     if res is None:
         return fused, {"fuse_s": round(fuse_s, 2), "decode_engine": step.engine}
     w = res.weights
-    if w is None:
-        sites = find_sites(res.model, min_elements=0, keep_head=False)
-        weight_bytes = sum(s.fp32_bytes for s in sites if s.weight is not None)
-    else:
-        weight_bytes = sum(r.bytes for r in w.layers if r.op != "Gather")
+    weight_bytes = token_weight_bytes(res)
     return fused, {
         "fuse_s": round(fuse_s, 2),
         "decode_engine": step.engine,
@@ -265,7 +266,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             configs[key]["same_tokens_as_fp32"] = sum(a == b for a, b in zip(tokens, want)) / n
             fns[f"{key}:{n}"] = lambda g=gen: g(n)
             fns[f"{key}:1"] = lambda g=gen: g(1)
-        log(f"timing {len(sessions)} configurations, {args.runs} rounds, {n} tokens")
+        log(f"timing {len(sessions) + len(modules)} configurations, {args.runs} rounds, {n} tokens")
         raw = round_robin(fns, args.runs, warmup=1, rotate=True)
         for key in (*sessions, *modules):
             per_token = [(a - b) / (n - 1) for a, b in zip(raw[f"{key}:{n}"], raw[f"{key}:1"])]

@@ -101,13 +101,15 @@ def write_kernel_dir(library: CustomOpLibrary, directory: str, groups: Sequence[
             {
                 "name": op,
                 "kernel": f"graph_autofusion/codegen/{src}.py",
-                "signature": sig,
-                "inputs": ["f32", w],
+                "signature": f"{op}(x f32[..., K], {w}) -> f32[..., N]",
+                "inputs": ["f32", w.split()[0]],
                 "outputs": ["f32"],
             }
-            for op, src, w in ((GEMV_OP, "ort_gemv", "f32"), (GEMV_F16_OP, "ort_gemv_f16", "f16"))
+            for op, src, w in (
+                (GEMV_OP, "ort_gemv", "f32 Wt[N, K]"),
+                (GEMV_F16_OP, "ort_gemv_f16", "f16 Wp[N/16, K, 16] or Wt[N, K]"),
+            )
             if op in library.ops
-            for sig in (f"{op}(x f32[..., K], Wt {w}[N, K]) -> f32[..., N]",)
         ],
         "groups": [
             {

@@ -21,9 +21,9 @@ whose source comes first in the library):
   K, so one 32-byte load gives the 16 outputs' weights at one k. A tile of up to 8 activation
   rows keeps one accumulator per row (16 outputs each, AVX-512; on AVX2 4 rows, two halves of
   8 each): each widened weight vector feeds a product per row against broadcast activations,
-  no horizontal sums, the weights streamed once, front to back. Measured alone (one thread, this AVX-512
-  EPYC): 112 GFLOP/s at 16 rows against 62 for the row-dot form below, 115 at 128 rows; one
-  row 42 GB/s on a 32 MB weight.
+  no horizontal sums, the weights streamed once, front to back. Measured alone (one thread,
+  this AVX-512 EPYC): 112 GFLOP/s at 16 rows against 62 for the row-dot form below, 115 at
+  128 rows; one row 42 GB/s on a 32 MB weight.
 * **rows** ``Wt16 [N, K]`` (nn.Linear's layout, N not a multiple of 16): each output is one
   dot product over a contiguous weight row, widened in the same pass.
 
@@ -42,13 +42,13 @@ from __future__ import annotations
 OP = "GemvF16"
 
 SOURCE = r"""
-/* ---- GemvF16: y[..., N] = x[..., K] @ f32(Wt16[N, K])^T (graph-autofusion) ---- */
+/* ---- GemvF16: y[..., N] = x[..., K] @ f32(W)^T, W fp16 as [N/16, K, 16] panels or [N, K]
+   rows (graph-autofusion) ---- */
 #if (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
-#include <stdlib.h>
 #ifndef GAF_GH_CHUNK
-#define GAF_GH_CHUNK 2097152 /* weights per thread-pool chunk (4 MB of fp16) */
+#define GAF_GH_CHUNK 2097152 /* weight-products (weights x rows, up to 8) per pool chunk */
 #endif
 
 typedef struct {

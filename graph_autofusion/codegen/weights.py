@@ -58,7 +58,8 @@ KEPT_FP16 = (
 @dataclass
 class Packed:
     """A weight ``[K, N]`` quantized for ``MatMulNBits`` (``bits`` 4 or 8), or rounded to
-    fp16 for ``GemvF16`` (``bits`` 16: ``b`` is the fp16 ``[N, K]`` matrix, no scales)."""
+    fp16 (``bits`` 16: ``b`` is the fp16 weight in ``GemvF16``'s layout, no scales;
+    :func:`to_half`)."""
 
     bits: int
     block_size: int

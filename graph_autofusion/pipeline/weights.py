@@ -68,17 +68,16 @@ from graph_autofusion.pipeline.result import clone_model
 from graph_autofusion.runtime.ort_session import model_weights, ort_session
 from graph_autofusion.verify.speed import SpeedPolicy
 
-#: The LM head's form when ``weights_policy="all"`` compresses it: the highest of the
-#: compressed forms (an int4 model keeps its head at 8 bits), fp16 in an fp16 model.
-HEAD_FORM = {"int8": "int8", "int4": "int8", "fp16": "fp16"}
-#: ... and under the default policy, which keeps it at a higher precision than the model's
-#: other layers: fp16 in an int8 or int4 model (fp32 where GemvF16 cannot be built), fp32 in
-#: an fp16 model.
-HEAD_FORM_DEFAULT = {"int8": "fp16", "int4": "fp16", "fp16": "fp32"}
-#: The embedding tables' form under ``weights_policy="all"`` and under the default policy
-#: (fp16: ``Gather`` of an fp16 table, then ``Cast``; int8: ``GatherBlockQuantized``).
-TABLE_FORM = {"int8": "int8", "int4": "int8", "fp16": "fp16"}
-TABLE_FORM_DEFAULT = {"int8": "fp16", "int4": "fp16", "fp16": "fp32"}
+#: The form of the sensitive layers, the LM head and the embedding tables, per
+#: ``weights_policy`` and weight form. ``default`` keeps them at a higher precision than the
+#: model's other layers: fp16 in an int8 or int4 model (a head stays fp32 where GemvF16 cannot
+#: be built), fp32 in an fp16 model. ``all`` compresses them: the highest of the compressed
+#: forms (an int4 model keeps them at 8 bits), fp16 in an fp16 model. An fp16 table is a
+#: ``Gather`` of the fp16 table, then ``Cast``; an int8 one ``GatherBlockQuantized``.
+SENSITIVE_FORM = {
+    "default": {"int8": "fp16", "int4": "fp16", "fp16": "fp32"},
+    "all": {"int8": "int8", "int4": "int8", "fp16": "fp16"},
+}
 #: What each form's contractions become.
 FORM_OPS = {"int8": "MatMulNBits", "int4": "MatMulNBits", "fp16": "GemvF16"}
 
@@ -182,14 +181,13 @@ def compress_weights(
     if form == "fp32":
         return None
     model: Model = result.model
-    every = getattr(options, "weights_policy", "default") == "all"
-    head_form = HEAD_FORM[form] if every else HEAD_FORM_DEFAULT[form]
+    policy = getattr(options, "weights_policy", "default")
+    head_form = table_form = SENSITIVE_FORM[policy][form]
     sites = find_sites(model, min_elements=defaults.WEIGHTS_MIN_ELEMENTS, keep_head=False)
     for s in sites:
         if s.head and not s.reason and head_form == "fp32":
             s.reason = KEPT_HEAD
     block8 = defaults.WEIGHTS_BLOCK_SIZE["int8"]
-    table_form = TABLE_FORM[form] if every else TABLE_FORM_DEFAULT[form]
     embs = find_embeddings(model, block8 if table_form == "int8" else 1)
     report = WeightsReport(form, verified=bool(options.safe_mode))
     records = {s.name: _record(s) for s in sites}
@@ -258,11 +256,11 @@ def compress_weights(
     if library is not None and any(forms[n] == "fp16" for n in chosen):
         result.custom_ops = library  # the fused model needs the GemvF16 library (saved with it)
     n_tables = sum(records[n].op == "Gather" for n in chosen)
-    heads = [s.name for s in heads if s.name in set(chosen)]
+    head_other_form = any(s.name in set(chosen) and forms[s.name] != form for s in heads)
     how = (
         "fp16 weights, fp32 accumulation"
         if half
-        else f"{form}{f', LM head {head_form}' if any(forms[n] != form for n in heads) else ''}, "
+        else f"{form}{f', LM head {head_form}' if head_other_form else ''}, "
         f"block {defaults.WEIGHTS_BLOCK_SIZE[form]}, accuracy_level {level}"
     )
     report.notes.append(
