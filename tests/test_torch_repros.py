@@ -605,3 +605,33 @@ def test_a_symbolic_float_an_operator_needs_as_a_number_is_this_call_s_value():
     # the later two scalings were taken as numbers, one program each, checked on every call
     taken = sorted(v for g in graphs for p in g._programs for _i, v in p.scalars)
     assert taken == pytest.approx([4**-0.5, 2**-0.5]), taken
+
+
+# ----- group normalization (wav2vec2's feature extractor, diffusion U-Nets) ---------------------
+class _GroupNorms(torch.nn.Module):
+    """A convolution, then group norms with and without their affine weights (1-d and 2-d)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv1d(8, 16, 3, padding=1)
+        self.gn = torch.nn.GroupNorm(4, 16)
+        self.plain = torch.nn.GroupNorm(16, 16, affine=False)
+        self.gn2d = torch.nn.GroupNorm(2, 4, eps=1e-3)
+
+    def forward(self, x: torch.Tensor, img: torch.Tensor):
+        return F.gelu(self.plain(self.gn(self.conv(x)))), self.gn2d(img) * 2.0
+
+
+def test_group_norm_runs_on_onnxruntime_at_every_length():
+    """``native_group_norm`` had no ONNX form: the graph ran in eager, not in onnxruntime."""
+    gen = torch.Generator().manual_seed(0)
+    calls = [
+        (torch.randn(2, 8, n, generator=gen), torch.randn(1, 4, 5, n, generator=gen))
+        for n in (8, 13, 21)
+    ]
+    graphs = _compile_and_run(_GroupNorms(), calls)
+    assert all(g.engine == "onnxruntime" for g in graphs), [g.summary() for g in graphs]
+    ops = {n.op_type for g in graphs for n in g.ort_result.model.graph.nodes}
+    assert "InstanceNormalization" in ops and not any(
+        n.domain == "aten" for g in graphs for n in g.imported.graph.nodes
+    )

@@ -8,6 +8,8 @@ linear(x, W, b)                                    MatMul(x, W^T pre-transposed 
 addmm(b, x, W) / baddbmm                           MatMul + Add (Mul for alpha/beta != 1)
 mm bmm matmul                                      MatMul
 layer_norm / native_layer_norm                     LayerNormalization(axis, epsilon)
+group_norm / native_group_norm (its output only)   Reshape [N, G, -1], InstanceNormalization,
+                                                   Reshape back, Mul(w) and Add(b) per channel
 _native_batch_norm_legit_no_training, batch_norm   BatchNormalization(epsilon, momentum)
 conv1d/2d/3d, convolution                          Conv / ConvTranspose (explicit pads)
 max_pool2d(_with_indices)                          MaxPool (indices -> opaque)
@@ -113,6 +115,39 @@ def _native_ln(cx: ConvertContext, x, shape, w, b, eps: float):
     if used <= {0}:
         return [_layer_norm(cx, x, shape, w, b, eps, 1), None, None]
     return list(_layer_norm(cx, x, shape, w, b, eps, 3))
+
+
+def _group_norm(cx: ConvertContext, x: Any, groups: int, w: Any, b: Any, eps: float) -> Value:
+    """``x [N, C, *]`` normalized over each group of ``C / groups`` channels (and every
+    spatial position), then ``w`` and ``b`` per channel: an ``InstanceNormalization`` of
+    ``x`` seen as ``[N, groups, -1]`` (each row of which is one group), read back in ``x``'s
+    shape, as the ONNX exporters write it (ONNX's own ``GroupNormalization`` changed its
+    scale's meaning between opsets 18 and 21)."""
+    xv = cx.v(x)
+    dt = xv.dtype
+    flat = cx.op("Reshape", [xv, cx.ints([0, int(groups), -1])])
+    ones = cx.const(np.ones(int(groups)), dt, "gn_scale")
+    zeros = cx.const(np.zeros(int(groups)), dt, "gn_bias")
+    y = cx.op("InstanceNormalization", [flat, ones, zeros], {"epsilon": float(eps)})
+    y = cx.op("Reshape", [y, cx.op("Shape", [xv])])
+    per_channel = [-1] + [1] * (len(xv.shape) - 2)  # [C, 1, ...]: broadcast over positions
+    if w is not None:
+        y = cx.op("Mul", [y, cx.op("Reshape", [cx.v(w, dt), cx.ints(per_channel)])])
+    if b is not None:
+        y = cx.op("Add", [y, cx.op("Reshape", [cx.v(b, dt), cx.ints(per_channel)])])
+    return y
+
+
+@aten_op("native_group_norm.default")
+def _native_gn(cx: ConvertContext, x, w, b, n, c, hxw, groups: int, eps: float):
+    if not _used_outputs(cx) <= {0}:  # the saved mean and rstd (training): torch runs it
+        return cx.opaque(cx.node.target, (x, w, b, n, c, hxw, groups, eps), {})
+    return [_group_norm(cx, x, groups, w, b, eps), None, None]
+
+
+@aten_op("group_norm.default")
+def _gn(cx: ConvertContext, x, groups: int, w=None, b=None, eps: float = 1e-5, cudnn=True):
+    return _group_norm(cx, x, groups, w, b, eps)
 
 
 def _batch_norm(cx: ConvertContext, x, w, b, mean, var, momentum: float, eps: float) -> Value:

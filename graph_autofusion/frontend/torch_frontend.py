@@ -52,6 +52,8 @@ KEEP_OPS = (
     aten.matmul.default,
     aten.layer_norm.default,
     aten.native_layer_norm.default,
+    aten.group_norm.default,
+    aten.native_group_norm.default,
     aten.gelu.default,
     aten.silu.default,
     aten.softmax.int,
