@@ -635,3 +635,63 @@ def test_group_norm_runs_on_onnxruntime_at_every_length():
     assert "InstanceNormalization" in ops and not any(
         n.domain == "aten" for g in graphs for n in g.imported.graph.nodes
     )
+
+
+# ----- torch's fused transformer fast paths (nn.TransformerEncoder, nn.MultiheadAttention) ------
+class _Encoder(torch.nn.Module):
+    """``nn.TransformerEncoder`` in eval mode: each layer one ``_transformer_encoder_layer_fwd``."""
+
+    def __init__(self, norm_first: bool, activation: str) -> None:
+        super().__init__()
+        layer = torch.nn.TransformerEncoderLayer(
+            16, 4, 32, dropout=0.0, activation=activation, batch_first=True, norm_first=norm_first
+        )
+        # nested tensors off: with them eager zeroes the padded positions, a path Dynamo's
+        # graph (torch.compile's own eager backend too) does not take
+        self.enc = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+    def forward(self, x: torch.Tensor, pad: torch.Tensor):
+        return self.enc(x, src_key_padding_mask=pad), self.enc(x)
+
+
+@pytest.mark.parametrize("norm_first,activation", [(False, "relu"), (True, "gelu")])
+def test_transformer_encoder_fast_path_runs_on_onnxruntime(norm_first, activation):
+    """``aten::_transformer_encoder_layer_fwd`` had no ONNX form: the graph ran in eager."""
+    gen = torch.Generator().manual_seed(0)
+    calls = []
+    for n in (5, 8, 11):
+        pad = torch.zeros(2, n, dtype=torch.bool)
+        pad[1, n - 2 :] = True  # the second sequence's last two positions are padding
+        calls.append((torch.randn(2, n, 16, generator=gen), pad))
+    torch.manual_seed(0)
+    graphs = _compile_and_run(_Encoder(norm_first, activation), calls)
+    assert all(g.engine == "onnxruntime" for g in graphs), [g.summary() for g in graphs]
+    assert not any(n.domain == "aten" for g in graphs for n in g.imported.graph.nodes)
+
+
+class _Attention(torch.nn.Module):
+    """``nn.MultiheadAttention`` in eval mode: self-attention with a key-padding mask (one
+    row for every query: the fused Attention must expand it) and cross-attention."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mha = torch.nn.MultiheadAttention(16, 4, batch_first=True)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, pad: torch.Tensor):
+        own = self.mha(x, x, x, key_padding_mask=pad, need_weights=False)[0]
+        return own, self.mha(x, y, y, need_weights=False)[0]
+
+
+def test_multi_head_attention_with_a_key_padding_mask_runs_on_onnxruntime():
+    gen = torch.Generator().manual_seed(0)
+    calls = []
+    for n in (5, 9):
+        pad = torch.zeros(2, n, dtype=torch.bool)
+        pad[0, n - 2 :] = True
+        calls.append(
+            (torch.randn(2, n, 16, generator=gen), torch.randn(2, n + 3, 16, generator=gen), pad)
+        )
+    torch.manual_seed(0)
+    graphs = _compile_and_run(_Attention(), calls)
+    assert all(g.engine == "onnxruntime" for g in graphs), [g.summary() for g in graphs]
+    assert not any(n.domain == "aten" for g in graphs for n in g.imported.graph.nodes)

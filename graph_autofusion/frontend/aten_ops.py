@@ -91,7 +91,12 @@ def converted_ops() -> list[str]:
 
 
 def _ensure_loaded() -> None:
-    from graph_autofusion.frontend import aten_ops_nn, aten_ops_routing, aten_ops_tensor  # noqa: F401
+    from graph_autofusion.frontend import (  # noqa: F401
+        aten_ops_nn,
+        aten_ops_routing,
+        aten_ops_tensor,
+        aten_ops_transformer,
+    )
 
 
 # ----- arithmetic -------------------------------------------------------------------------

@@ -244,6 +244,24 @@ def test_native_scale_is_the_product_of_the_matched_scales():
     assert att.attrs["scale"] == pytest.approx(1 / 2.8284271)
 
 
+@pytest.mark.parametrize("mask_shape", ["2,1,1,4", "1,4", "2,1,3,4"])
+def test_a_mask_with_one_row_for_every_query_gets_a_row_per_query(mask_shape):
+    """onnxruntime's Attention kernel wants the mask's second-to-last dim to be the query
+    length: a key-padding mask (one row for all queries, ``[B, 1, 1, S]``, or a dim not known
+    to be the query length) is expanded; onnxruntime refused the fused model before."""
+    from graph_autofusion.ir.text import parse_model
+
+    text = (
+        f"graph g(%q: f32[2,2,3,8], %k: f32[2,2,4,8], %v: f32[2,2,4,8], %mask: f32[{mask_shape}])"
+        " -> (%y) {" + INITS + VARIANTS["bert_div"][0] + "}\n"
+    )
+    model = check_rule(RULE, text, matches=1, native=True, rtol=1e-4)
+    (att,) = [n for n in model.graph.nodes if n.op_type == "Attention"]
+    expanded = att.inputs[3].producer is not None and att.inputs[3].producer.op_type == "Expand"
+    assert expanded == (mask_shape != "2,1,3,4"), [n.op_type for n in model.graph.nodes]
+    _ort_matches_reference(parse_model(text), model)
+
+
 GQA = """graph g(%q: f32[1,4,3,8], %k0: f32[1,2,5,8], %v0: f32[1,2,5,8], %mask: f32[1,1,3,5]) -> (%y) {
   init %ax: i64[1] = [2]
   init %wide: i64[5] = [1, 2, 2, 5, 8]

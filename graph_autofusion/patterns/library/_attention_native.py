@@ -144,6 +144,30 @@ def _additive_mask(ctx: RewriteContext, dtype) -> Value | None:
     return ctx.make_node("Add", [where, mask]).outputs[0]
 
 
+def _query_rows(ctx: RewriteContext, mask: Value, q: Value) -> Value:
+    """``mask`` with a row per query: onnxruntime's ``Attention`` kernel requires the mask's
+    second-to-last dim to be the query length (it does not broadcast a 1 there, as the
+    standard allows), so a mask that may have one row for every query (a key-padding mask
+    ``[B, 1, 1, S]``, or a dim not known to be the query length) is expanded to
+    ``[..., L, S]``: ``Expand(mask, [1, ..., L, 1])``."""
+    rank = mask.rank
+    if rank is None or rank < 2:
+        return mask
+    rows, length = mask.shape[-2], q.shape[2]
+    if rows == length and rows is not None:
+        return mask  # the same int, or the same symbolic dim
+    shape_q = ctx.make_node("Shape", [q]).outputs[0]
+    index = ctx.add_constant("attention_query_axis", np.array([2], dtype=np.int64))
+    length_v = ctx.make_node("Gather", [shape_q, index], {"axis": 0}).outputs[0]
+    ones_before = ctx.add_constant("attention_mask_ones", np.ones(rank - 2, dtype=np.int64))
+    one_after = ctx.add_constant("attention_mask_one", np.ones(1, dtype=np.int64))
+    shape = ctx.make_node("Concat", [ones_before, length_v, one_after], {"axis": 0}).outputs[0]
+    out = ctx.make_node("Expand", [mask, shape]).outputs[0]
+    out.dtype = mask.dtype
+    out.shape = (*mask.shape[:-2], length, mask.shape[-1])
+    return out
+
+
 def rewrite_attention(ctx: RewriteContext) -> list[Value]:
     model = ctx.model
     problem = upgrade_problem(model, ATTENTION_OPSET)
@@ -174,6 +198,8 @@ def rewrite_attention(ctx: RewriteContext) -> list[Value]:
     if isinstance(heads, int) and isinstance(kv_heads, int) and heads % kv_heads:
         raise RewriteError(f"{heads} query heads are not a multiple of {kv_heads} key heads")
     mask = _additive_mask(ctx, q.dtype)
+    if mask is not None:
+        mask = _query_rows(ctx, mask, q)
     attrs = {"scale": attention_scale(ctx)}
     upgrade_opset(model, ATTENTION_OPSET)
     node = ctx.make_node("Attention", [q, k, v, mask] if mask is not None else [q, k, v], attrs)
