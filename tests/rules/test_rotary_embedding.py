@@ -205,6 +205,30 @@ def test_native_form_is_the_opset_23_operator_with_shared_half_tables():
         np.testing.assert_allclose(got, want[name], rtol=1e-4, atol=1e-5)
 
 
+def test_tables_of_one_row_are_expanded_to_the_batch():
+    """The exporters' tables have one row of positions for the whole batch (the Mul
+    broadcasts it); RotaryEmbedding does not broadcast, so the fused model failed in
+    onnxruntime at batch 3 (a dynamo Olmo2 export) until the tables were expanded."""
+    import numpy as np
+
+    from graph_autofusion.ir.text import parse_model
+    from graph_autofusion.runtime.interpreter import run_model
+    from graph_autofusion.testing.rules import random_feeds
+
+    text = NATIVE_HEAD.format(opset=20, body=_rotate("x", "y") + "\n" + _rotate("k", "yk"))
+    text = text.replace("%x: f32[1,2,4,8], %k: f32[1,2,4,8]", "%x: f32[3,2,4,8], %k: f32[3,2,4,8]")
+    model = check_rule(RULE, text, matches=2, native=True, rtol=1e-4)
+    rot = [n for n in model.graph.nodes if n.op_type == "RotaryEmbedding"]
+    assert all(n.inputs[1].producer.op_type == "Expand" for n in rot)
+    assert rot[0].inputs[1].shape == (3, 4, 4)
+    original = parse_model(text)
+    feeds = random_feeds(original.graph, 0)
+    want = run_model(original, feeds)
+    sess = ort_session(model, "all")
+    for name, got in zip(("y", "yk"), sess.run(None, feeds)):
+        np.testing.assert_allclose(got, want[name], rtol=1e-4, atol=1e-5)
+
+
 def test_tables_that_are_not_two_equal_halves_keep_the_generic_form():
     from graph_autofusion.ir.text import parse_model
     from graph_autofusion.patterns.candidates import apply_matches, match_rules

@@ -147,15 +147,14 @@ def _additive_mask(ctx: RewriteContext, dtype) -> Value | None:
 def _query_rows(ctx: RewriteContext, mask: Value, q: Value) -> Value:
     """``mask`` with a row per query: onnxruntime's ``Attention`` kernel requires the mask's
     second-to-last dim to be the query length (it does not broadcast a 1 there, as the
-    standard allows), so a mask that may have one row for every query (a key-padding mask
-    ``[B, 1, 1, S]``, or a dim not known to be the query length) is expanded to
-    ``[..., L, S]``: ``Expand(mask, [1, ..., L, 1])``."""
+    standard allows), so a mask with one row for every query (a key-padding mask
+    ``[B, 1, 1, S]``) is expanded to ``[..., L, S]``: ``Expand(mask, [1, ..., L, 1])``. A
+    symbolic row count is taken to be the query length (the exporters' causal masks): the
+    ``Shape`` of ``q`` the expansion reads would keep the layout pass from taking the head
+    split and the cache into the operator."""
     rank = mask.rank
-    if rank is None or rank < 2:
+    if rank is None or rank < 2 or mask.shape[-2] != 1 or q.shape[2] == 1:
         return mask
-    rows, length = mask.shape[-2], q.shape[2]
-    if rows == length and rows is not None:
-        return mask  # the same int, or the same symbolic dim
     shape_q = ctx.make_node("Shape", [q]).outputs[0]
     index = ctx.add_constant("attention_query_axis", np.array([2], dtype=np.int64))
     length_v = ctx.make_node("Gather", [shape_q, index], {"axis": 0}).outputs[0]
@@ -164,7 +163,7 @@ def _query_rows(ctx: RewriteContext, mask: Value, q: Value) -> Value:
     shape = ctx.make_node("Concat", [ones_before, length_v, one_after], {"axis": 0}).outputs[0]
     out = ctx.make_node("Expand", [mask, shape]).outputs[0]
     out.dtype = mask.dtype
-    out.shape = (*mask.shape[:-2], length, mask.shape[-1])
+    out.shape = (*mask.shape[:-2], q.shape[2], mask.shape[-1])
     return out
 
 

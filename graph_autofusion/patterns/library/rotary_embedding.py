@@ -219,6 +219,25 @@ def half_table(ctx: RewriteContext, table: Value, x: Value) -> Value:
         ).outputs[0]
     out.dtype = table.dtype
     out.shape = (*((table.shape[0], table.shape[2]) if table.rank == 4 else table.shape[:2]), half)
+    return _batch_of(ctx, out, x)
+
+
+def _batch_of(ctx: RewriteContext, table: Value, x: Value) -> Value:
+    """``table`` (``[b, seq, head/2]``) with ``x``'s batch: the exporters' tables have one row
+    of positions for the whole batch (``b`` = 1, broadcast by the ``Mul``), and
+    ``RotaryEmbedding`` does not broadcast them. A table of one row is expanded to
+    ``[B, seq, head/2]`` unless ``x``'s batch is 1 too; a symbolic ``b`` is taken to be the
+    batch (position ids given per sequence)."""
+    if table.shape[0] != 1 or x.shape[0] == 1:
+        return table
+    batch = x.shape[0]
+    shape_x = ctx.make_node("Shape", [x]).outputs[0]
+    first = ctx.add_constant("rotary_batch_axis", np.array([0], np.int64))
+    batch_v = ctx.make_node("Gather", [shape_x, first], {"axis": 0}).outputs[0]
+    ones = ctx.add_constant("rotary_rest", np.ones(2, np.int64))
+    shape = ctx.make_node("Concat", [batch_v, ones], {"axis": 0}).outputs[0]
+    out = ctx.make_node("Expand", [table, shape]).outputs[0]
+    out.dtype, out.shape = table.dtype, (batch, *table.shape[1:])
     return out
 
 
