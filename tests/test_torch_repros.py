@@ -695,3 +695,42 @@ def test_multi_head_attention_with_a_key_padding_mask_runs_on_onnxruntime():
     graphs = _compile_and_run(_Attention(), calls)
     assert all(g.engine == "onnxruntime" for g in graphs), [g.summary() for g in graphs]
     assert not any(n.domain == "aten" for g in graphs for n in g.imported.graph.nodes)
+
+
+# ----- a bfloat16 weight folded once, read again by the dynamic-length graph --------------------
+class _Bf16Rope(torch.nn.Module):
+    """A bfloat16 linear times a rotary table from a bfloat16 buffer read in float32."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        inv = 1.0 / 10000 ** (torch.arange(0, 16, 2) / 16)
+        self.register_buffer("inv", inv.to(torch.bfloat16), persistent=False)
+        self.lin = torch.nn.Linear(16, 16).to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor):
+        f = self.inv.float()[None, :, None] @ pos.float()[:, None, :]
+        e = torch.cat([f, f], 1).transpose(1, 2)
+        return self.lin(x) * e.cos().to(x.dtype)
+
+
+def test_a_bfloat16_weight_reused_by_the_dynamic_graph_keeps_its_dtype():
+    """The second compile (symbolic length) reused the weight's folded transpose from the
+    first import as float32 (the IR holds bfloat16 as float32 arrays): MatMul(bf16, float)
+    failed in the torch program and the graph ran in eager. (onnxruntime refuses bfloat16,
+    with its one warning: the torch program runs every graph.)"""
+    module = _Bf16Rope().eval()
+    backend = make_backend(check_speed=False)
+    compiled = torch.compile(module, backend=backend)
+    gen = torch.Generator().manual_seed(0)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        for n in (8, 13, 21):
+            x = torch.randn(1, n, 16, generator=gen).to(torch.bfloat16)
+            pos = torch.arange(n)[None]
+            torch.testing.assert_close(compiled(x, pos), module(x, pos), atol=2e-2, rtol=1e-2)
+    ours = [str(w.message) for w in caught if issubclass(w.category, AutofusionWarning)]
+    assert not [w for w in ours if "bfloat16 values" not in w], ours
+    graphs = backend.config.graphs
+    assert len(graphs) == 2 and all(g.engine == "torch" for g in graphs), [
+        g.summary() for g in graphs
+    ]

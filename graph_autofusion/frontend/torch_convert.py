@@ -60,7 +60,7 @@ _FOLD_LIMIT = 1 << 26  # never fold into a constant larger than 64M elements
 #: layout and version (an in-place update folds again); an entry holds the parameter (so its
 #: address is not reused while the entry lives) and a weak reference to the folded array, and
 #: goes when nothing holds that array any more.
-_DERIVED: dict[tuple, tuple[Any, torch.Tensor]] = {}
+_DERIVED: dict[tuple, tuple[Any, torch.Tensor, DType | None]] = {}
 
 
 def dtype_of_torch(dt: torch.dtype) -> DType:
@@ -295,6 +295,8 @@ class ConvertContext:
             arr = hit[0]() if hit is not None else None
             if arr is not None:
                 t = torch.from_numpy(arr)
+                if hit[2] == DType.BFLOAT16:  # the IR holds bfloat16 as float32 arrays
+                    t = t.to(torch.bfloat16)
                 self._const_names[id(t)] = f"{inputs[0].name}_{op_type.lower()}"
                 return [self._materialize(t)]
         probe = Node(
@@ -315,7 +317,7 @@ class ConvertContext:
             def forget(_ref: Any, key: tuple = key) -> None:
                 _DERIVED.pop(key, None)
 
-            _DERIVED[key] = (weakref.ref(res[0].const, forget), src)
+            _DERIVED[key] = (weakref.ref(res[0].const, forget), src, res[0].dtype)
         return res
 
     def opaque(self, target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:

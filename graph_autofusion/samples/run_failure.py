@@ -87,7 +87,12 @@ def run_failure(
 
 
 def _floating(arr: Any) -> bool:
-    return not isinstance(arr, list) and np.asarray(arr).dtype.kind in "fc"
+    if isinstance(arr, list):
+        return False
+    dtype = getattr(arr, "dtype", None)
+    if dtype is not None and not isinstance(dtype, np.dtype):  # a torch tensor (bfloat16 too)
+        return bool(dtype.is_floating_point or dtype.is_complex)
+    return np.asarray(arr).dtype.kind in "fc"
 
 
 def _suspects(model: Model, node: Node | None, feeds: Mapping[str, Any]) -> list[str]:
