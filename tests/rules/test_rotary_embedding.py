@@ -178,15 +178,27 @@ def _rotate(x: str, y: str) -> str:
   %{y} = Add(%{x}a, %{x}b)"""
 
 
-def test_native_form_is_the_opset_23_operator_with_shared_half_tables():
-    """q and k rotated with tables built as concat(freqs, freqs) (Llama): two RotaryEmbedding
-    nodes on the half tables; each match slices its own, identical ones are merged after."""
+def _ort_matches_original(text: str, model) -> None:
+    """The rewritten ``model`` in onnxruntime computes what the reference interpreter
+    computes on the original ``text`` (both outputs, ``y`` and ``yk``)."""
     import numpy as np
 
-    from graph_autofusion.codegen.onnxruntime import Lowered, share_created
     from graph_autofusion.ir.text import parse_model
     from graph_autofusion.runtime.interpreter import run_model
     from graph_autofusion.testing.rules import random_feeds
+
+    original = parse_model(text)
+    feeds = random_feeds(original.graph, 0)
+    want = run_model(original, feeds)
+    sess = ort_session(model, "all")
+    for name, got in zip(("y", "yk"), sess.run(None, feeds)):
+        np.testing.assert_allclose(got, want[name], rtol=1e-4, atol=1e-5)
+
+
+def test_native_form_is_the_opset_23_operator_with_shared_half_tables():
+    """q and k rotated with tables built as concat(freqs, freqs) (Llama): two RotaryEmbedding
+    nodes on the half tables; each match slices its own, identical ones are merged after."""
+    from graph_autofusion.codegen.onnxruntime import Lowered, share_created
 
     text = NATIVE_HEAD.format(opset=20, body=_rotate("x", "y") + "\n" + _rotate("k", "yk"))
     model = check_rule(RULE, text, matches=2, native=True, rtol=1e-4)
@@ -197,23 +209,13 @@ def test_native_form_is_the_opset_23_operator_with_shared_half_tables():
     assert share_created(model, [Lowered("all", "rotary_embedding", [], created, [], [], [])]) == 4
     assert rot[0].inputs[1] is rot[1].inputs[1] and rot[0].inputs[2] is rot[1].inputs[2]
     assert rot[0].inputs[1].shape == (1, 4, 4)
-    original = parse_model(text)
-    feeds = random_feeds(original.graph, 0)
-    want = run_model(original, feeds)
-    sess = ort_session(model, "all")
-    for name, got in zip(("y", "yk"), sess.run(None, feeds)):
-        np.testing.assert_allclose(got, want[name], rtol=1e-4, atol=1e-5)
+    _ort_matches_original(text, model)
 
 
 def test_tables_of_one_row_are_expanded_to_the_batch():
     """The exporters' tables have one row of positions for the whole batch (the Mul
     broadcasts it); RotaryEmbedding does not broadcast, so the fused model failed in
     onnxruntime at batch 3 (a dynamo Olmo2 export) until the tables were expanded."""
-    import numpy as np
-
-    from graph_autofusion.ir.text import parse_model
-    from graph_autofusion.runtime.interpreter import run_model
-    from graph_autofusion.testing.rules import random_feeds
 
     text = NATIVE_HEAD.format(opset=20, body=_rotate("x", "y") + "\n" + _rotate("k", "yk"))
     text = text.replace("%x: f32[1,2,4,8], %k: f32[1,2,4,8]", "%x: f32[3,2,4,8], %k: f32[3,2,4,8]")
@@ -221,12 +223,7 @@ def test_tables_of_one_row_are_expanded_to_the_batch():
     rot = [n for n in model.graph.nodes if n.op_type == "RotaryEmbedding"]
     assert all(n.inputs[1].producer.op_type == "Expand" for n in rot)
     assert rot[0].inputs[1].shape == (3, 4, 4)
-    original = parse_model(text)
-    feeds = random_feeds(original.graph, 0)
-    want = run_model(original, feeds)
-    sess = ort_session(model, "all")
-    for name, got in zip(("y", "yk"), sess.run(None, feeds)):
-        np.testing.assert_allclose(got, want[name], rtol=1e-4, atol=1e-5)
+    _ort_matches_original(text, model)
 
 
 def test_tables_that_are_not_two_equal_halves_keep_the_generic_form():
