@@ -43,11 +43,15 @@ from graph_autofusion.verify.compare import compare_tensors
 
 PLAN_FILE = "autofusion_plan.json"
 PLAN_VERSION = 1
+#: Samples of the example raw-audio input (``input_values``: wav2vec2, HuBERT, WavLM): one
+#: second at 16 kHz, long enough for their convolutional front ends (a 400-sample receptive
+#: field)
+AUDIO_SAMPLES = 16000
 
 
 def example_inputs_for(module: torch.nn.Module, seq_len: int = 16) -> dict[str, torch.Tensor]:
     """Example inputs of a Hugging Face model built from its config (token ids within the
-    vocabulary with an all-ones mask, or images of the configured size).
+    vocabulary with an all-ones mask, images of the configured size, or a second of audio).
 
     Raises:
         ModelLoadError: the module is not a Hugging Face model with a known input kind.
@@ -63,10 +67,12 @@ def example_inputs_for(module: torch.nn.Module, seq_len: int = 16) -> dict[str, 
         size = size if isinstance(size, int) else 224
         chans = getattr(config, "num_channels", 3)
         return {"pixel_values": torch.randn(1, chans, size, size, generator=gen)}
+    if config is not None and main == "input_values":  # raw audio: one second at 16 kHz
+        return {"input_values": torch.randn(1, AUDIO_SAMPLES, generator=gen)}
     raise ModelLoadError(
         f"{type(module).__name__}: give example inputs (example_inputs=... or "
         f"example_kwargs=...); they are built automatically only for Hugging Face models "
-        f"taking input_ids or pixel_values"
+        f"taking input_ids, pixel_values or input_values"
     )
 
 

@@ -138,3 +138,29 @@ def test_unseen_decoders_fuse_as_drop_in_modules(name):
         got = fused(**inputs).logits
     cos = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
     assert float(cos) >= 0.9999
+
+
+def test_an_audio_model_fuses_without_example_inputs():
+    """wav2vec2 (``input_values``, a group-normed convolutional front end): the drop-in
+    module builds its own example (a second of 16 kHz audio); it asked for one before."""
+    cfg = transformers.Wav2Vec2Config(
+        vocab_size=32,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        conv_dim=(16, 16, 16),
+        conv_stride=(5, 4, 4),
+        conv_kernel=(10, 4, 4),
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2,
+        feat_extract_norm="group",
+    )
+    torch.manual_seed(0)
+    model = transformers.Wav2Vec2Model(cfg).eval()
+    fused = GraphAutoFusion(model).fuse(check_speed=False)
+    audio = torch.randn(1, 3000, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model(audio).last_hidden_state
+        got = fused(audio).last_hidden_state
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
