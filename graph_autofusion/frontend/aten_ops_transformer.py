@@ -33,7 +33,7 @@ import math
 from typing import Any
 
 from graph_autofusion.frontend.aten_ops import aten_op
-from graph_autofusion.frontend.aten_ops_nn import _transpose_last2
+from graph_autofusion.frontend.aten_ops_nn import transpose_last2
 from graph_autofusion.frontend.torch_convert import ConvertContext
 from graph_autofusion.ir.core import Value
 from graph_autofusion.ir.dtypes import DType
@@ -41,7 +41,7 @@ from graph_autofusion.ir.dtypes import DType
 
 def _project(cx: ConvertContext, x: Value, w: Value, b: Value | None) -> Value:
     """``x @ w^T + b`` for an nn.Linear-layout weight ``w`` ``[N, K]``."""
-    out = cx.op("MatMul", [x, _transpose_last2(cx, w)])
+    out = cx.op("MatMul", [x, transpose_last2(cx, w)])
     return out if b is None else cx.op("Add", [out, b])
 
 
