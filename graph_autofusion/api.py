@@ -320,6 +320,10 @@ class GraphAutoFusion(FusedResults):
         self.result = fuse_model(
             self.model, rules, self.hardware, options=opts, feeds=self.feeds(), progress=progress
         )
+        from graph_autofusion.samples.sample_inputs import is_generated
+
+        if is_generated(self.sample_inputs) and is_generated(self.result.feeds):
+            self.sample_inputs = self.result.feeds  # longer ones, where 16 was too short
 
     def fuse_progressive(self, stages: Sequence[str | Sequence[str]], **kwargs: Any):
         """Progressive fusion (F17): fuse with the rules of stage 1, validate, then stages

@@ -316,3 +316,29 @@ def test_verify_and_bench_on_inputs_the_model_rejects_are_one_clear_error(tmp_pa
     np.savez(npz, **bad)
     assert main(["verify", str(path), str(path), "--inputs", str(npz)]) == 2
     assert main(["bench", str(path), "--inputs", str(npz), "--runs", "1"]) == 2
+
+
+def test_a_dynamic_axis_too_short_for_a_convolution_is_generated_longer(tmp_path):
+    """An audio front end (a 32-wide convolution, then a second one of stride 4) fails on the
+    16-long generated input; ``fuse`` generates it again longer (64 here) instead of
+    stopping, and keeps those inputs."""
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array((rng.standard_normal((4, 1, 32)) / 8).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array((rng.standard_normal((4, 4, 4)) / 4).astype(np.float32), "w2")
+    g = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["h"], kernel_shape=[32], strides=[1]),
+            helper.make_node("Relu", ["h"], ["r"]),
+            helper.make_node("Conv", ["r", "w2"], ["y"], kernel_shape=[4], strides=[4]),
+        ],
+        "audio",
+        [vi("x", T.FLOAT, [1, 1, "samples"])],
+        [vi("y", T.FLOAT, [1, 4, "frames"])],
+        [w1, w2],
+    )
+    path = str(tmp_path / "audio.onnx")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    gaf = GraphAutoFusion(path)
+    gaf.fuse()
+    assert gaf.sample_inputs["x"].shape == (1, 1, 64)
+    assert gaf.result.feeds["x"].shape == (1, 1, 64)

@@ -75,7 +75,7 @@ from graph_autofusion.pipeline.safe_mode import run_safe_mode
 from graph_autofusion.pipeline.stages import Stages
 from graph_autofusion.pipeline.weights import compress_weights
 from graph_autofusion.runtime.ort_session import ort_session
-from graph_autofusion.verify.inputs import generate_inputs
+from graph_autofusion.verify.inputs import generate_inputs, retry_longer
 from graph_autofusion.verify.optimized_graph import same_model_after_optimization
 from graph_autofusion.verify.safety import (
     FusionRecord,
@@ -210,7 +210,7 @@ def _fuse_model(
     acts = reference = None
     if safe_mode:  # first: the plan reads its shapes, the checks the original's outputs
         with stages("capture", "safe mode: capture activations"):
-            acts = _capture_original(original, feeds, capture_activations)
+            acts, feeds = _capture_original(original, feeds, capture_activations)
         reference = _outputs_of(original, acts)
     with stages("plan"):
         work, analysis, folding, _target = plan_for_target(
@@ -423,17 +423,26 @@ def _keep_fp32(result: FuseResult, ops: tuple[str, ...], notes: list[str]) -> in
     return count
 
 
-def _capture_original(original: Model, feeds: Mapping[str, Any], capture: Callable) -> Any:
-    """Safe mode's activations of the original; a model onnxruntime cannot run (an operator
-    without a CPU kernel for its type, e.g. bfloat16) is a clear error, not its traceback."""
+def _capture_original(
+    original: Model, feeds: Mapping[str, Any], capture: Callable
+) -> tuple[Any, Mapping[str, Any]]:
+    """Safe mode's activations of the original, and the sample inputs they are of; a model
+    onnxruntime cannot run (an operator without a CPU kernel for its type, e.g. bfloat16) is a
+    clear error, not its traceback. Generated inputs the model fails on in a convolution or a
+    pooling are generated again, longer (:func:`~graph_autofusion.samples.inputs.
+    retry_longer`), before that error."""
     try:
-        return capture(original, feeds)
+        return capture(original, feeds), feeds
     except GraphAutoFusionError:
         raise
     except Exception as exc:  # noqa: BLE001 - onnxruntime's own exception types
         failure = run_failure(
             original, feeds, exc, runtime="onnxruntime", generated=is_generated(feeds)
         )
+        if failure is not None and is_generated(feeds):
+            retried = retry_longer(original, exc, capture)
+            if retried is not None:
+                return retried
         if failure is not None:  # it runs, but not on these inputs
             raise failure from exc
         raise UnsupportedOperatorError(

@@ -166,3 +166,30 @@ def _largest_table(model: Model) -> int | None:
 
 
 __all__ = ["generate_inputs"]
+
+
+#: Lengths of every dynamic axis tried, in turn, when the generated sample inputs (16 long)
+#: make the original fail in a windowed operator: an audio model's convolutional front end
+#: needs hundreds of samples (wav2vec2: 400); a second of 16 kHz audio is the last try.
+LONGER_SAMPLE_LENGTHS = (64, 512, 4096, 16000)
+#: Operators whose window may be longer than a short generated axis.
+_WINDOWED = {"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool"}
+
+
+def retry_longer(model: Model, exc: BaseException, run: Any) -> tuple[Any, Any] | None:
+    """``(run(model, feeds), feeds)`` for the first generated ``feeds`` of
+    :data:`LONGER_SAMPLE_LENGTHS` the model runs on, when ``exc`` (its failure on the 16-long
+    generated ones) is onnxruntime failing in a convolution or a pooling; ``None`` otherwise
+    (a decoder failing elsewhere is not run again at thousands of positions)."""
+    import re
+
+    m = re.search(r"running (\w+) node", str(exc))
+    if m is None or m.group(1) not in _WINDOWED:
+        return None
+    for length in LONGER_SAMPLE_LENGTHS:
+        try:  # too large to generate, or failing again: the next length
+            feeds = generate_inputs(model, seq_len=length)
+            return run(model, feeds), feeds
+        except Exception:  # noqa: BLE001 - onnxruntime's own exception types
+            continue
+    return None

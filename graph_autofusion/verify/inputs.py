@@ -1,6 +1,7 @@
 """Safe mode's sample inputs: :func:`generate_inputs` of :mod:`graph_autofusion.samples.inputs`,
-re-exported here where it has always been importable."""
+re-exported here where it has always been importable, and :func:`retry_longer`, the same
+inputs generated again with longer dynamic axes."""
 
-from graph_autofusion.samples.inputs import generate_inputs
+from graph_autofusion.samples.inputs import generate_inputs, retry_longer
 
-__all__ = ["generate_inputs"]
+__all__ = ["generate_inputs", "retry_longer"]
