@@ -61,9 +61,7 @@ def _used_outputs(cx: ConvertContext) -> set[int]:
 
 
 # ----- contractions --------------------------------------------------------------------------
-def transpose_last2(cx: ConvertContext, w: Value) -> Value:
-    """``w`` with its last two axes swapped (a static rank; the transformer fast path reads it
-    too)."""
+def _transpose_last2(cx: ConvertContext, w: Value) -> Value:
     rank = len(w.shape)
     perm = list(range(rank))
     perm[-1], perm[-2] = perm[-2], perm[-1]
@@ -71,9 +69,11 @@ def transpose_last2(cx: ConvertContext, w: Value) -> Value:
 
 
 @aten_op("linear.default")
-def _linear(cx: ConvertContext, x: Any, w: Any, b: Any = None) -> Value:
+def linear(cx: ConvertContext, x: Any, w: Any, b: Any = None) -> Value:
+    """``x @ w^T + b`` for an nn.Linear-layout weight ``w`` (``[N, K]``; the transformer fast
+    path's projections too)."""
     wv = cx.v(w)
-    out = cx.op("MatMul", [cx.v(x), transpose_last2(cx, wv) if len(wv.shape) == 2 else wv])
+    out = cx.op("MatMul", [cx.v(x), _transpose_last2(cx, wv) if len(wv.shape) == 2 else wv])
     return out if b is None else cx.op("Add", [out, cx.v(b)])
 
 
@@ -384,7 +384,7 @@ def _sdpa(
         vv = _repeat_heads(cx, vv, qv.shape[-3])
     e = qv.shape[-1]
     s = scale if scale is not None else 1.0 / math.sqrt(e)
-    scores = cx.op("MatMul", [qv, transpose_last2(cx, kv)])
+    scores = cx.op("MatMul", [qv, _transpose_last2(cx, kv)])
     scores = cx.op("Mul", [scores, cx.scalar(s, dt)])
     if is_causal:
         scores = cx.op("Add", [scores, _causal_mask(cx, qv, kv, dt)])

@@ -33,16 +33,10 @@ import math
 from typing import Any
 
 from graph_autofusion.frontend.aten_ops import aten_op
-from graph_autofusion.frontend.aten_ops_nn import transpose_last2
+from graph_autofusion.frontend.aten_ops_nn import linear
 from graph_autofusion.frontend.torch_convert import ConvertContext
 from graph_autofusion.ir.core import Value
 from graph_autofusion.ir.dtypes import DType
-
-
-def _project(cx: ConvertContext, x: Value, w: Value, b: Value | None) -> Value:
-    """``x @ w^T + b`` for an nn.Linear-layout weight ``w`` ``[N, K]``."""
-    out = cx.op("MatMul", [x, transpose_last2(cx, w)])
-    return out if b is None else cx.op("Add", [out, b])
 
 
 def _split_heads(cx: ConvertContext, t: Value, heads: int, d: int) -> Value:
@@ -53,46 +47,31 @@ def _split_heads(cx: ConvertContext, t: Value, heads: int, d: int) -> Value:
 
 def _mask(cx: ConvertContext, mask: Any, mask_type: int | None, dt: DType) -> Value:
     """The additive form of a fused kernel's mask, shaped to broadcast over the scores."""
-    mv = cx.v(mask)
-    if mv.dtype == DType.BOOL:
-        mv = cx.op("Where", [mv, cx.scalar(float("-inf"), dt), cx.scalar(0.0, dt)])
-    elif mv.dtype != dt:
-        mv = cx.op("Cast", [mv], {"to": int(dt)})
+    if cx.dtype(mask) == DType.BOOL:  # True: masked out
+        mv = cx.op("Where", [cx.v(mask), cx.scalar(float("-inf"), dt), cx.scalar(0.0, dt)])
+    else:
+        mv = cx.v(mask, dt)
     if mask_type == 1:  # [B, S] key padding -> [B, 1, 1, S]
         mv = cx.op("Unsqueeze", [mv, cx.ints([1, 2])])
     return mv
 
 
-def _attention(
-    cx: ConvertContext,
-    q: Value,
-    k: Value,
-    v: Value,
-    e: int,
-    heads: int,
-    mask: Any,
-    mask_type: int | None,
-    dt: DType,
-) -> Value:
-    """Scaled dot-product attention over projected ``[B, L, E]`` inputs; ``[B, L, E]`` out."""
+def _self_attention(cx, x: Value, e: int, heads: int, wqkv, bqkv, wo, bo, mask, mask_type, dt):
+    """One in-projection, split into q, k and v; scaled dot-product attention; the
+    out-projection (``dt``: the input's dtype, which a symbolic-size graph may not have
+    inferred on ``x``)."""
     d = e // heads
-    qh, kh, vh = (_split_heads(cx, t, heads, d) for t in (q, k, v))
-    scores = cx.op("MatMul", [qh, cx.op("Transpose", [kh], {"perm": [0, 1, 3, 2]})])
+    qkv = cx.op(
+        "Split", [linear(cx, x, wqkv, bqkv), cx.ints([e, e, e])], {"axis": -1}, num_outputs=3
+    )
+    q, k, v = (_split_heads(cx, t, heads, d) for t in qkv)
+    scores = cx.op("MatMul", [q, cx.op("Transpose", [k], {"perm": [0, 1, 3, 2]})])
     scores = cx.op("Mul", [scores, cx.scalar(1.0 / math.sqrt(d), dt)])
     if mask is not None:
         scores = cx.op("Add", [scores, _mask(cx, mask, mask_type, dt)])
     probs = cx.op("Softmax", [scores], {"axis": -1})
-    out = cx.op("Transpose", [cx.op("MatMul", [probs, vh])], {"perm": [0, 2, 1, 3]})
-    return cx.op("Reshape", [out, cx.ints([0, 0, e])])
-
-
-def _self_attention(cx, x: Value, e: int, heads: int, wqkv, bqkv, wo, bo, mask, mask_type, dt):
-    """One in-projection, split into q, k and v; attention; the out-projection (``dt``: the
-    input's dtype, which a symbolic-size graph may not have inferred on ``x``)."""
-    qkv = _project(cx, x, cx.v(wqkv), cx.v(bqkv) if bqkv is not None else None)
-    q, k, v = cx.op("Split", [qkv, cx.ints([e, e, e])], {"axis": -1}, num_outputs=3)
-    out = _attention(cx, q, k, v, e, heads, mask, mask_type, dt)
-    return _project(cx, out, cx.v(wo), cx.v(bo) if bo is not None else None)
+    out = cx.op("Transpose", [cx.op("MatMul", [probs, v])], {"perm": [0, 2, 1, 3]})
+    return linear(cx, cx.op("Reshape", [out, cx.ints([0, 0, e])]), wo, bo)
 
 
 @aten_op("_transformer_encoder_layer_fwd.default")
@@ -142,9 +121,9 @@ def _encoder_layer(
         )
 
     def feed_forward(t: Value) -> Value:
-        h = _project(cx, t, cx.v(ffn_weight_1), cx.v(ffn_bias_1))
+        h = linear(cx, t, ffn_weight_1, ffn_bias_1)
         h = cx.op("Gelu", [h]) if use_gelu else cx.op("Relu", [h])
-        return _project(cx, h, cx.v(ffn_weight_2), cx.v(ffn_bias_2))
+        return linear(cx, h, ffn_weight_2, ffn_bias_2)
 
     if norm_first:
         x = cx.op("Add", [x, attend(norm(x, norm_weight_1, norm_bias_1))])

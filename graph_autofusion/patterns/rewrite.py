@@ -106,6 +106,28 @@ class RewriteContext:
             value.dtype = dtype
         return value
 
+    def expand_to(self, value: Value, axis: int, source: Value, source_axis: int) -> Value:
+        """``value`` (a dim of 1 at ``axis``) broadcast there to ``source``'s dim
+        ``source_axis``, read at run time: ``Expand(value, [1, ..., Shape(source)[source_axis],
+        ..., 1])``, for a native operator that does not broadcast as its pieces did."""
+        rank = value.rank
+        axis %= rank
+        i64 = np.int64
+        dims = self.make_node("Shape", [source]).outputs[0]
+        at = self.add_constant("expand_axis", np.array([source_axis], i64))
+        parts = [self.make_node("Gather", [dims, at], {"axis": 0}).outputs[0]]
+        if axis:
+            parts.insert(0, self.add_constant("expand_ones", np.ones(axis, i64)))
+        if rank - axis - 1:
+            parts.append(self.add_constant("expand_ones", np.ones(rank - axis - 1, i64)))
+        shape = self.make_node("Concat", parts, {"axis": 0}).outputs[0]
+        out = self.make_node("Expand", [value, shape]).outputs[0]
+        out.dtype = value.dtype
+        out.shape = tuple(
+            source.shape[source_axis] if i == axis else d for i, d in enumerate(value.shape)
+        )
+        return out
+
 
 def resolve(model: Model, value: Value) -> Value:
     """``value``, or what replaced it in an earlier rewrite of this model (followed to the end)."""

@@ -182,13 +182,13 @@ def compress_weights(
         return None
     model: Model = result.model
     policy = getattr(options, "weights_policy", "default")
-    head_form = table_form = SENSITIVE_FORM[policy][form]
+    sensitive = SENSITIVE_FORM[policy][form]  # the LM head's and the embedding tables' form
     sites = find_sites(model, min_elements=defaults.WEIGHTS_MIN_ELEMENTS, keep_head=False)
     for s in sites:
-        if s.head and not s.reason and head_form == "fp32":
+        if s.head and not s.reason and sensitive == "fp32":
             s.reason = KEPT_HEAD
     block8 = defaults.WEIGHTS_BLOCK_SIZE["int8"]
-    embs = find_embeddings(model, block8 if table_form == "int8" else 1)
+    embs = find_embeddings(model, block8 if sensitive == "int8" else 1)
     report = WeightsReport(form, verified=bool(options.safe_mode))
     records = {s.name: _record(s) for s in sites}
     half = form == "fp16"
@@ -196,7 +196,7 @@ def compress_weights(
         if e.name in records:  # a node of the same name: the table is left alone, unlisted
             continue
         rows, cols = e.table.shape
-        reason = e.reason or (KEPT_EMBEDDING if table_form == "fp32" else "")
+        reason = e.reason or (KEPT_EMBEDDING if sensitive == "fp32" else "")
         records[e.name] = LayerRecord(
             e.name, "Gather", int(cols), int(rows), "fp32", fp32_bytes=e.fp32_bytes,
             bytes=e.fp32_bytes, reason=reason,
@@ -205,7 +205,7 @@ def compress_weights(
     result.weights = report
     library = None
     heads = [s for s in sites if s.head and not s.reason]
-    if half or (heads and head_form == "fp16"):  # GemvF16: its library must build here
+    if half or (heads and sensitive == "fp16"):  # GemvF16: its library must build here
         try:
             library = with_gemv(getattr(result, "custom_ops", None), options.codegen)
         except CustomOpsUnavailable as exc:
@@ -221,14 +221,14 @@ def compress_weights(
             if not r.reason and r.name not in set(only):
                 r.reason = "kept fp32: the saved plan keeps it fp32"
     todo = [s for s in sites if not records[s.name].reason]
-    forms = {s.name: head_form if s.head else form for s in todo}
+    forms = {s.name: sensitive if s.head else form for s in todo}
     packs = {s.name: _quantize(s.weight, forms[s.name]) for s in todo}
     tables = [e for e in embs if records.get(e.name) is not None and not records[e.name].reason]
     tables = [e for e in tables if records[e.name].op == "Gather"]
     for e in tables:  # int8: symmetric (GatherBlockQuantized's default zero point)
-        forms[e.name] = table_form
+        forms[e.name] = sensitive
         t = np.ascontiguousarray(e.table.T)
-        packs[e.name] = to_half(t) if table_form == "fp16" else quantize(t, 8, block8, False)
+        packs[e.name] = to_half(t) if sensitive == "fp16" else quantize(t, 8, block8, False)
     if options.safe_mode and todo:
         todo = _check_layers(model, result.feeds, todo, packs, records, options, level, forms)
     if options.safe_mode and tables:
@@ -256,18 +256,18 @@ def compress_weights(
     if library is not None and any(forms[n] == "fp16" for n in chosen):
         result.custom_ops = library  # the fused model needs the GemvF16 library (saved with it)
     n_tables = sum(records[n].op == "Gather" for n in chosen)
-    head_other_form = any(s.name in set(chosen) and forms[s.name] != form for s in heads)
+    head_other_form = any(s.name in chosen and forms[s.name] != form for s in heads)
     how = (
         "fp16 weights, fp32 accumulation"
         if half
-        else f"{form}{f', LM head {head_form}' if head_other_form else ''}, "
+        else f"{form}{f', LM head {sensitive}' if head_other_form else ''}, "
         f"block {defaults.WEIGHTS_BLOCK_SIZE[form]}, accuracy_level {level}"
     )
     report.notes.append(
         f"{len(chosen) - n_tables} contractions are {FORM_OPS[form]} ({how})"
         + (
             f", {n_tables} embedding tables "
-            + ("fp16 (Gather, Cast)" if table_form == "fp16" else "GatherBlockQuantized (int8)")
+            + ("fp16 (Gather, Cast)" if sensitive == "fp16" else "GatherBlockQuantized (int8)")
             if n_tables
             else ""
         )

@@ -34,6 +34,7 @@ from graph_autofusion.ir.core import Model, Node, Value
 from graph_autofusion.ir.dtypes import DType
 from graph_autofusion.samples import kv_inputs
 from graph_autofusion.samples import sample_inputs as si
+from graph_autofusion.samples.run_failure import failed_node
 from graph_autofusion.samples.sample_inputs import check_input_size, source_of
 
 _PASS_THROUGH = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand"}
@@ -165,9 +166,6 @@ def _largest_table(model: Model) -> int | None:
     return best
 
 
-__all__ = ["generate_inputs"]
-
-
 #: Lengths of every dynamic axis tried, in turn, when the generated sample inputs (16 long)
 #: make the original fail in a windowed operator: an audio model's convolutional front end
 #: needs hundreds of samples (wav2vec2: 400); a second of 16 kHz audio is the last try.
@@ -179,12 +177,9 @@ _WINDOWED = {"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool", "
 def retry_longer(model: Model, exc: BaseException, run: Any) -> tuple[Any, Any] | None:
     """``(run(model, feeds), feeds)`` for the first generated ``feeds`` of
     :data:`LONGER_SAMPLE_LENGTHS` the model runs on, when ``exc`` (its failure on the 16-long
-    generated ones) is onnxruntime failing in a convolution or a pooling; ``None`` otherwise
+    generated ones) is a failure in a convolution or a pooling; ``None`` otherwise
     (a decoder failing elsewhere is not run again at thousands of positions)."""
-    import re
-
-    m = re.search(r"running (\w+) node", str(exc))
-    if m is None or m.group(1) not in _WINDOWED:
+    if failed_node(exc)[1] not in _WINDOWED:
         return None
     for length in LONGER_SAMPLE_LENGTHS:
         try:  # too large to generate, or failing again: the next length
@@ -193,3 +188,6 @@ def retry_longer(model: Model, exc: BaseException, run: Any) -> tuple[Any, Any] 
         except Exception:  # noqa: BLE001 - onnxruntime's own exception types
             continue
     return None
+
+
+__all__ = ["generate_inputs", "retry_longer"]

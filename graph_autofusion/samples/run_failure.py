@@ -38,6 +38,19 @@ _RUN_MARKERS = (
 )
 
 
+def failed_node(exc: BaseException) -> tuple[str, str, str]:
+    """The node onnxruntime or the torch runner names in its failure ``exc``: its name, its
+    operator type and the message about it (empty name and type where it names none)."""
+    text = " ".join(str(exc).split())
+    m = _ORT_NODE.search(text)
+    if m:
+        return m.group(2), m.group(1), m.group(3) or text
+    t = _TORCH_NODE.search(text)
+    if t:
+        return t.group(1), t.group(2), t.group(3)
+    return "", "", text
+
+
 def run_failure(
     model: Model, feeds: Mapping[str, Any], exc: BaseException, *, runtime: str, generated: bool
 ) -> SampleInputError | None:
@@ -46,14 +59,7 @@ def run_failure(
     text = " ".join(str(exc).split())
     if not any(m in text for m in _RUN_MARKERS):
         return None
-    node_name, op, detail = "", "", text
-    m = _ORT_NODE.search(text) or None
-    if m:
-        op, node_name, detail = m.group(1), m.group(2), (m.group(3) or text)
-    else:
-        t = _TORCH_NODE.search(text)
-        if t:
-            node_name, op, detail = t.group(1), t.group(2), t.group(3)
+    node_name, op, detail = failed_node(exc)
     detail = detail.split("onnxruntime::")[-1].strip()[:240]
     node = next((n for n in model.graph.nodes if node_name and n.name == node_name), None)
     suspects = _suspects(model, node, feeds)

@@ -148,23 +148,14 @@ def _query_rows(ctx: RewriteContext, mask: Value, q: Value) -> Value:
     """``mask`` with a row per query: onnxruntime's ``Attention`` kernel requires the mask's
     second-to-last dim to be the query length (it does not broadcast a 1 there, as the
     standard allows), so a mask with one row for every query (a key-padding mask
-    ``[B, 1, 1, S]``) is expanded to ``[..., L, S]``: ``Expand(mask, [1, ..., L, 1])``. A
+    ``[B, 1, 1, S]``) is expanded to ``[..., L, S]`` (:meth:`RewriteContext.expand_to`). A
     symbolic row count is taken to be the query length (the exporters' causal masks): the
     ``Shape`` of ``q`` the expansion reads would keep the layout pass from taking the head
     split and the cache into the operator."""
     rank = mask.rank
     if rank is None or rank < 2 or mask.shape[-2] != 1 or q.shape[2] == 1:
         return mask
-    shape_q = ctx.make_node("Shape", [q]).outputs[0]
-    index = ctx.add_constant("attention_query_axis", np.array([2], dtype=np.int64))
-    length_v = ctx.make_node("Gather", [shape_q, index], {"axis": 0}).outputs[0]
-    ones_before = ctx.add_constant("attention_mask_ones", np.ones(rank - 2, dtype=np.int64))
-    one_after = ctx.add_constant("attention_mask_one", np.ones(1, dtype=np.int64))
-    shape = ctx.make_node("Concat", [ones_before, length_v, one_after], {"axis": 0}).outputs[0]
-    out = ctx.make_node("Expand", [mask, shape]).outputs[0]
-    out.dtype = mask.dtype
-    out.shape = (*mask.shape[:-2], q.shape[2], mask.shape[-1])
-    return out
+    return ctx.expand_to(mask, -2, q, 2)
 
 
 def rewrite_attention(ctx: RewriteContext) -> list[Value]:

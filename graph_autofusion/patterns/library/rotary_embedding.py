@@ -230,15 +230,7 @@ def _batch_of(ctx: RewriteContext, table: Value, x: Value) -> Value:
     batch (position ids given per sequence)."""
     if table.shape[0] != 1 or x.shape[0] == 1:
         return table
-    batch = x.shape[0]
-    shape_x = ctx.make_node("Shape", [x]).outputs[0]
-    first = ctx.add_constant("rotary_batch_axis", np.array([0], np.int64))
-    batch_v = ctx.make_node("Gather", [shape_x, first], {"axis": 0}).outputs[0]
-    ones = ctx.add_constant("rotary_rest", np.ones(2, np.int64))
-    shape = ctx.make_node("Concat", [batch_v, ones], {"axis": 0}).outputs[0]
-    out = ctx.make_node("Expand", [table, shape]).outputs[0]
-    out.dtype, out.shape = table.dtype, (batch, *table.shape[1:])
-    return out
+    return ctx.expand_to(table, 0, x, 0)
 
 
 def _rewrite(ctx: RewriteContext) -> list[Value]:
