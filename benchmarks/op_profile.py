@@ -315,15 +315,13 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--out", default=str(RESULTS / "op_profile"))
     a = ap.parse_args()
-    import subprocess
+    from vs_ort_optimizer import _git_state
 
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short=10", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    git = _git_state()
     data: dict[str, Any] = {
         "benchmark": "op_profile",
         "created": time.strftime("%Y-%m-%d %H:%M"),
-        "commit": commit,
+        "commit": git["head"][:10] + (" (library files modified)" if git["dirty"] else ""),
         "facts": cpu_facts(),
         "onnxruntime": onnxruntime.__version__,
         "openvino": openvino_version(),

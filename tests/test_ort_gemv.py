@@ -210,9 +210,10 @@ def test_a_static_graph_of_more_rows_than_gemv_serves_is_left_alone(tmp_path):
     assert [n.op_type for n in proto.graph.node] == ["MatMul", "Relu", "MatMul"]
 
 
-def _kernel(name: str):
-    """``name(x, w, y, M, N, K)`` of the Gemv library, called on numpy arrays (one thread)."""
-    fn = getattr(ctypes.CDLL(build_library([], gemv=True).path), name)
+def _kernel(name: str, library: str | None = None):
+    """``name(x, w, y, M, N, K)`` of the Gemv library (this machine's build, or the one at
+    ``library``), called on numpy arrays (one thread)."""
+    fn = getattr(ctypes.CDLL(library or build_library([], gemv=True).path), name)
     fn.restype = None
 
     def call(x, w, y, m, n, k):
@@ -320,16 +321,13 @@ def test_the_fp16_kernels_are_right_on_avx2_and_plain_c(march, tmp_path):
          f"-I{ort_include_dir()}", str(tmp_path / "k.c"), "-o", str(so)],
         check=True,
     )  # fmt: skip
-    lib = ctypes.CDLL(str(so))
     for name, panels in (("gaf_gemv_f16_panels", True), ("gaf_gemv_f16_nk", False)):
-        fn = getattr(lib, name)
-        fn.restype = None
+        fn = _kernel(name, str(so))
         for m, n, k in [(1, 32, 64), (6, 48, 37), (13, 160, 100)]:
             rng = np.random.default_rng(m * n + k)
             x = rng.standard_normal((m, k)).astype(np.float32)
             packed = to_half(rng.standard_normal((k, n)).astype(np.float32), panels=panels)
             y = np.empty((m, n), np.float32)
-            ptrs = (ctypes.c_void_p(a.ctypes.data) for a in (x, packed.b, y))
-            fn(*ptrs, *map(ctypes.c_int64, (m, n, k)))
+            fn(x, packed.b, y, m, n, k)
             want = x.astype(np.float64) @ packed.dequantized.astype(np.float64)
             np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4, err_msg=f"{name} {march}")

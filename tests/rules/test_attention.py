@@ -247,8 +247,8 @@ def test_native_scale_is_the_product_of_the_matched_scales():
 @pytest.mark.parametrize("mask_shape", ["2,1,1,4", "1,4", "2,1,3,4"])
 def test_a_mask_with_one_row_for_every_query_gets_a_row_per_query(mask_shape):
     """onnxruntime's Attention kernel wants the mask's second-to-last dim to be the query
-    length: a key-padding mask (one row for all queries, ``[B, 1, 1, S]``, or a dim not known
-    to be the query length) is expanded; onnxruntime refused the fused model before."""
+    length: a mask of one row for all queries (a key-padding mask ``[B, 1, 1, S]``, or a 2-D
+    ``[1, S]``) is expanded; onnxruntime refused the fused model before."""
     from graph_autofusion.ir.text import parse_model
 
     text = (
