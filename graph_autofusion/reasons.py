@@ -357,6 +357,11 @@ ERROR = _define(
     "safe-mode",
     "The check could not run (an activation was not captured, a subgraph did not build).",
 )
+OTHER_SHAPE = _define(
+    "other-shape",
+    "safe-mode",
+    "The fused model differs from the original, or fails, on inputs of another shape (batch 2, another length, a padded mask), and this fusion's own check fails there; it alone is rolled back.",
+)
 END_TO_END = _define(
     "end-to-end",
     "safe-mode",

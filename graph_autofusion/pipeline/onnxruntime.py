@@ -38,8 +38,6 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from graph_autofusion import reasons
 from graph_autofusion.codegen.attention_layout import absorb_layout
 from graph_autofusion.codegen.gemm_reshape import flatten_gemms
@@ -62,10 +60,12 @@ from graph_autofusion.options import FuseOptions
 from graph_autofusion.patterns.candidates import match_rules
 from graph_autofusion.patterns.rules import RuleSet
 from graph_autofusion.patterns.shape_folding import fold_reshape_shapes
+from graph_autofusion.pipeline import other_shape
 from graph_autofusion.pipeline.ort_kernels import CustomOps, CustomOpsUnavailable
 from graph_autofusion.pipeline.plan import plan_for_target
 from graph_autofusion.pipeline.result import (
     FuseResult,
+    RolledBack,
     clone_model,
     e2e_passed,
     to_json,
@@ -79,8 +79,9 @@ from graph_autofusion.verify.inputs import generate_inputs, retry_longer
 from graph_autofusion.verify.optimized_graph import same_model_after_optimization
 from graph_autofusion.verify.safety import (
     FusionRecord,
+    OtherShape,
     SafetyResult,
-    capture_activations,
+    activation_runner,
     check_fusion,
     compare_outputs,
     end_to_end,
@@ -207,17 +208,26 @@ def _fuse_model(
     safe_mode = opts.safe_mode
     planned = rules if custom is not None else native  # custom: every rule, and clusters
 
-    acts = reference = None
+    acts = reference = other = None
     if safe_mode:  # first: the plan reads its shapes, the checks the original's outputs
         with stages("capture", "safe mode: capture activations"):
-            acts, feeds = _capture_original(original, feeds, capture_activations)
+            runner: list[Any] = []  # one session for the sample inputs and the second shape
+
+            def capture(model: Model, arrays: Mapping[str, Any]) -> dict[str, Any]:
+                if not runner:
+                    runner.append(activation_runner(model))
+                return runner[0](arrays)
+
+            acts, feeds = _capture_original(original, feeds, capture)
+            other = other_shape.prepare(original, feeds, runner[0]) if runner else None
+            runner.clear()
         reference = _outputs_of(original, acts)
     with stages("plan"):
         work, analysis, folding, _target = plan_for_target(
             original, planned, profile, opts, feeds, activations=acts
         )
         if folding is not None and folding.folded and safe_mode:
-            problem = _check_folding(original, work, feeds, opts.e2e_cosine_floor, reference)
+            problem = _check_folding(original, work, feeds, opts.e2e_cosine_floor, reference, other)
             if problem:
                 notes.append(f"shape folding rolled back: {problem}")
                 work, analysis, folding, _target = plan_for_target(
@@ -251,8 +261,9 @@ def _fuse_model(
     result.shape_folding = folding
     if safe_mode:  # the one runner: check, roll back, re-lower, end to end
         target = _OrtSafeMode(
-            result, opts, notes, native, custom, keys, acts, reference, profile=profile
-        )
+            result, opts, notes, native, custom, keys, acts, reference, profile=profile,
+            other=other,
+        )  # fmt: skip
         run_safe_mode(result, target, stages, opts, notes, progress=progress)
     else:
         share_created(result.model, result.lowered)
@@ -288,8 +299,10 @@ class _OrtSafeMode:
         reference: Mapping[str, Any] | None,
         *,
         profile: Any = None,
+        other: OtherShape | None = None,
     ) -> None:
         self.result, self.opts, self.notes = result, opts, notes
+        self.other = other  # the second shape's inputs and the original's outputs there
         self.native, self.custom, self.keys = native, custom, keys
         self.original = result.original
         self.originals = {n.name: n for n in self.original.graph.nodes}
@@ -306,8 +319,8 @@ class _OrtSafeMode:
             self.original, self.result, self.notes
         )
 
-    def check(self, low: Lowered, speed: SpeedPolicy | None) -> SafetyResult:
-        record = FusionRecord(
+    def _record(self, low: Lowered) -> FusionRecord:
+        return FusionRecord(
             low.key,
             low.rule,
             [self.originals[n] for n in low.original_node_names if n in self.originals],
@@ -316,6 +329,9 @@ class _OrtSafeMode:
             low.outputs,
             low.tolerance,
         )
+
+    def check(self, low: Lowered, speed: SpeedPolicy | None) -> SafetyResult:
+        record = self._record(low)
         alone = timed_alone(low)
         res = check_fusion(
             self.original,
@@ -345,6 +361,34 @@ class _OrtSafeMode:
         return True
 
     def end_to_end(self) -> Mapping[str, Any]:
+        e2e = self._cleaned_end_to_end()
+        if self.other is None or not other_shape.only_there(e2e):
+            return e2e
+        # right on the sample inputs, wrong at the second shape: find the fusions at fault on
+        # a fresh lowering (the layout clean-ups rewrite the fusions' nodes)
+        self.rebuild(set())
+        bad = other_shape.culprits(
+            self.original, self.result.model, self.result.lowered, self.other, self._record,
+            self.opts.cosine_floor,
+        )  # fmt: skip
+        for low, res in bad:
+            self.result.rolled_back.append(
+                RolledBack(
+                    low.key,
+                    low.rule,
+                    reasons.OTHER_SHAPE,
+                    f"on inputs of {self.other.what}: {res.message}",
+                    res,
+                )  # fmt: skip
+            )
+        if bad:
+            self.notes.append(
+                f"{len(bad)} fusions rolled back: they differ on inputs of {self.other.what}"
+            )
+        self.rebuild({low.key for low, _ in bad})
+        return self._cleaned_end_to_end()
+
+    def _cleaned_end_to_end(self) -> Mapping[str, Any]:
         result, notes, floor = self.result, self.notes, self.opts.e2e_cosine_floor
         share_created(result.model, result.lowered)  # each fusion was verified on its own nodes
         relayout = any(
@@ -360,7 +404,7 @@ class _OrtSafeMode:
         def whole() -> dict[str, Any]:  # the original's outputs are the captured ones
             return end_to_end(
                 self.original, result.model, result.feeds, cosine_floor=floor,
-                reference=self.reference,
+                reference=self.reference, others=[self.other] if self.other else [],
             )  # fmt: skip
 
         e2e = whole()
@@ -464,15 +508,15 @@ def _check_folding(
     feeds: Mapping[str, Any],
     cosine_floor: float,
     reference: Mapping[str, Any] | None = None,
+    other: OtherShape | None = None,
 ) -> str:
     """Safe mode's check of the shape folding: the folded model against the original on the
-    sample inputs and on inputs with other symbolic dims (batch 2, sequence 7), where the
-    original runs on them. ``reference``: the original's outputs on the sample inputs (its
-    captured activations): not run again. Returns what failed, or ``""``."""
+    sample inputs and on the second shape's (:mod:`.other_shape`), where the original runs on
+    them. ``reference``, ``other``: the original's outputs on the sample inputs (its captured
+    activations) and the second shape: not run again. Returns what failed, or ``""``."""
     sets = [("the sample inputs", dict(feeds))]
-    other = generate_inputs(original, seed=1, batch=2, seq_len=7)
-    if any(np.shape(other[k]) != np.shape(v) for k, v in feeds.items() if k in other):
-        sets.append(("inputs of batch 2, sequence 7", other))
+    if other is not None:
+        sets.append((f"inputs of {other.what}", other.feeds))
     # lean sessions: the weights are read in place, not serialized twice
     try:
         b = ort_session(folded, lean=True)
@@ -483,6 +527,8 @@ def _check_folding(
     def run_original(arrays: Mapping[str, Any], quiet: bool) -> dict[str, Any]:
         if reference is not None and arrays is sets[0][1]:
             return dict(reference)
+        if other is not None and arrays is other.feeds:
+            return dict(other.reference)
         if not original_session:
             original_session.append(ort_session(original, lean=True))
         return run_session(original_session[0], arrays, quiet=quiet)

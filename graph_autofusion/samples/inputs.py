@@ -190,4 +190,50 @@ def retry_longer(model: Model, exc: BaseException, run: Any) -> tuple[Any, Any] 
     return None
 
 
-__all__ = ["generate_inputs", "retry_longer"]
+#: Safe mode's second shape (:func:`other_shape_inputs`): a batch and a sequence length that
+#: differ from the generated sample inputs' (1 and 16), and how many positions at the end of
+#: the second row of an integer or boolean mask are masked (right padding: every query still
+#: sees a key, so no attention row is fully masked).
+OTHER_BATCH = 2
+OTHER_SEQ_LEN = 7
+OTHER_PADDED = 2
+
+
+def other_shape_inputs(model: Model, feeds: Any) -> tuple[str, dict[str, Any]] | None:
+    """Inputs of another shape than ``feeds`` for safe mode's second end-to-end comparison
+    (and the shape folding's check): generated with batch :data:`OTHER_BATCH` and sequence
+    :data:`OTHER_SEQ_LEN` (a KV-cache decoder's past and new lengths agreeing), the second
+    row of each 2-D integer or boolean ``*mask*`` input padded at its end. Returns ``(what,
+    inputs)``, ``what`` saying the shape in words, or ``None`` when the model has no dynamic
+    dim (the inputs would have the sample inputs' shapes) or no inputs can be generated."""
+    try:
+        other = generate_inputs(model, seed=1, batch=OTHER_BATCH, seq_len=OTHER_SEQ_LEN)
+    except Exception:  # noqa: BLE001 - no second shape: the sample inputs' check stands
+        return None
+    if not any(k in other and np.shape(other[k]) != np.shape(v) for k, v in feeds.items()):
+        return None
+    padded = _pad_masks(model, other)
+    what = f"batch {OTHER_BATCH}, sequence {OTHER_SEQ_LEN}"
+    return (what + ", a padded mask" if padded else what), dict(other)
+
+
+def _pad_masks(model: Model, feeds: dict[str, Any]) -> int:
+    """Mask the last :data:`OTHER_PADDED` positions of the second row of every 2-D integer or
+    boolean input named like ``*mask*`` (long enough to keep a position); their count."""
+    count = 0
+    for v in model.graph.inputs:
+        arr = feeds.get(v.name)
+        if "mask" not in v.name.lower() or not isinstance(arr, np.ndarray) or arr.ndim != 2:
+            continue
+        if arr.dtype != np.bool_ and not np.issubdtype(arr.dtype, np.integer):
+            continue  # an additive float mask: another convention
+        if arr.shape[0] < 2 or arr.shape[1] <= OTHER_PADDED or not np.all(arr == 1):
+            continue
+        arr = arr.copy()
+        arr[1, -OTHER_PADDED:] = 0
+        feeds[v.name] = arr
+        count += 1
+    return count
+
+
+__all__ = ["generate_inputs", "other_shape_inputs", "retry_longer"]

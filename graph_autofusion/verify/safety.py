@@ -29,6 +29,7 @@ captured activations) and runs them in onnxruntime:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,7 @@ from graph_autofusion.verify.signature import Repeats, fusion_signature
 from graph_autofusion.verify.speed import SpeedPolicy
 from graph_autofusion.verify.subgraph import (
     SafetyCheckError,
+    activation_runner,
     capture_activations,
     run_session,
     subgraph_model,
@@ -412,21 +414,57 @@ def end_to_end(
     cosine_floor: float = defaults.E2E_COSINE,
     threads: int = 2,
     reference: Mapping[str, np.ndarray] | None = None,
+    others: Sequence[OtherShape] = (),
 ) -> dict[str, dict[str, Any]]:
     """Run the whole original and fused models (path, ModelProto or IR Model each) on ``feeds``
     in onnxruntime and compare every output of the original (``reference``: its outputs on
-    ``feeds``, in its output order, e.g. captured: not run again).
+    ``feeds``, in its output order, e.g. captured: not run again). ``others``: more inputs
+    (another shape) with the original's outputs on them, run by the same fused session.
 
     Returns:
         Output name -> ``{"cosine", "max_abs", "max_rel", "passed"}``; an output the fused
-        model lacks is reported with cosine 0 and ``passed=False``.
+        model lacks is reported with cosine 0 and ``passed=False``. The outputs on an
+        :class:`OtherShape` are keyed ``"name @ what"``, and a fused model that fails there
+        has one failing entry ``"@ what"`` with its ``error``.
     """
     if reference is None:
         a = ort_session(original_path_or_proto, "disable", threads, lean=True)
         reference = run_session(a, feeds)
         del a
     b = ort_session(fused_proto, "disable", threads, lean=True)
-    return compare_outputs(reference, run_session(b, feeds), cosine_floor=cosine_floor)
+    out = compare_outputs(reference, run_session(b, feeds), cosine_floor=cosine_floor)
+    for other in others:
+        try:
+            got = run_session(b, other.feeds, quiet=True)
+        except Exception as exc:  # noqa: BLE001 - onnxruntime's own exception types
+            error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            out[f"{AT} {other.what}"] = {
+                "cosine": 0.0, "max_abs": math.inf, "max_rel": math.inf, "passed": False,
+                "error": error,
+            }  # fmt: skip
+            continue
+        cmp = compare_outputs(other.reference, got, cosine_floor=cosine_floor)
+        out.update({f"{name} {AT} {other.what}": v for name, v in cmp.items()})
+    return out
+
+
+#: What joins an output's name and the shape it was compared at in :func:`end_to_end`'s keys.
+AT = "@"
+
+
+@dataclass
+class OtherShape:
+    """Inputs of another shape than the sample inputs (``what``: the shape in words) and the
+    original's outputs on them: safe mode's second end-to-end comparison."""
+
+    what: str
+    feeds: dict[str, np.ndarray]
+    reference: dict[str, np.ndarray]
+
+
+def at_other_shape(key: str) -> bool:
+    """Whether an :func:`end_to_end` entry is of an :class:`OtherShape`."""
+    return f" {AT} " in key or key.startswith(f"{AT} ")
 
 
 def compare_outputs(
@@ -456,7 +494,11 @@ def compare_outputs(
 
 
 __all__ = [
+    "AT",
     "FP16_MAX",
+    "OtherShape",
+    "activation_runner",
+    "at_other_shape",
     "compare_outputs",
     "FusionRecord",
     "SafetyCheckError",

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,10 +57,17 @@ def capture_activations(
         graph outputs. Intermediates are added untyped (onnxruntime infers their types), so
         values the IR has no type for are captured too.
     """
+    return activation_runner(model, threads=threads)(feeds)
 
+
+def activation_runner(
+    model: Model, *, threads: int = 2
+) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+    """:func:`capture_activations`' session, kept to capture more than one set of inputs:
+    ``run(feeds)`` returns what :func:`capture_activations` does for ``feeds``."""
     arrays = model_weights(model)
     proto = to_onnx(model, without_data=set(arrays))
-    return capture_proto(proto, feeds, threads=threads, in_place=arrays)
+    return _runner(proto, threads, arrays)
 
 
 def capture_proto(
@@ -73,6 +80,12 @@ def capture_proto(
     """:func:`capture_activations` of a model proto (modified: every node output of its main
     graph becomes a graph output; ``in_place``: its initializers read from these arrays, whose
     data it then no longer holds)."""
+    return _runner(proto, threads, in_place)(feeds)
+
+
+def _runner(
+    proto: onnx.ModelProto, threads: int, in_place: Mapping[str, np.ndarray] | None
+) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
     taken = {o.name for o in proto.graph.output} | {i.name for i in proto.graph.input}
     for node in proto.graph.node:
         for name in node.output:
@@ -81,9 +94,13 @@ def capture_proto(
                 taken.add(name)
     sess = ort_session(proto, "disable", threads, lean=True, in_place=in_place)
     given = {i.name for i in sess.get_inputs()}
-    out = {k: np.asarray(v) for k, v in feeds.items() if k in given}
-    out.update(run_session(sess, feeds, quiet=True))  # a failure is the caller's one clear error
-    return out
+
+    def run(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = {k: np.asarray(v) for k, v in feeds.items() if k in given}
+        out.update(run_session(sess, feeds, quiet=True))  # a failure: the caller's clear error
+        return out
+
+    return run
 
 
 # ----------------------------------------------------------------------------- subgraphs
