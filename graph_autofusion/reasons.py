@@ -360,7 +360,7 @@ ERROR = _define(
 OTHER_SHAPE = _define(
     "other-shape",
     "safe-mode",
-    "The fused model differs from the original, or fails, on inputs of another shape (batch 2, another length, a padded mask), and this fusion's own check fails there; it alone is rolled back.",
+    "The fused model differs from the original, or fails, on inputs of another shape (batch 2, another length), and this fusion's own check fails there; it alone is rolled back.",
 )
 END_TO_END = _define(
     "end-to-end",

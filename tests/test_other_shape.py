@@ -1,6 +1,6 @@
 """Safe mode at a second shape (``pipeline/other_shape.py``): a model with dynamic dims is
-also compared end to end at batch 2, another length and a padded mask, and a fusion that is
-right on the sample inputs but wrong (or refused by onnxruntime) there is rolled back alone."""
+also compared end to end at batch 2 and another length, and a fusion that is right on the
+sample inputs but wrong (or refused by onnxruntime) there is rolled back alone."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from graph_autofusion.ir.text import parse_model
 from graph_autofusion.options import FuseOptions
 from graph_autofusion.patterns.library import builtin_rules
 from graph_autofusion.patterns.library import rotary_embedding as rotary
-from graph_autofusion.pipeline import fuse_model
+from graph_autofusion.pipeline import fuse_model, other_shape
 from graph_autofusion.runtime.ort_session import ort_session
-from graph_autofusion.samples.inputs import OTHER_PADDED, other_shape_inputs
+from graph_autofusion.samples.inputs import other_shape_inputs
 from graph_autofusion.verify.safety import at_other_shape
 
 PROFILE = "x86_avx2"
@@ -98,7 +98,21 @@ def test_static_models_have_no_second_shape():
     assert not [k for k in res.end_to_end if at_other_shape(k)]
 
 
-def test_the_second_shape_pads_the_second_row_of_an_integer_mask():
+def test_with_no_fusion_found_at_fault_every_fusion_goes(monkeypatch):
+    monkeypatch.setattr(rotary, "_batch_of", lambda ctx, table, x: table)
+    monkeypatch.setattr(other_shape, "culprits", lambda *a, **k: [])
+    res = _fuse(ROTARY)
+    assert not res.lowered
+    assert {b.code for b in res.rolled_back} == {"end-to-end"}
+    assert sorted(b.rule for b in res.rolled_back) == ["gelu_erf", "rotary_embedding"]
+    assert [n.op_type for n in res.model.graph.nodes] == [
+        n.op_type for n in res.original.graph.nodes
+    ]
+
+
+def test_the_second_shape_inputs():
+    """Batch 2, sequence 7, masks of ones (no padding: see other_shape_inputs); none for a
+    model whose inputs already have that shape, or with a size input nothing explains."""
     model = parse_model(
         """model opset {"": 18}
 graph g(%input_ids: i64[B,S], %attention_mask: i64[B,S]) -> (%y) {
@@ -109,11 +123,32 @@ graph g(%input_ids: i64[B,S], %attention_mask: i64[B,S]) -> (%y) {
     )
     feeds = {"input_ids": np.zeros((1, 16), np.int64), "attention_mask": np.ones((1, 16), np.int64)}
     what, other = other_shape_inputs(model, feeds)
-    assert what == "batch 2, sequence 7, a padded mask"
-    mask = other["attention_mask"]
-    assert mask.shape == (2, 7) and mask[0].all() and mask[1, :-OTHER_PADDED].all()
-    assert not mask[1, -OTHER_PADDED:].any()
+    assert what == "batch 2, sequence 7"
+    assert other["attention_mask"].shape == (2, 7) and other["attention_mask"].all()
     assert other_shape_inputs(model, {k: np.zeros((2, 7), np.int64) for k in feeds}) is None
+    sized = parse_model(
+        """model opset {"": 18}
+graph g(%x: f32[B,S], %s0: i64[]) -> (%y) {
+  %c = Cast<to=1>(%s0)
+  %y = Mul(%x, %c)
+}
+"""
+    )
+    assert (
+        other_shape_inputs(sized, {"x": np.zeros((1, 16), np.float32), "s0": np.array(16)}) is None
+    )
+
+
+def test_integer_outputs_are_not_compared_at_the_second_shape():
+    text = ROTARY.replace("-> (%y, %z)", "-> (%y, %z, %top)").replace(
+        "  %z = Mul(%m, %half)\n", "  %z = Mul(%m, %half)\n  %top = ArgMax<axis=-1>(%z)\n"
+    )
+    res = _fuse(text)
+    assert "top" in res.end_to_end
+    assert sorted(k for k in res.end_to_end if at_other_shape(k)) == [
+        "y @ batch 2, sequence 7",
+        "z @ batch 2, sequence 7",
+    ]
 
 
 def test_a_model_the_original_cannot_run_at_the_second_shape_keeps_one_check():

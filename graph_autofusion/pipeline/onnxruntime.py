@@ -85,6 +85,7 @@ from graph_autofusion.verify.safety import (
     check_fusion,
     compare_outputs,
     end_to_end,
+    outputs_of,
 )
 from graph_autofusion.verify.sample_inputs import is_generated, own_copy, run_failure, source_of
 from graph_autofusion.verify.signature import Repeats
@@ -216,12 +217,12 @@ def _fuse_model(
             def capture(model: Model, arrays: Mapping[str, Any]) -> dict[str, Any]:
                 if not runner:
                     runner.append(activation_runner(model))
-                return runner[0](arrays)
+                return runner[0](arrays)  # every intermediate
 
             acts, feeds = _capture_original(original, feeds, capture)
             other = other_shape.prepare(original, feeds, runner[0]) if runner else None
             runner.clear()
-        reference = _outputs_of(original, acts)
+        reference = outputs_of(original, acts)
     with stages("plan"):
         work, analysis, folding, _target = plan_for_target(
             original, planned, profile, opts, feeds, activations=acts
@@ -284,7 +285,8 @@ class _OrtSafeMode:
     check (:func:`~graph_autofusion.verify.safety.check_fusion` on onnxruntime's activations of
     the original), its rebuild (a fresh copy of the original, folded again, lowered with the
     kept keys: new nodes, checked again), its end-to-end check (after the layout clean-ups and
-    ``keep_fp32``, each rolled back alone when the whole model differs), and its fallback
+    ``keep_fp32``, each rolled back alone when the whole model differs; at a second shape too,
+    :mod:`.other_shape`, rolling back alone the fusions wrong only there), and its fallback
     (the original, unfolded)."""
 
     def __init__(
@@ -361,16 +363,21 @@ class _OrtSafeMode:
         return True
 
     def end_to_end(self) -> Mapping[str, Any]:
+        mark = len(self.notes)
         e2e = self._cleaned_end_to_end()
         if self.other is None or not other_shape.only_there(e2e):
             return e2e
         # right on the sample inputs, wrong at the second shape: find the fusions at fault on
-        # a fresh lowering (the layout clean-ups rewrite the fusions' nodes)
+        # a fresh lowering (the layout clean-ups rewrite the fusions' nodes); the clean-ups'
+        # notes of this pass go with it
+        del self.notes[mark:]
         self.rebuild(set())
         bad = other_shape.culprits(
             self.original, self.result.model, self.result.lowered, self.other, self._record,
             self.opts.cosine_floor,
         )  # fmt: skip
+        if not bad:
+            return e2e  # no fusion at fault: every fusion goes (safe mode's runner)
         for low, res in bad:
             self.result.rolled_back.append(
                 RolledBack(
@@ -381,10 +388,9 @@ class _OrtSafeMode:
                     res,
                 )  # fmt: skip
             )
-        if bad:
-            self.notes.append(
-                f"{len(bad)} fusions rolled back: they differ on inputs of {self.other.what}"
-            )
+        self.notes.append(
+            f"{len(bad)} fusions rolled back: they differ on inputs of {self.other.what}"
+        )
         self.rebuild({low.key for low, _ in bad})
         return self._cleaned_end_to_end()
 
@@ -494,12 +500,6 @@ def _capture_original(
             f"onnxruntime, which cannot run it: {' '.join(str(exc).split())[:300]}; fuse with "
             f"safe_mode=False (--unsafe) or for the cpu target (torch runs it)"
         ) from exc
-
-
-def _outputs_of(original: Model, acts: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The original's outputs among its captured activations (``None`` if one is missing)."""
-    names = [v.name for v in original.graph.outputs]
-    return {k: acts[k] for k in names} if all(k in acts for k in names) else None
 
 
 def _check_folding(

@@ -2,20 +2,20 @@
 another shape than the sample inputs, not only on them.
 
     other = prepare(original, feeds, capture)      # None: a static model, or none runs
-    e2e = end_to_end(..., others=[other])          # "name @ batch 2, sequence 7, ..." entries
+    e2e = end_to_end(..., others=[other])          # "name @ batch 2, sequence 7" entries
     bad = culprits(original, model, lowered, other, record_of, floor)
 
 Every fusion is checked on the sample inputs' activations, and those are of one shape (batch 1,
-one sequence length, a mask of ones). A fusion can be right there and wrong, or refused by
-onnxruntime, at another: a rotary table of one row where the operator does not broadcast it
-(batch 2), a mask whose rows the fused kernel reads differently (padding). So the end-to-end
-check of a model with dynamic dims also runs the fused model on generated inputs of batch
-:data:`~graph_autofusion.samples.inputs.OTHER_BATCH`, sequence
-:data:`~graph_autofusion.samples.inputs.OTHER_SEQ_LEN` and a padded second row of every integer
-mask (:func:`~graph_autofusion.samples.inputs.other_shape_inputs`), against the original's
-outputs there, taken by the same capture session as the sample inputs' activations (one more
-run, no other session). A model the original does not run at that shape (a fixed length the
-graph does not declare) is checked at its sample shape only.
+one sequence length). A fusion can be right there and wrong, or refused by onnxruntime, at
+another: a rotary table of one row where the operator does not broadcast it (batch 2), a mask
+a fused kernel needs of the query's length. So the end-to-end check of a model with dynamic
+dims also runs the fused model on generated inputs of batch
+:data:`~graph_autofusion.samples.inputs.OTHER_BATCH` and sequence
+:data:`~graph_autofusion.samples.inputs.OTHER_SEQ_LEN`
+(:func:`~graph_autofusion.samples.inputs.other_shape_inputs`) and compares its floating outputs
+with the original's there, taken by the same capture session as the sample inputs' activations
+(one more run, of the outputs only). A model the original does not run at that shape (a fixed
+length the graph does not declare) is checked at its sample shape only.
 
 When only that second comparison fails, :func:`culprits` finds the fusions at fault: the
 original's activations at the second shape, and each fusion's own check on them (numerics, no
@@ -37,27 +37,27 @@ from graph_autofusion.verify.safety import (
     at_other_shape,
     capture_activations,
     check_fusion,
+    outputs_of,
 )
 
 
 def prepare(
-    original: Model, feeds: Mapping[str, Any], capture: Callable[[Mapping[str, Any]], dict]
+    original: Model, feeds: Mapping[str, Any], capture: Callable[..., dict]
 ) -> OtherShape | None:
     """The second shape's inputs and the original's outputs on them (``capture``: the
-    session that captured the sample inputs' activations); ``None`` when the model has no
-    dynamic dim or the original does not run at that shape."""
+    :func:`~graph_autofusion.verify.subgraph.activation_runner` that captured the sample
+    inputs' activations); ``None`` when there is no second shape or the original does not run
+    at it."""
     got = other_shape_inputs(original, feeds)
     if got is None:
         return None
     what, arrays = got
-    try:
-        acts = capture(arrays)
+    try:  # the outputs only: every intermediate at this shape would double the capture's memory
+        acts = capture(arrays, outputs=[v.name for v in original.graph.outputs])
     except Exception:  # noqa: BLE001 - the original does not take that shape: nothing to compare
         return None
-    names = [v.name for v in original.graph.outputs]
-    if not all(n in acts for n in names):
-        return None
-    return OtherShape(what, arrays, {n: acts[n] for n in names})
+    reference = outputs_of(original, acts)
+    return OtherShape(what, arrays, reference) if reference is not None else None
 
 
 def only_there(e2e: Mapping[str, Any]) -> bool:
@@ -75,8 +75,12 @@ def culprits(
     cosine_floor: float,
 ) -> list[tuple[Any, SafetyResult]]:
     """The fusions of ``lowered`` (in ``model``, before its layout clean-ups) that fail their
-    own check on the original's activations at the second shape, with their verdicts."""
-    acts = capture_activations(original, other.feeds)
+    own check on the original's activations at the second shape, with their verdicts (none
+    when those cannot be captured again: every fusion then goes)."""
+    try:
+        acts = capture_activations(original, other.feeds)
+    except Exception:  # noqa: BLE001 - it ran there in prepare(); out of memory, say
+        return []
     bad = []
     for low in lowered:
         res = check_fusion(

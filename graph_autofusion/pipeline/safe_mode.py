@@ -15,7 +15,9 @@ The runner, in the order of :data:`~graph_autofusion.pipeline.stages.STAGES`:
    the new model, up to :data:`MAX_ROUNDS` rounds; one that only left the failures out keeps
    their verdicts. ``result.safety`` holds every verdict.
 3. **end_to_end**: ``target.end_to_end()``, the whole fused program against the original
-   (``result.end_to_end``). If it fails, every fusion still applied is rolled back
+   (``result.end_to_end``); a target may first roll back on its own the fusions it finds at
+   fault (the onnxruntime target's second shape, :mod:`.other_shape`, recorded in
+   ``result.rolled_back``). If it fails, every fusion still applied is rolled back
    (:data:`~graph_autofusion.reasons.END_TO_END`), ``target.roll_back_all()`` gives back an
    unfused model, and one note says so.
 
@@ -55,7 +57,8 @@ class SafeModeTarget(Protocol):
 
     def end_to_end(self) -> Mapping[str, Any]:
         """The whole fused program against the original (a target may first apply, and
-        roll back when they differ, its clean-ups of the fused model)."""
+        roll back when they differ, its clean-ups of the fused model, and roll back the
+        fusions it finds at fault, each recorded in ``result.rolled_back``)."""
 
     def roll_back_all(self) -> str:
         """Give ``result`` an unfused model; returns what was rolled back, in words."""

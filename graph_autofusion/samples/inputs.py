@@ -191,49 +191,46 @@ def retry_longer(model: Model, exc: BaseException, run: Any) -> tuple[Any, Any] 
 
 
 #: Safe mode's second shape (:func:`other_shape_inputs`): a batch and a sequence length that
-#: differ from the generated sample inputs' (1 and 16), and how many positions at the end of
-#: the second row of an integer or boolean mask are masked (right padding: every query still
-#: sees a key, so no attention row is fully masked).
+#: differ from the generated sample inputs' (1 and 16).
 OTHER_BATCH = 2
 OTHER_SEQ_LEN = 7
-OTHER_PADDED = 2
 
 
 def other_shape_inputs(model: Model, feeds: Any) -> tuple[str, dict[str, Any]] | None:
     """Inputs of another shape than ``feeds`` for safe mode's second end-to-end comparison
-    (and the shape folding's check): generated with batch :data:`OTHER_BATCH` and sequence
-    :data:`OTHER_SEQ_LEN` (a KV-cache decoder's past and new lengths agreeing), the second
-    row of each 2-D integer or boolean ``*mask*`` input padded at its end. Returns ``(what,
-    inputs)``, ``what`` saying the shape in words, or ``None`` when the model has no dynamic
-    dim (the inputs would have the sample inputs' shapes) or no inputs can be generated."""
+    (and the shape folding's check), generated like the sample inputs with batch
+    :data:`OTHER_BATCH` and sequence :data:`OTHER_SEQ_LEN` (a KV-cache decoder's past and new
+    lengths agreeing; masks of ones). Returns ``(what, inputs)``, ``what`` saying the shape in
+    words, or ``None`` when there is no such shape to compare at: the model has no dynamic dim
+    (the inputs would have the sample inputs' shapes), inputs cannot be generated, or a scalar
+    integer input no operator's use explains (a size, e.g. a Dynamo graph's symbolic length:
+    a random value would disagree with the tensors' dims).
+
+    No mask is padded: a model whose mask hides query rows too (query x key) has fully masked
+    rows at the padding, where a fused attention kernel (zeros) and the decomposed softmax (the
+    mean of the values) legitimately differ."""
     try:
         other = generate_inputs(model, seed=1, batch=OTHER_BATCH, seq_len=OTHER_SEQ_LEN)
     except Exception:  # noqa: BLE001 - no second shape: the sample inputs' check stands
         return None
-    if not any(k in other and np.shape(other[k]) != np.shape(v) for k, v in feeds.items()):
+    scalars = [
+        v.name
+        for v in model.graph.inputs
+        if v.name in other
+        and np.ndim(other[v.name]) == 0
+        and np.issubdtype(np.asarray(other[v.name]).dtype, np.integer)
+        and v.name not in other.derived
+    ]
+    if scalars:
         return None
-    padded = _pad_masks(model, other)
-    what = f"batch {OTHER_BATCH}, sequence {OTHER_SEQ_LEN}"
-    return (what + ", a padded mask" if padded else what), dict(other)
+    if not any(_shape(other.get(k)) not in (None, _shape(v)) for k, v in feeds.items()):
+        return None
+    return f"batch {OTHER_BATCH}, sequence {OTHER_SEQ_LEN}", dict(other)
 
 
-def _pad_masks(model: Model, feeds: dict[str, Any]) -> int:
-    """Mask the last :data:`OTHER_PADDED` positions of the second row of every 2-D integer or
-    boolean input named like ``*mask*`` (long enough to keep a position); their count."""
-    count = 0
-    for v in model.graph.inputs:
-        arr = feeds.get(v.name)
-        if "mask" not in v.name.lower() or not isinstance(arr, np.ndarray) or arr.ndim != 2:
-            continue
-        if arr.dtype != np.bool_ and not np.issubdtype(arr.dtype, np.integer):
-            continue  # an additive float mask: another convention
-        if arr.shape[0] < 2 or arr.shape[1] <= OTHER_PADDED or not np.all(arr == 1):
-            continue
-        arr = arr.copy()
-        arr[1, -OTHER_PADDED:] = 0
-        feeds[v.name] = arr
-        count += 1
-    return count
+def _shape(v: Any) -> tuple[int, ...] | None:
+    """An array's shape; ``None`` for anything else (a sequence of tensors, a string)."""
+    return tuple(v.shape) if isinstance(v, np.ndarray) else None
 
 
 __all__ = ["generate_inputs", "other_shape_inputs", "retry_longer"]

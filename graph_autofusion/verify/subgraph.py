@@ -26,16 +26,21 @@ class SafetyCheckError(GraphAutoFusionError, RuntimeError):
 
 # ----------------------------------------------------------------------------- ORT plumbing
 def run_session(
-    sess: Any, arrays: Mapping[str, np.ndarray], *, quiet: bool = False
+    sess: Any,
+    arrays: Mapping[str, np.ndarray],
+    *,
+    quiet: bool = False,
+    outputs: Sequence[str] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Run ``sess`` on the arrays it takes. ``quiet``: a failure is expected to be possible
-    (a probe with other sizes): onnxruntime does not log it, the caller reports it."""
+    """Run ``sess`` on the arrays it takes (``outputs``: only these, default all). ``quiet``:
+    a failure is expected to be possible (a probe with other sizes): onnxruntime does not log
+    it, the caller reports it."""
     feeds = {}
     for i in sess.get_inputs():
         if i.name not in arrays:
             raise SafetyCheckError(f"no value for input %{i.name}")
         feeds[i.name] = arrays[i.name]
-    names = [o.name for o in sess.get_outputs()]
+    names = list(outputs) if outputs is not None else [o.name for o in sess.get_outputs()]
     opts = None
     if quiet:
         import onnxruntime as ort
@@ -60,11 +65,10 @@ def capture_activations(
     return activation_runner(model, threads=threads)(feeds)
 
 
-def activation_runner(
-    model: Model, *, threads: int = 2
-) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
-    """:func:`capture_activations`' session, kept to capture more than one set of inputs:
-    ``run(feeds)`` returns what :func:`capture_activations` does for ``feeds``."""
+def activation_runner(model: Model, *, threads: int = 2) -> Callable[..., dict[str, np.ndarray]]:
+    """:func:`capture_activations`' session, kept to run more than one set of inputs:
+    ``run(feeds)`` returns what :func:`capture_activations` does for ``feeds``, and
+    ``run(feeds, outputs=names)`` only those values (the feeds and the named outputs)."""
     arrays = model_weights(model)
     proto = to_onnx(model, without_data=set(arrays))
     return _runner(proto, threads, arrays)
@@ -85,7 +89,7 @@ def capture_proto(
 
 def _runner(
     proto: onnx.ModelProto, threads: int, in_place: Mapping[str, np.ndarray] | None
-) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+) -> Callable[..., dict[str, np.ndarray]]:
     taken = {o.name for o in proto.graph.output} | {i.name for i in proto.graph.input}
     for node in proto.graph.node:
         for name in node.output:
@@ -95,9 +99,12 @@ def _runner(
     sess = ort_session(proto, "disable", threads, lean=True, in_place=in_place)
     given = {i.name for i in sess.get_inputs()}
 
-    def run(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(
+        feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
         out = {k: np.asarray(v) for k, v in feeds.items() if k in given}
-        out.update(run_session(sess, feeds, quiet=True))  # a failure: the caller's clear error
+        # a failure is the caller's one clear error
+        out.update(run_session(sess, feeds, quiet=True, outputs=outputs))
         return out
 
     return run
