@@ -174,3 +174,23 @@ graph g(%r: f32[B,S,16]) -> (%y) {
     assert res.end_to_end["y"]["passed"]
     res = _fuse(text.replace("i64[3] = [1, 16, 16]", "i64[2] = [-1, 16]"))
     assert "y @ batch 2, sequence 7" in res.end_to_end  # runs at any length: compared there
+
+
+def test_the_cpu_target_compares_its_program_at_the_second_shape_too():
+    """The cpu target's end-to-end check runs its program (generated kernels and torch's) at
+    the second shape against the original run by the same torch runner."""
+    from graph_autofusion.pipeline.cpu import fuse_model_cpu
+
+    res = fuse_model_cpu(
+        parse_model(ROTARY),
+        builtin_rules().preset("all"),
+        PROFILE,
+        options=FuseOptions(target="cpu", check_speed=False, benefit_threshold=0.0),
+    )
+    assert res.lowered and not res.rolled_back
+    outs = res.end_to_end["outputs"]
+    assert sorted(k for k in outs if at_other_shape(k)) == [
+        "y @ batch 2, sequence 7",
+        "z @ batch 2, sequence 7",
+    ]
+    assert all(v["passed"] for v in outs.values()) and res.end_to_end["passed"]

@@ -49,6 +49,7 @@ from graph_autofusion.patterns.matcher import Match, match_at
 from graph_autofusion.patterns.rewrite import fuse_match
 from graph_autofusion.patterns.rules import RuleMatch
 from graph_autofusion.patterns.shape_folding import fold_reshape_shapes
+from graph_autofusion.pipeline import other_shape
 from graph_autofusion.pipeline.cpu_kernels import (
     KernelGroup,
     NativeGroup,
@@ -67,8 +68,8 @@ from graph_autofusion.pipeline.result import (
 from graph_autofusion.pipeline.safe_mode import run_safe_mode
 from graph_autofusion.pipeline.stages import Stages
 from graph_autofusion.runtime.ort_session import ort_session
-from graph_autofusion.verify.inputs import generate_inputs
-from graph_autofusion.verify.safety import SafetyResult, compare_outputs
+from graph_autofusion.verify.inputs import generate_inputs, other_shape_inputs
+from graph_autofusion.verify.safety import OtherShape, SafetyResult, compare_at, compare_outputs
 from graph_autofusion.verify.sample_inputs import is_generated, own_copy, run_failure
 from graph_autofusion.verify.speed import SpeedPolicy
 
@@ -323,6 +324,7 @@ class _CpuSafeMode:
         self.build, self.notes, self.reference = build, notes, reference
         self.ref: Any = None
         self.acts: Any = None
+        self.other: OtherShape | None = None  # the second shape and the original's outputs
 
     def capture(self) -> None:
         from graph_autofusion.runtime.torch_runtime import TorchRunner  # heavy: torch
@@ -338,6 +340,13 @@ class _CpuSafeMode:
             if failure is None:
                 raise
             raise failure from exc
+        got = other_shape_inputs(result.original, feeds)
+        if got is not None:
+            try:  # the original's outputs there, by the same runner
+                outs = self.ref.run(got[1])
+                self.other = OtherShape(*got, {k: _host(v) for k, v in outs.items()})
+            except Exception:  # noqa: BLE001 - it does not take that shape: nothing to compare
+                self.other = None
 
     def check(self, low: Lowered, speed: SpeedPolicy | None) -> SafetyResult:
         step, args, unfused = kernel_and_operators(self.result, low, self.acts, self.ref.opset)
@@ -360,6 +369,31 @@ class _CpuSafeMode:
         return False
 
     def end_to_end(self) -> Mapping[str, Any]:
+        e2e = self._compare()
+        if self.other is None or not other_shape.only_there(e2e):
+            return e2e
+        # right on the sample inputs, wrong at the second shape: each kernel's own check there
+        result, floor = self.result, self.options.cosine_floor
+        try:
+            acts = self.ref.run(self.other.feeds, keep=_checked_values(result))
+        except Exception:  # noqa: BLE001 - it ran there in capture(); out of memory, say
+            return e2e
+        bad = []
+        for low in result.lowered:
+            step, args, unfused = kernel_and_operators(result, low, acts, self.ref.opset)
+            res = check_kernel(
+                low, step, args, acts, floor=floor if floor is not None else low.tolerance,
+                unfused=unfused,
+            )  # fmt: skip
+            if not res.passed:
+                bad.append((low, res))
+        if not bad:
+            return e2e  # no kernel at fault: every fusion goes (safe mode's runner)
+        self.rebuild(other_shape.roll_back(result, self.notes, bad, self.other))
+        return self._compare()
+
+    def _compare(self) -> dict[str, Any]:
+        """The fused program against the original on the sample inputs and the second shape."""
         result, feeds = self.result, self.result.feeds
         if self.reference is not None:
             want = {k: _as_float_array(v) for k, v in self.reference.items()}
@@ -370,7 +404,17 @@ class _CpuSafeMode:
         except Exception as exc:  # noqa: BLE001
             got = {}
             self.notes.append(f"the fused program failed: {type(exc).__name__}: {exc}")
-        cmp = compare_outputs(want, got, cosine_floor=self.options.e2e_cosine_floor)
+        floor = self.options.e2e_cosine_floor
+        cmp = compare_outputs(want, got, cosine_floor=floor)
+        if self.other is not None:
+            run = result.program.run
+            cmp.update(
+                compare_at(
+                    self.other,
+                    lambda f: {k: _host(v) for k, v in run(f).items()},
+                    cosine_floor=floor,
+                )
+            )
         return {"outputs": cmp, "passed": all(v["passed"] for v in cmp.values())}
 
     def roll_back_all(self) -> str:
@@ -423,6 +467,14 @@ def _reference_outputs(original: Model, feeds: Mapping[str, Any]) -> dict[str, n
         return {o.name: np.asarray(v) for o, v in zip(sess.get_outputs(), outs)}
     except Exception:  # noqa: BLE001 - a model onnxruntime cannot run is compared in torch
         return {k: v.float().numpy() for k, v in TorchRunner(original).run(feeds).items()}
+
+
+def _host(v: Any) -> np.ndarray:
+    """A torch tensor as a NumPy array of its kind (floating ones as float32)."""
+    if not hasattr(v, "detach"):
+        return np.asarray(v)
+    v = v.detach()
+    return v.float().numpy() if v.is_floating_point() else v.numpy()
 
 
 def _as_float_array(v: Any) -> np.ndarray:

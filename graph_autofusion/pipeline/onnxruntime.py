@@ -65,7 +65,6 @@ from graph_autofusion.pipeline.ort_kernels import CustomOps, CustomOpsUnavailabl
 from graph_autofusion.pipeline.plan import plan_for_target
 from graph_autofusion.pipeline.result import (
     FuseResult,
-    RolledBack,
     clone_model,
     e2e_passed,
     to_json,
@@ -378,20 +377,8 @@ class _OrtSafeMode:
         )  # fmt: skip
         if not bad:
             return e2e  # no fusion at fault: every fusion goes (safe mode's runner)
-        for low, res in bad:
-            self.result.rolled_back.append(
-                RolledBack(
-                    low.key,
-                    low.rule,
-                    reasons.OTHER_SHAPE,
-                    f"on inputs of {self.other.what}: {res.message}",
-                    res,
-                )  # fmt: skip
-            )
-        self.notes.append(
-            f"{len(bad)} fusions rolled back: they differ on inputs of {self.other.what}"
-        )
-        self.rebuild({low.key for low, _ in bad})
+        failed = other_shape.roll_back(self.result, self.notes, bad, self.other)
+        self.rebuild(failed)
         return self._cleaned_end_to_end()
 
     def _cleaned_end_to_end(self) -> Mapping[str, Any]:

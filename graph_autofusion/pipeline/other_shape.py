@@ -28,7 +28,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from graph_autofusion import reasons
 from graph_autofusion.ir.core import Model
+from graph_autofusion.pipeline.result import RolledBack
 from graph_autofusion.verify.inputs import other_shape_inputs
 from graph_autofusion.verify.safety import (
     FusionRecord,
@@ -61,9 +63,30 @@ def prepare(
 
 
 def only_there(e2e: Mapping[str, Any]) -> bool:
-    """Whether the end-to-end comparison ``e2e`` failed, and only at the second shape."""
-    bad = [k for k, v in e2e.items() if isinstance(v, Mapping) and not v.get("passed", True)]
+    """Whether the end-to-end comparison ``e2e`` (output name -> comparison, or the cpu
+    target's ``{"outputs": ..., "passed": ...}``) failed, and only at the second shape."""
+    outs = e2e.get("outputs", e2e)
+    bad = [k for k, v in outs.items() if isinstance(v, Mapping) and not v.get("passed", True)]
     return bool(bad) and all(at_other_shape(k) for k in bad)
+
+
+def roll_back(
+    result: Any, notes: list[str], bad: Sequence[tuple[Any, SafetyResult]], other: OtherShape
+) -> set[str]:
+    """Record the fusions ``bad`` (with their verdicts at the second shape) as rolled back
+    alone (:data:`~graph_autofusion.reasons.OTHER_SHAPE`), with one note; their keys."""
+    for low, res in bad:
+        result.rolled_back.append(
+            RolledBack(
+                low.key,
+                low.rule,
+                reasons.OTHER_SHAPE,
+                f"on inputs of {other.what}: {res.message}",
+                res,
+            )  # fmt: skip
+        )
+    notes.append(f"{len(bad)} fusions rolled back: they differ on inputs of {other.what}")
+    return {low.key for low, _ in bad}
 
 
 def culprits(

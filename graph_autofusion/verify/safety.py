@@ -30,7 +30,7 @@ captured activations) and runs them in onnxruntime:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -434,21 +434,35 @@ def end_to_end(
     b = ort_session(fused_proto, "disable", threads, lean=True)
     out = compare_outputs(reference, run_session(b, feeds), cosine_floor=cosine_floor)
     for other in others:
-        try:
-            got = run_session(b, other.feeds, quiet=True)
-        except Exception as exc:  # noqa: BLE001 - onnxruntime's own exception types
-            error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-            out[f"{AT} {other.what}"] = {
+        out.update(
+            compare_at(other, lambda f: run_session(b, f, quiet=True), cosine_floor=cosine_floor)
+        )
+    return out
+
+
+def compare_at(
+    other: OtherShape,
+    run: Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]],
+    *,
+    cosine_floor: float,
+) -> dict[str, dict[str, Any]]:
+    """The fused program ``run`` on ``other``'s inputs against the original's outputs there:
+    :func:`compare_outputs` of the floating outputs (an argmax or a top-k index may flip on a
+    near tie of random inputs, where nothing is wrong), keyed ``"name @ what"``; a run that
+    fails is one failing entry ``"@ what"`` with its ``error``."""
+    try:
+        got = run(other.feeds)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime's or torch's own exception types
+        error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        return {
+            f"{AT} {other.what}": {
                 "cosine": 0.0, "max_abs": math.inf, "max_rel": math.inf, "passed": False,
                 "error": error,
-            }  # fmt: skip
-            continue
-        # floating outputs only: an argmax or a top-k index may flip on a near tie of the
-        # random inputs, where nothing is wrong
-        ref = {k: v for k, v in other.reference.items() if _floating(v)}
-        cmp = compare_outputs(ref, got, cosine_floor=cosine_floor)
-        out.update({f"{name} {AT} {other.what}": v for name, v in cmp.items()})
-    return out
+            }
+        }  # fmt: skip
+    ref = {k: v for k, v in other.reference.items() if _floating(v)}
+    cmp = compare_outputs(ref, got, cosine_floor=cosine_floor)
+    return {f"{name} {AT} {other.what}": v for name, v in cmp.items()}
 
 
 def _floating(v: Any) -> bool:
@@ -512,6 +526,7 @@ __all__ = [
     "OtherShape",
     "activation_runner",
     "at_other_shape",
+    "compare_at",
     "compare_outputs",
     "outputs_of",
     "FusionRecord",
