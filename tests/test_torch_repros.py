@@ -637,6 +637,36 @@ def test_group_norm_runs_on_onnxruntime_at_every_length():
     )
 
 
+class _Norms(torch.nn.Module):
+    """ConvNeXtV2's global response norm (``torch.norm`` over two dims) and Swinv2's cosine
+    attention (``F.normalize``), plus the other orders of ``torch.linalg.vector_norm``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor):
+        h = self.lin(x)
+        grn = h * (torch.norm(h, p=2, dim=(1, 2), keepdim=True) + 1.0)
+        q, k = torch.nn.functional.normalize(h, dim=-1), torch.nn.functional.normalize(x, dim=-1)
+        cos = q @ k.transpose(-1, -2)
+        vn = torch.linalg.vector_norm
+        others = torch.stack([vn(h, o, dim=-1) for o in (1, 3, float("inf"), float("-inf"), 0)])
+        return grn, cos, others, vn(h), vn(h, keepdim=True)
+
+
+def test_vector_norms_run_on_onnxruntime():
+    """``linalg_vector_norm`` had no ONNX form: ConvNeXtV2 and Swinv2 graphs ran in eager."""
+    gen = torch.Generator().manual_seed(0)
+    calls = [(torch.randn(2, n, 16, generator=gen).round(decimals=1),) for n in (6, 9, 13)]
+    graphs = _compile_and_run(_Norms(), calls)
+    assert all(g.engine == "onnxruntime" for g in graphs), [g.summary() for g in graphs]
+    ops = {n.op_type for g in graphs for n in g.imported.graph.nodes}
+    assert {"ReduceL2", "ReduceL1"} <= ops and not any(
+        n.domain == "aten" for g in graphs for n in g.imported.graph.nodes
+    )
+
+
 # ----- torch's fused transformer fast paths (nn.TransformerEncoder, nn.MultiheadAttention) ------
 class _Encoder(torch.nn.Module):
     """``nn.TransformerEncoder`` in eval mode: each layer one ``_transformer_encoder_layer_fwd``."""

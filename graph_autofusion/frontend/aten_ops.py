@@ -34,6 +34,8 @@ _to_copy(dtype)                                    Cast (no node when the dtype 
 clone alias detach lift_fresh_copy contiguous      no node (value passed through)
 mean.dim sum amax amin prod (dim)                  ReduceMean/ReduceSum/ReduceMax/ReduceMin/
                                                    ReduceProd (axes input, opset 18 form)
+linalg_vector_norm (ord 2, 1, inf, 0, p)           ReduceL2 / ReduceL1 / ReduceMax(Abs) / count
+                                                   of non-zeros / Pow(ReduceSum(Pow(Abs)), 1/p)
 max.dim / min.dim                                  ReduceMax + ArgMax / ReduceMin + ArgMin
 argmax argmin                                      ArgMax ArgMin
 var.correction                                     ReduceMean, Sub, Mul, ReduceMean (+ Mul)
@@ -50,6 +52,7 @@ products: mixture-of-experts layers) in :mod:`graph_autofusion.frontend.aten_ops
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -435,6 +438,35 @@ def _amax(cx: ConvertContext, x: Any, dim: Any = (), keepdim: bool = False) -> V
 @aten_op("prod.dim_int", "prod.default")
 def _prod(cx: ConvertContext, x: Any, dim: Any = None, keepdim: bool = False, dtype=None) -> Value:
     return reduce(cx, "ReduceProd", x, dim, keepdim, cx.out_dtype)
+
+
+@aten_op("linalg_vector_norm.default")
+def _vector_norm(
+    cx: ConvertContext, x: Any, ord: Any = 2, dim: Any = None, keepdim: bool = False, *, dtype=None
+) -> Value:
+    """``torch.norm`` / ``F.normalize``'s norm: ReduceL2 / ReduceL1, ReduceMax / ReduceMin of
+    ``|x|`` for +-inf, the count of non-zeros for 0, else ``(sum |x|^p)^(1/p)``."""
+    xv = cx.v(x, cx.out_dtype)
+    if isinstance(dim, int):
+        dim = [dim]
+    if not dim:  # every element
+        if keepdim and xv.shape is not None:
+            dim = list(range(len(xv.shape)))
+        else:
+            xv, dim, keepdim = cx.op("Reshape", [xv, cx.ints([-1])]), [0], False
+    p, dt = float(ord), cx.out_dtype
+    if p == 2.0:
+        return reduce(cx, "ReduceL2", xv, dim, keepdim, dt)
+    if p == 1.0:
+        return reduce(cx, "ReduceL1", xv, dim, keepdim, dt)
+    a = cx.op("Abs", [xv])
+    if p in (math.inf, -math.inf):
+        return reduce(cx, "ReduceMax" if p > 0 else "ReduceMin", a, dim, keepdim, dt)
+    if p == 0.0:
+        nonzero = cx.op("Cast", [cx.op("Greater", [a, cx.scalar(0, dt)])], {"to": int(dt)})
+        return reduce(cx, "ReduceSum", nonzero, dim, keepdim, dt)
+    total = reduce(cx, "ReduceSum", cx.op("Pow", [a, cx.scalar(p, dt)]), dim, keepdim, dt)
+    return cx.op("Pow", [total, cx.scalar(1.0 / p, dt)])
 
 
 @aten_op("max.dim", "min.dim")
