@@ -179,6 +179,22 @@ def test_native_rewrite_runs_in_onnxruntime():
         np.testing.assert_allclose(sess.run(None, feeds)[0], want, rtol=1e-4, atol=1e-5)
 
 
+def test_a_per_head_norm_is_reshaped_around_the_skip_form():
+    """Qwen3's and Gemma3's q/k norms are over [B, S, H, D]; SkipSimplifiedLayerNormalization
+    takes 2-D or 3-D inputs only (onnxruntime refused the fused model: safe mode rolled the
+    norm back), so a 4-D input is reshaped to [-1, D] around it."""
+    text = graph("mul", "attr", "reciprocal").replace("f32[2,8,16]", "f32[2,8,4,16]")
+    text = text.replace("f32[2,8,1]", "f32[2,8,4,1]")
+    original = parse_model(text)
+    model = check_rule(RULE, text, matches=1, native=True, rtol=1e-4,
+                       ops_after=["Reshape", NATIVE, "Shape", "Reshape"])  # fmt: skip
+    feeds = random_feeds(original.graph, 5)
+    want = run_model(original, feeds)["y"]
+    got = ort_session(model, "all").run(None, feeds)[0]
+    assert got.shape == (2, 8, 4, 16)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("model", "count"),

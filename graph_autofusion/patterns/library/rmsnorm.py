@@ -16,10 +16,13 @@ kernel is also ~3x faster than the skip form at 128x512); otherwise
 ``com.microsoft.SkipSimplifiedLayerNormalization(x, x, weight, epsilon=4 * eps)``, which is the
 same function (RMSNorm is scale invariant and both scalings are powers of two) and, unlike
 onnxruntime's ``SimplifiedLayerNormalization`` (registered in the ONNX domain), passes
-``onnx.checker``.
+``onnx.checker``; it takes 2-D or 3-D inputs, so a per-head norm (``[B, S, H, D]``) is
+reshaped to ``[-1, D]`` around it.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from graph_autofusion.ir.opset_upgrade import ATTENTION_OPSET, upgrade_opset, upgrade_problem
 from graph_autofusion.patterns.library._norm_common import (
@@ -80,10 +83,23 @@ def _rewrite(ctx: RewriteContext):
     # onnxruntime's SimplifiedLayerNormalization lives in the ONNX domain, where onnx.checker
     # rejects it. RMSNorm is scale invariant: RMSNorm(x + x, eps * 4) == RMSNorm(x, eps)
     # exactly (both scalings are powers of two), so the com.microsoft skip form computes it.
+    flat = x
+    if x.shape is not None and len(x.shape) not in (
+        2,
+        3,
+    ):  # a per-head norm ([B, S, H, D]: Qwen3's, Gemma3's q/k norms)
+        cols = ctx.add_constant("rms_rows", np.array([-1, weight.shape[0]], np.int64))
+        flat = ctx.make_node("Reshape", [x, cols]).outputs[0]
     node = ctx.make_node(
-        "SkipSimplifiedLayerNormalization", [x, x, weight], {"epsilon": eps * 4.0}, domain=MS
-    )
-    return node.outputs[:1]
+        "SkipSimplifiedLayerNormalization", [flat, flat, weight], {"epsilon": eps * 4.0},
+        domain=MS,
+    )  # fmt: skip
+    if flat is x:
+        return node.outputs[:1]
+    shape = ctx.make_node("Shape", [x]).outputs[0]
+    out = ctx.make_node("Reshape", [node.outputs[0], shape]).outputs[0]
+    out.dtype, out.shape = x.dtype, x.shape
+    return [out]
 
 
 _p = PatternBuilder()

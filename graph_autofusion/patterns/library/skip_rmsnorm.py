@@ -27,7 +27,7 @@ from graph_autofusion.patterns.library._norm_common import (
 )
 from graph_autofusion.patterns.library.rmsnorm import epsilon, rmsnorm_pattern
 from graph_autofusion.patterns.pattern import PatternBuilder
-from graph_autofusion.patterns.rewrite import RewriteContext
+from graph_autofusion.patterns.rewrite import RewriteContext, RewriteError
 from graph_autofusion.patterns.rules import FusionRule
 
 
@@ -39,6 +39,11 @@ def _rewrite(ctx: RewriteContext):
     for v in params:
         require_vector(v, "parameter", inp.shape[-1])
     same_dtype(inp, skip, *params)  # the output has the weight's type (Mul)
+    if inp.shape is not None and len(inp.shape) not in (2, 3):
+        raise RewriteError(
+            f"SkipSimplifiedLayerNormalization takes 2-D or 3-D inputs, %{inp.name} is "
+            f"{len(inp.shape)}-D"
+        )
     node = ctx.make_node(
         "SkipSimplifiedLayerNormalization",
         [inp, skip, weight, bias] if bias is not None else [inp, skip, weight],
