@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from graph_autofusion import torch_decode
-from graph_autofusion.errors import ModelLoadError
+from graph_autofusion.errors import GraphAutoFusionError, ModelLoadError
 from graph_autofusion.frontend.loader import as_args
 from graph_autofusion.options import FuseOptions
 from graph_autofusion.runtime.timing import round_robin
@@ -47,11 +47,15 @@ PLAN_VERSION = 1
 #: second at 16 kHz, long enough for their convolutional front ends (a 400-sample receptive
 #: field)
 AUDIO_SAMPLES = 16000
+#: The id range of generated token ids for a model whose config has no ``vocab_size`` (bytes).
+NO_VOCAB_IDS = 256
 
 
 def example_inputs_for(module: torch.nn.Module, seq_len: int = 16) -> dict[str, torch.Tensor]:
-    """Example inputs of a Hugging Face model built from its config (token ids within the
-    vocabulary with an all-ones mask, images of the configured size, or a second of audio).
+    """Example inputs of a Hugging Face model built from its config: token ids within the
+    vocabulary (bytes, :data:`NO_VOCAB_IDS`, for a model whose config has none: CANINE's code
+    points) with an all-ones mask, and decoder ids from the decoder's start token for an
+    encoder-decoder; images of the configured size; or a second of audio.
 
     Raises:
         ModelLoadError: the module is not a Hugging Face model with a known input kind.
@@ -59,9 +63,17 @@ def example_inputs_for(module: torch.nn.Module, seq_len: int = 16) -> dict[str, 
     config = getattr(module, "config", None)
     main = getattr(module, "main_input_name", None)
     gen = torch.Generator().manual_seed(0)
-    if config is not None and main == "input_ids" and getattr(config, "vocab_size", None):
-        ids = torch.randint(0, int(config.vocab_size), (1, seq_len), generator=gen)
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if config is not None and main == "input_ids":
+        vocab = int(getattr(config, "vocab_size", None) or NO_VOCAB_IDS)
+        ids = torch.randint(0, vocab, (1, seq_len), generator=gen)
+        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        if getattr(config, "is_encoder_decoder", False):
+            start = getattr(config, "decoder_start_token_id", None)
+            start = start if start is not None else getattr(config, "pad_token_id", None) or 0
+            dec = torch.randint(0, vocab, (1, seq_len), generator=gen)
+            dec[:, 0] = int(start)
+            inputs["decoder_input_ids"] = dec
+        return inputs
     if config is not None and main == "pixel_values":
         size = getattr(config, "image_size", 224)
         size = size if isinstance(size, int) else 224
@@ -251,10 +263,27 @@ def fuse_module(
     try:
         with torch.no_grad():
             fused(*args, **dict(kwargs or {}))
+    except GraphAutoFusionError:
+        raise
+    except Exception as exc:  # the model's own: it does not take these inputs
+        given = ", ".join([*(f"#{i} {_kind(a)}" for i, a in enumerate(args)),
+                           *(f"{k} {_kind(v)}" for k, v in (kwargs or {}).items())])  # fmt: skip
+        raise ModelLoadError(
+            f"{source_name or type(module).__name__}: the example call failed in the model "
+            f"itself ({type(exc).__name__}: {' '.join(str(exc).split())[:300]}) with the inputs "
+            f"{given or 'none'}; give inputs it takes (example_inputs=... or example_kwargs=...)"
+        ) from exc
     finally:
         for m, mode in modes:
             m.training = mode
     return fused
+
+
+def _kind(x: Any) -> str:
+    """An example argument in a few words (a tensor's dtype and shape)."""
+    if isinstance(x, torch.Tensor):
+        return f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}"
+    return type(x).__name__
 
 
 def _can_generate(module: torch.nn.Module) -> bool:

@@ -164,3 +164,48 @@ def test_an_audio_model_fuses_without_example_inputs():
         want = model(audio).last_hidden_state
         got = fused(audio).last_hidden_state
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_an_encoder_decoder_and_a_model_with_no_vocabulary_fuse_without_example_inputs():
+    """T5 (its decoder needs decoder_input_ids: built from the decoder's start token) and
+    CANINE (input_ids are code points: its config has no vocab_size); both asked for
+    inputs, T5 with the model's own ValueError."""
+    torch.manual_seed(0)
+    t5 = transformers.T5ForConditionalGeneration(
+        transformers.T5Config(
+            vocab_size=100,
+            d_model=32,
+            d_kv=8,
+            d_ff=64,
+            num_layers=1,
+            num_heads=4,
+            decoder_start_token_id=0,
+        )  # fmt: skip
+    ).eval()
+    canine = transformers.CanineModel(
+        transformers.CanineConfig(
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            intermediate_size=64,
+            num_hash_buckets=256,
+        )  # fmt: skip
+    ).eval()
+    ids = torch.randint(0, 100, (1, 9), generator=torch.Generator().manual_seed(1))
+    for model, kwargs in (
+        (t5, {"input_ids": ids, "decoder_input_ids": ids[:, :5]}),
+        (canine, {"input_ids": ids}),
+    ):
+        fused = GraphAutoFusion(model).fuse(check_speed=False)
+        with torch.no_grad():
+            want, got = model(**kwargs)[0], fused(**kwargs)[0]
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_an_example_call_the_model_refuses_is_a_clear_error():
+    from graph_autofusion.errors import ModelLoadError
+
+    model = tiny_llama()
+    with pytest.raises(ModelLoadError, match=r"example call failed in the model itself .* inputs "
+                       r"#0 float32\[1, 4\]; give inputs it takes"):  # fmt: skip
+        GraphAutoFusion(model, example_inputs=(torch.zeros(1, 4),)).fuse(check_speed=False)
