@@ -148,6 +148,7 @@ class CompiledGraph:
         self._unpacked: list[Any] = []  # onnxruntime programs to pack once the graph is hot
         self._orts: list[Any] = []  # the graph's onnxruntime programs (one per weight set)
         self._writes: Writes | None = None  # the arguments the graph writes into
+        self._live: set[int] = set()  # buffers read as inputs (assigned anew between calls)
 
     def __call__(self, *args: Any) -> Any:
         out = self._call(args)
@@ -172,7 +173,7 @@ class CompiledGraph:
                     stacklevel=2,
                 )
             return self.gm.forward(*args)
-        for pick, refs, versions, program, scalars, sizes in self._programs:  # C-level loops
+        for pick, refs, versions, program, scalars, sizes, _ in self._programs:  # C-level loops
             if (
                 all(map(operator.is_, pick(args), refs))
                 and list(map(_VERSION, refs)) == versions
@@ -207,6 +208,7 @@ class CompiledGraph:
     def _build(self, args: Sequence[Any]) -> Any:
         """Compile for these arguments' weights and run this call; a graph that cannot be
         compiled (or a weight set past the limit) runs as Dynamo captured it from now on."""
+        self._find_live_buffers(args)
         if self.fallback is not None or len(self._programs) >= MAX_WEIGHT_SETS:
             if self.fallback is None:
                 self._fail(f"more than {MAX_WEIGHT_SETS} programs (weight sets, or sizes fixed)")
@@ -222,11 +224,45 @@ class CompiledGraph:
         refs = pick(args)
         self._programs.append(
             Program(
-                pick, refs, list(map(_VERSION, refs)), program, imported.scalars, imported.sizes
-            )
+                pick,
+                refs,
+                list(map(_VERSION, refs)),
+                program,
+                imported.scalars,
+                imported.sizes,
+                tuple(imported.constant_inputs),
+            )  # fmt: skip
         )
         self.compile_seconds += time.perf_counter() - t
         return outs
+
+    def _find_live_buffers(self, args: Sequence[Any]) -> None:
+        """A call whose constant arguments differ from the last program's only in buffers (no
+        parameter, same shapes and dtypes) is a module assigning new tensors to its buffers
+        between calls (Hugging Face's dynamic rotary scaling recomputes ``inv_freq`` past the
+        trained length): those buffers are read as inputs from now on (``_live``), so the
+        program compiled next serves every later value, and the programs that took them as
+        constants go (else each value would be a weight set, and past
+        :data:`MAX_WEIGHT_SETS` the graph would run eager)."""
+        if not self._programs or self.fallback is not None:
+            return
+        last = self._programs[-1]
+        changed = [i for i, ref in zip(last.indices, last.refs) if args[i] is not ref]
+        if not changed:
+            return  # the same tensors (another number, size or version: a new program)
+        for i in changed:
+            new, old = args[i], last.refs[last.indices.index(i)]
+            if (
+                isinstance(new, torch.nn.Parameter)
+                or not isinstance(new, torch.Tensor)
+                or new.shape != old.shape
+                or new.dtype != old.dtype
+            ):
+                return
+        self._live.update(changed)
+        self._programs.clear()
+        self._orts.clear()
+        self._unpacked.clear()
 
     def _fail(self, why: str) -> None:
         self.fallback = why
@@ -251,7 +287,7 @@ class CompiledGraph:
         # the import has no side effects; a graph that writes into its arguments (a static
         # KV cache) runs eager on copies of them, so the user's tensors are written once, by
         # the program that serves this call
-        imported = import_fx(core, args)
+        imported = import_fx(core, args, self._live)
         self.imported = imported.model
         ref_args = args
         n_out = len(imported.model.graph.outputs) - len(imported.mutated)
@@ -579,6 +615,7 @@ class Program(NamedTuple):
     program: Any
     scalars: tuple  # (index, value): 0-d floats taken as numbers (FxImport.scalars)
     sizes: tuple  # (index, axis, value): sizes the export fixed (FxImport.sizes)
+    indices: tuple = ()  # the arguments ``pick`` takes (FxImport.constant_inputs)
 
 
 def _size(arg: Any, axis: int | None) -> Any:

@@ -764,3 +764,34 @@ def test_a_bfloat16_weight_reused_by_the_dynamic_graph_keeps_its_dtype():
     assert len(graphs) == 2 and all(g.engine == "torch" for g in graphs), [
         g.summary() for g in graphs
     ]
+
+
+class _Rescaled(torch.nn.Module):
+    """A buffer the module assigns anew between calls (Hugging Face's dynamic rotary scaling
+    recomputes ``inv_freq`` past the trained length)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.register_buffer("freq", torch.ones(8), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cos(self.lin(x) * self.freq)
+
+
+def test_a_buffer_assigned_anew_between_calls_is_read_as_an_input():
+    """Each new ``freq`` tensor was a new weight set: compiled again, and after four the graph
+    ran in eager. Now the buffer becomes an input of one program that serves every value."""
+    module = _Rescaled().eval()
+    backend = make_backend(check_speed=False)
+    compiled = torch.compile(module, backend=backend)
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        for step in range(7):
+            module.freq = torch.full((8,), 1.0 + step / 4)
+            torch.testing.assert_close(compiled(x), module(x), atol=1e-5, rtol=1e-4)
+    assert not [w for w in caught if issubclass(w.category, AutofusionWarning)]
+    (graph,) = backend.config.graphs
+    assert graph.fallback is None and len(graph._programs) == 1
+    assert graph.engine == "onnxruntime"

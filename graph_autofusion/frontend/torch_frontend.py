@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -281,22 +281,28 @@ class FxImport:
     sizes: tuple[tuple[int, int | None, int], ...] = ()
 
 
-def import_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> FxImport:
+def import_fx(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], live: Collection[int] = ()
+) -> FxImport:
     """See :func:`_import_fx`; a graph whose export fails on a float Dynamo made symbolic
     (read with ``item()``) is imported again with that float taken as this call's value
-    (``FxImport.scalars``)."""
+    (``FxImport.scalars``). ``live``: the indices of buffers read as inputs, not constants
+    (a module that assigns a new tensor to a buffer between calls)."""
     try:
-        return _import_fx(gm, example_inputs, {})
+        return _import_fx(gm, example_inputs, {}, live)
     except FrontendError as exc:
         scalars = item_scalars(gm, example_inputs)
         if not scalars or "data-dependent" not in str(exc):
             raise
-    imported = _import_fx(inline_scalars(gm, scalars), example_inputs, scalars)
+    imported = _import_fx(inline_scalars(gm, scalars), example_inputs, scalars, live)
     return dataclasses.replace(imported, scalars=tuple(sorted(scalars.items())))
 
 
 def _import_fx(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], scalars: dict[int, float]
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    scalars: dict[int, float],
+    live: Collection[int] = (),
 ) -> FxImport:
     """Convert a Dynamo backend's ``GraphModule`` (torch-level ops) into a :class:`Model`.
 
@@ -337,7 +343,7 @@ def _import_fx(
                 fixed[i] = value  # Dynamo fixed it to this value (and guards it): a constant
             else:
                 raise FrontendError(f"symbolic input {ph.name} ({ev}) is not a plain size")
-        elif is_state and isinstance(x, torch.Tensor):
+        elif is_state and isinstance(x, torch.Tensor) and i not in live:
             consts[i] = (_state_name(ph.name), x)
         else:
             user_index.append(i)
