@@ -724,6 +724,8 @@ def make_backend(
     )
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        if not any(n.op in _COMPUTES for n in gm.graph.nodes):
+            return gm.forward  # nothing to fuse (a graph that returns its inputs, or nothing)
         graph = CompiledGraph(gm, config, len(config.graphs))
         config.graphs.append(graph)
         return graph
@@ -733,6 +735,8 @@ def make_backend(
 
 
 _DEFAULT: Callable[..., Any] | None = None
+#: The FX node kinds that compute something (a graph without any is run as it is).
+_COMPUTES = frozenset({"call_function", "call_method", "call_module"})
 
 
 def autofusion_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:

@@ -795,3 +795,16 @@ def test_a_buffer_assigned_anew_between_calls_is_read_as_an_input():
     (graph,) = backend.config.graphs
     assert graph.fallback is None and len(graph._programs) == 1
     assert graph.engine == "onnxruntime"
+
+
+def test_a_graph_with_no_operator_runs_as_it_is():
+    """A Dynamo graph that computes nothing (it returns an input, or nothing) is run as
+    Dynamo captured it, with no warning: onnxruntime cannot open a session without a node,
+    and the graph fell back to eager with a warning about it."""
+    backend = make_backend(check_speed=False)
+    gm = torch.fx.symbolic_trace(lambda x: x)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = backend(gm, [torch.ones(2)])
+        assert torch.equal(run(torch.ones(2)), torch.ones(2))
+    assert not backend.config.graphs and not caught
