@@ -231,7 +231,7 @@ class CompiledGraph:
                 imported.scalars,
                 imported.sizes,
                 tuple(imported.constant_inputs),
-            )  # fmt: skip
+            )
         )
         self.compile_seconds += time.perf_counter() - t
         return outs
@@ -247,11 +247,11 @@ class CompiledGraph:
         if not self._programs or self.fallback is not None:
             return
         last = self._programs[-1]
-        changed = [i for i, ref in zip(last.indices, last.refs) if args[i] is not ref]
+        changed = [(i, ref) for i, ref in zip(last.indices, last.refs) if args[i] is not ref]
         if not changed:
             return  # the same tensors (another number, size or version: a new program)
-        for i in changed:
-            new, old = args[i], last.refs[last.indices.index(i)]
+        for i, old in changed:
+            new = args[i]
             if (
                 isinstance(new, torch.nn.Parameter)
                 or not isinstance(new, torch.Tensor)
@@ -259,7 +259,7 @@ class CompiledGraph:
                 or new.dtype != old.dtype
             ):
                 return
-        self._live.update(changed)
+        self._live.update(i for i, _ in changed)
         self._programs.clear()
         self._orts.clear()
         self._unpacked.clear()

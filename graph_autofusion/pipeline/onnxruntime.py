@@ -284,9 +284,10 @@ class _OrtSafeMode:
     check (:func:`~graph_autofusion.verify.safety.check_fusion` on onnxruntime's activations of
     the original), its rebuild (a fresh copy of the original, folded again, lowered with the
     kept keys: new nodes, checked again), its end-to-end check (after the layout clean-ups and
-    ``keep_fp32``, each rolled back alone when the whole model differs; at a second shape too,
-    :mod:`.other_shape`, rolling back alone the fusions wrong only there), and its fallback
-    (the original, unfolded)."""
+    ``keep_fp32``, each rolled back alone when the whole model differs; at the second shape
+    too, :mod:`.other_shape`), its culprits there (each fusion's own check on the original's
+    activations at that shape, on a fresh lowering), and its fallback (the original,
+    unfolded)."""
 
     def __init__(
         self,
@@ -361,27 +362,15 @@ class _OrtSafeMode:
         result.model, result.lowered = fresh, lowering.lowered
         return True
 
-    def end_to_end(self) -> Mapping[str, Any]:
-        mark = len(self.notes)
-        e2e = self._cleaned_end_to_end()
-        if self.other is None or not other_shape.only_there(e2e):
-            return e2e
-        # right on the sample inputs, wrong at the second shape: find the fusions at fault on
-        # a fresh lowering (the layout clean-ups rewrite the fusions' nodes); the clean-ups'
-        # notes of this pass go with it
-        del self.notes[mark:]
+    def culprits(self) -> list[tuple[Lowered, SafetyResult]]:
+        # on a fresh lowering: the layout clean-ups rewrite the fusions' nodes
         self.rebuild(set())
-        bad = other_shape.culprits(
+        return other_shape.culprits(
             self.original, self.result.model, self.result.lowered, self.other, self._record,
             self.opts.cosine_floor,
         )  # fmt: skip
-        if not bad:
-            return e2e  # no fusion at fault: every fusion goes (safe mode's runner)
-        failed = other_shape.roll_back(self.result, self.notes, bad, self.other)
-        self.rebuild(failed)
-        return self._cleaned_end_to_end()
 
-    def _cleaned_end_to_end(self) -> Mapping[str, Any]:
+    def end_to_end(self) -> Mapping[str, Any]:
         result, notes, floor = self.result, self.notes, self.opts.e2e_cosine_floor
         share_created(result.model, result.lowered)  # each fusion was verified on its own nodes
         relayout = any(

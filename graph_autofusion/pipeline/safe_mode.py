@@ -15,9 +15,11 @@ The runner, in the order of :data:`~graph_autofusion.pipeline.stages.STAGES`:
    the new model, up to :data:`MAX_ROUNDS` rounds; one that only left the failures out keeps
    their verdicts. ``result.safety`` holds every verdict.
 3. **end_to_end**: ``target.end_to_end()``, the whole fused program against the original
-   (``result.end_to_end``); a target may first roll back on its own the fusions it finds at
-   fault (the onnxruntime target's second shape, :mod:`.other_shape`, recorded in
-   ``result.rolled_back``). If it fails, every fusion still applied is rolled back
+   (``result.end_to_end``), on the sample inputs and at the target's second shape
+   (``target.other``, :mod:`.other_shape`). When only the second shape fails,
+   ``target.culprits()`` names the fusions wrong there; they are rolled back alone
+   (:data:`~graph_autofusion.reasons.OTHER_SHAPE`), the model is rebuilt without them and
+   compared again. If it fails, every fusion still applied is rolled back
    (:data:`~graph_autofusion.reasons.END_TO_END`), ``target.roll_back_all()`` gives back an
    unfused model, and one note says so.
 
@@ -33,9 +35,10 @@ from typing import Any, Protocol
 
 from graph_autofusion import reasons
 from graph_autofusion.codegen.onnxruntime import Lowered
+from graph_autofusion.pipeline import other_shape
 from graph_autofusion.pipeline.result import FuseResult, RolledBack, e2e_passed
 from graph_autofusion.pipeline.stages import Stages
-from graph_autofusion.verify.safety import SafetyResult
+from graph_autofusion.verify.safety import OtherShape, SafetyResult
 from graph_autofusion.verify.speed import SpeedPolicy
 
 #: Rounds of check -> roll back -> rebuild before safe mode stops (with a note).
@@ -55,10 +58,17 @@ class SafeModeTarget(Protocol):
         """Set ``result.model`` and ``result.lowered`` to a fresh fuse without the fusions
         keyed ``failed``; True when the fusions kept are new objects to check again."""
 
+    #: The second shape's inputs and the original's outputs there (``None``: no second shape).
+    other: OtherShape | None
+
     def end_to_end(self) -> Mapping[str, Any]:
-        """The whole fused program against the original (a target may first apply, and
-        roll back when they differ, its clean-ups of the fused model, and roll back the
-        fusions it finds at fault, each recorded in ``result.rolled_back``)."""
+        """The whole fused program against the original, on the sample inputs and at
+        ``other`` (a target may first apply, and roll back when they differ, its clean-ups
+        of the fused model)."""
+
+    def culprits(self) -> list[tuple[Lowered, SafetyResult]]:
+        """The fusions of the current model whose own check fails at ``other``, with their
+        verdicts (it may rebuild the model first: :meth:`rebuild` follows)."""
 
     def roll_back_all(self) -> str:
         """Give ``result`` an unfused model; returns what was rolled back, in words."""
@@ -82,7 +92,7 @@ def run_safe_mode(
     with stages("verify"):
         result.safety = verify_each(result, target, speed, notes, progress, max_rounds)
     with stages("end_to_end", "safe mode: end-to-end check"):
-        result.end_to_end = dict(target.end_to_end())
+        result.end_to_end = dict(_end_to_end(result, target, notes))
         if not e2e_passed(result.end_to_end):
             for low in result.lowered:
                 result.rolled_back.append(
@@ -92,6 +102,23 @@ def run_safe_mode(
                 )
             what = target.roll_back_all()
             notes.append(f"the end-to-end comparison failed: {what} rolled back")
+
+
+def _end_to_end(result: FuseResult, target: SafeModeTarget, notes: list[str]) -> Mapping[str, Any]:
+    """``target.end_to_end()``; when it fails only at the second shape, the fusions at fault
+    there are rolled back alone and it runs again on the model rebuilt without them (none at
+    fault: the failing comparison, and every fusion goes). The notes of the failing pass
+    (its clean-ups) go with it."""
+    mark = len(notes)
+    e2e = target.end_to_end()
+    if target.other is None or not other_shape.only_there(e2e):
+        return e2e
+    del notes[mark:]
+    bad = target.culprits()
+    if not bad:
+        return e2e
+    target.rebuild(other_shape.roll_back(result, notes, bad, target.other))
+    return target.end_to_end()
 
 
 def verify_each(

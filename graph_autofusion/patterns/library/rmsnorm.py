@@ -84,10 +84,8 @@ def _rewrite(ctx: RewriteContext):
     # rejects it. RMSNorm is scale invariant: RMSNorm(x + x, eps * 4) == RMSNorm(x, eps)
     # exactly (both scalings are powers of two), so the com.microsoft skip form computes it.
     flat = x
-    if x.shape is not None and len(x.shape) not in (
-        2,
-        3,
-    ):  # a per-head norm ([B, S, H, D]: Qwen3's, Gemma3's q/k norms)
+    if x.shape is not None and len(x.shape) not in (2, 3):
+        # a per-head norm ([B, S, H, D]: Qwen3's, Gemma3's q/k norms)
         cols = ctx.add_constant("rms_rows", np.array([-1, weight.shape[0]], np.int64))
         flat = ctx.make_node("Reshape", [x, cols]).outputs[0]
     node = ctx.make_node(
