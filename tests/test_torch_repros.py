@@ -808,3 +808,72 @@ def test_a_graph_with_no_operator_runs_as_it_is():
         run = backend(gm, [torch.ones(2)])
         assert torch.equal(run(torch.ones(2)), torch.ones(2))
     assert not backend.config.graphs and not caught
+
+
+# ----- B5b: a mask made before a graph break, one longer than the cache ------------------------
+class _MaskThenBreak(torch.nn.Module):
+    """Makes a mask as long as the cache plus one, breaks the graph (Hugging Face's dynamic
+    rotary update does), then appends a key and value to the cache and attends with that
+    mask: the second graph's mask size is ``s + 1`` of the cache's ``s``."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(8, 24)
+
+    def forward(self, x, keys, values):
+        length = keys.shape[2] + 1
+        mask = torch.ones(1, 1, 1, length, dtype=torch.bool).tril(length - 1)
+        torch._dynamo.graph_break()
+        q, k, v = self.qkv(x).unsqueeze(1).split(8, dim=-1)
+        keys = torch.cat([keys, k], dim=2)
+        values = torch.cat([values, v], dim=2)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask), keys
+
+
+def test_a_mask_longer_than_the_cache_keeps_the_cache_length_symbolic():
+    """The mask's size, ``s + 1``, was exported as a fixed number, which fixed the cache's
+    length ``s``: one program per decode step, and after four the graph ran in eager."""
+    g = torch.Generator().manual_seed(0)
+    calls = [
+        (
+            torch.randn(1, 1, 8, generator=g),
+            torch.randn(1, 1, n, 8, generator=g),
+            torch.randn(1, 1, n, 8, generator=g),
+        )
+        for n in range(3, 10)
+    ]
+    graphs = _compile_and_run(_MaskThenBreak(), calls)
+    attends = [g for g in graphs if "scaled_dot_product_attention" in g.gm.code]
+    assert attends and all(len(g._programs) == 1 for g in attends), [
+        (len(g._programs), g.calls) for g in attends
+    ]
+    assert attends[-1].calls == len(calls) - 1  # the symbolic graph served every later step
+
+
+def test_a_derived_size_the_export_refuses_is_fixed_as_before(monkeypatch):
+    """Should the export fail with a derived size kept symbolic, the graph is exported with
+    that size fixed (one program per value, as before), not sent to eager."""
+    from graph_autofusion.frontend import torch_frontend
+
+    real_export, failed = torch_frontend._export, []
+
+    def export(wrapper, args, dynamic):
+        derived = any(
+            isinstance(h, dict) and isinstance(a, torch.Tensor) and a.dim() == 4 and 3 in h
+            for h, a in zip(dynamic, args)
+        )
+        if derived and not failed:
+            failed.append(True)
+            raise RuntimeError("injected: the export cannot relate this size")
+        return real_export(wrapper, args, dynamic)
+
+    monkeypatch.setattr(torch_frontend, "_export", export)
+    g = torch.Generator().manual_seed(0)
+    calls = [
+        (torch.randn(1, 1, 8, generator=g), torch.randn(1, 1, n, 8, generator=g),
+         torch.randn(1, 1, n, 8, generator=g))
+        for n in (3, 4, 5)
+    ]
+    graphs = _compile_and_run(_MaskThenBreak(), calls)
+    attends = [g for g in graphs if "scaled_dot_product_attention" in g.gm.code]
+    assert failed and len(attends[-1]._programs) == 2  # lengths 4 and 5, each fixed

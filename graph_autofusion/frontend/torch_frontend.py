@@ -236,6 +236,23 @@ def _finite(bound: Any) -> int | None:
     return int(bound) if getattr(bound, "is_Integer", False) else None
 
 
+def _derived(x: Any) -> bool:
+    """Whether a size is an expression of other symbolic sizes (``s27 + 1``: a mask made
+    before a graph break, one longer than the cache it is read with): the export keeps it
+    dynamic, and finds its relation to the others itself."""
+    if not isinstance(x, torch.SymInt) or getattr(x.node.expr, "is_Symbol", False):
+        return False
+    return bool(getattr(x.node.expr, "free_symbols", None))
+
+
+def _without_derived(hint: Any, example: Any) -> Any:
+    """An argument's export hint without its derived axes (:func:`_derived`)."""
+    if not isinstance(hint, dict) or not isinstance(example, torch.Tensor):
+        return hint
+    axes = {a: h for a, h in hint.items() if not _derived(example.shape[a])}
+    return axes or None
+
+
 def _symbol(x: Any) -> str | None:
     """The free symbol of a plain symbolic size (``s87``), else ``None``."""
     if isinstance(x, torch.SymInt):
@@ -378,7 +395,7 @@ def _import_fx(
         axes = {}
         if isinstance(ev, torch.Tensor):
             for axis, d in enumerate(ev.shape):
-                if _symbol(d) is not None:
+                if _symbol(d) is not None or _derived(d):
                     axes[axis] = _dynamic_hint(d)
         dynamic.append(axes or None)
     sizes = {
@@ -386,11 +403,18 @@ def _import_fx(
         for i, sym in sym_inputs.items()
         if i not in position
     }
+    evs = [placeholders[i].meta.get("example_value") for i in user_index]
     wrapper = _FxWrapper(gm, consts, len(placeholders), sizes, fixed)
     real = [x.detach() if isinstance(x, torch.Tensor) else x for x in user]
     pinned: tuple[tuple[int, int | None, int], ...] = ()
     try:
-        ep = _export(wrapper, real, dynamic)
+        try:
+            ep = _export(wrapper, real, dynamic)
+        except Exception:
+            if dynamic == (plain := [_without_derived(d, ev) for d, ev in zip(dynamic, evs)]):
+                raise
+            dynamic = plain  # an expression the export cannot relate: a number, as before
+            ep = _export(wrapper, real, dynamic)
     except Exception as e:
         if "specialized it to be a constant" not in str(e):
             raise FrontendError(f"torch.export of the FX graph failed: {e}") from e
