@@ -436,19 +436,20 @@ class CompiledGraph:
         inputs: eager when every engine is slower than eager. The engines not chosen, and what
         they hold (derived weights), go when it returns.
 
-        Each engine is timed against eager right after it is built, by safe mode's one speed
-        policy (:meth:`~graph_autofusion.verify.speed.SpeedPolicy.choose`, timed through
+        The first engine built is timed against eager by safe mode's one speed policy
+        (:meth:`~graph_autofusion.verify.speed.SpeedPolicy.choose`, timed through
         :func:`~graph_autofusion.runtime.timing.current_timer` as ``timer("engine@graph<i>",
         side, fn)``, in a seeded shuffled order each round, each side timed on its second
         consecutive call; eager wins only when a second measurement confirms the engine
-        slower by the speed margin), and engines are compared by their time relative to
-        eager's in their own measurement (both open: head to head; onnxruntime's session
-        let go: the torch program must also be faster by its own time, else onnxruntime).
-        An onnxruntime session that packed its weights lets them go before the next engine
-        is built, so the compile never holds two engines'
-        packed copies of the weights at once (a prefill's: onnxruntime's and oneDNN's, ~110 MB
-        each on the zoo Llama); the caller opens it again if it is chosen. Without speed
-        checks: onnxruntime when it was built, else the torch program."""
+        slower by the speed margin). A later engine is measured against the one already
+        ahead of eager (:meth:`_against_leader`) and against eager only when it may win; an
+        engine built while none is ahead of eager is timed against eager. Engines timed
+        against eager are compared by their time relative to eager's in their own
+        measurement. An onnxruntime session that packed its weights lets them go before the
+        next engine is built, so the compile never holds two engines' packed copies of the
+        weights at once (a prefill's: onnxruntime's and oneDNN's, ~110 MB each on the zoo
+        Llama); the caller opens it again if it is chosen. Without speed checks: onnxruntime
+        when it was built, else the torch program."""
         check = self.config.options.check_speed
         w = self._writes
         built: dict[str, Any] = {}
@@ -465,6 +466,11 @@ class CompiledGraph:
             built[engine] = program
             if not check:
                 continue
+            if relative:
+                leader = min(relative, key=relative.__getitem__)
+                decided = self._against_leader(leader, engine, built, args)
+                if decided is not None:
+                    return decided, built[decided]
             eager = self.core_gm.forward
             sides = {engine: program, "eager": eager if w is None else w.on_scratch(eager)}
             calls = {name: functools.partial(fn, *args) for name, fn in sides.items()}
@@ -477,6 +483,7 @@ class CompiledGraph:
                     rounds=defaults.ENGINE_TIMING_ROUNDS,
                 )
             self.engine_times[engine] = medians[engine]
+            self.engine_times["eager"] = medians["eager"]  # a later engine may decide
             eager_s.append(medians["eager"])
             if best == engine:
                 relative[engine] = medians[engine] / medians["eager"]
@@ -494,8 +501,6 @@ class CompiledGraph:
         self.engine_times["eager"] = statistics.median(eager_s)
         if not relative:
             return "eager", self.core_gm.forward
-        if len(relative) > 1 and _holds_session(built.get("onnxruntime")):
-            return self._head_to_head(built, args)
         engine = min(relative, key=relative.__getitem__)
         times = self.engine_times  # every engine in ``relative`` was timed
         if (
@@ -514,25 +519,47 @@ class CompiledGraph:
             engine = "onnxruntime"
         return engine, built[engine]
 
-    def _head_to_head(self, built: dict[str, Any], args: Sequence[Any]) -> tuple[str, Any]:
-        """Both engines beat eager and both are still open (no packed weights were let go):
-        the two timed against each other in one interleaved measurement, which a change of
-        load between their separate measurements against eager cannot sway; the torch
-        program must beat onnxruntime by the speed margin (a tie keeps onnxruntime, which
-        reads the parameters in place)."""
-        calls = {
-            "torch": functools.partial(built["torch"], *args),
-            "onnxruntime": functools.partial(built["onnxruntime"], *args),
-        }
+    def _against_leader(
+        self, leader: str, engine: str, built: dict[str, Any], args: Sequence[Any]
+    ) -> str | None:
+        """``engine`` measured against ``leader``, an engine already faster than eager; eager
+        is not timed again (on a BERT-base prefill its calls were a third of the compile's
+        timing). Returns the engine chosen, or ``None`` when ``engine`` may be the faster and
+        is to be timed against eager too.
+
+        The leader still open (an onnxruntime session that packs nothing, e.g. a decode graph
+        on ``Gemv``): the two in one interleaved measurement, which a change of load between
+        two separate measurements cannot sway; ``engine`` must beat the leader by the speed
+        margin (a tie keeps the leader: onnxruntime reads the parameters in place); the
+        winner beat eager, directly or through the leader (``engine_notes["head_to_head"]``).
+        The leader's session let go (it packed its weights): ``engine`` timed alone; no
+        faster than the leader's time by the margin, the leader stays
+        (``engine_notes["alone"]``); else ``None``, and it must then win by its ratio to eager
+        and by its time alike."""
         policy = SpeedPolicy(self.config.options.speed_margin)
-        with torch.no_grad():
-            best, medians = policy.choose(
-                calls, "torch", f"engine@graph{self.index}", rounds=defaults.ENGINE_TIMING_ROUNDS
+        call = functools.partial(built[engine], *args)
+        key = f"engine@graph{self.index}"
+        if _holds_session(built[leader]):
+            calls = {engine: call, leader: functools.partial(built[leader], *args)}
+            with torch.no_grad():
+                best, medians = policy.choose(
+                    calls, engine, key, rounds=defaults.ENGINE_TIMING_ROUNDS
+                )
+            self.engine_times.update(medians)
+            self.engine_notes["head_to_head"] = ", ".join(
+                f"{k} {v * 1e3:.3f} ms" for k, v in medians.items()
             )
-        self.engine_notes["head_to_head"] = ", ".join(
-            f"{k} {v * 1e3:.3f} ms" for k, v in medians.items()
+            return best
+        with torch.no_grad():
+            alone = policy.engine_times({engine: call}, key, rounds=defaults.ENGINE_TIMING_ROUNDS)
+        self.engine_times[engine] = median = statistics.median(alone[engine])
+        if median * policy.margin < self.engine_times[leader]:
+            return None
+        self.engine_notes["alone"] = (
+            f"{engine} {median * 1e3:.3f} ms alone, not {policy.margin:.2f}x faster than "
+            f"{leader}'s {self.engine_times[leader] * 1e3:.3f} ms"
         )
-        return best, built[best]
+        return leader
 
     def _thread_choice(self, program: Any, args: Sequence[Any]) -> Any:
         """``program`` (an onnxruntime program), or the same fused model on one thread when

@@ -870,8 +870,11 @@ def test_a_derived_size_the_export_refuses_is_fixed_as_before(monkeypatch):
     monkeypatch.setattr(torch_frontend, "_export", export)
     g = torch.Generator().manual_seed(0)
     calls = [
-        (torch.randn(1, 1, 8, generator=g), torch.randn(1, 1, n, 8, generator=g),
-         torch.randn(1, 1, n, 8, generator=g))
+        (
+            torch.randn(1, 1, 8, generator=g),
+            torch.randn(1, 1, n, 8, generator=g),
+            torch.randn(1, 1, n, 8, generator=g),
+        )
         for n in (3, 4, 5)
     ]
     graphs = _compile_and_run(_MaskThenBreak(), calls)
