@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -306,7 +307,6 @@ def test_calibrated_rate_tables_round_trip_and_show_compactly(tmp_path):
     p = load_profile(_write(tmp_path / "rates.yaml", data))
     save_profile(p, tmp_path / "again.yaml")
     assert load_profile(tmp_path / "again.yaml") == p
-    import dataclasses
 
     tup = dataclasses.replace(
         p, extra={**p.extra, "op_ns_per_element_curve": {"Sigmoid": ((2048, 0.23), (65536, 0.13))}}
@@ -326,6 +326,49 @@ def test_host_uses_cached_file(hw_dir):
     _write(hw_dir / "host.yaml", data)
     p = load_profile("host")
     assert p.name == "host" and p.memory_bandwidth_gbs == 12.25
+
+
+@pytest.mark.parametrize(
+    ("extra", "measured_again"),
+    [
+        ({}, False),  # written by hand: kept
+        ({"calibrated_at": "2026-12-04T16:39:20+0000"}, True),  # before fingerprints
+        ({"calibrated_at": "2026-12-04T16:39:20+0000", "fingerprint": "Xeon; avx2"}, True),
+        ({"calibrated_at": "2026-12-04T16:39:20+0000", "fingerprint": None}, False),
+    ],
+)
+def test_a_host_profile_calibrated_on_another_machine_is_measured_again(
+    hw_dir, monkeypatch, extra, measured_again
+):
+    """The cached host profile describes the machine it was calibrated on: one measured
+    under another fingerprint (CPU model, ISA, CPUs, onnxruntime), or before calibrations
+    recorded one, is calibrated again and replaced; a hand-written one is kept."""
+    from graph_autofusion.cost import calibrate
+    from graph_autofusion.cost.measure_host import machine_fingerprint
+
+    here = machine_fingerprint()
+    assert "CPUs; onnxruntime" in here
+    if extra.get("fingerprint", "") is None:
+        extra = {**extra, "fingerprint": here}
+    hw_dir.mkdir()
+    data = _valid()
+    data["name"] = "host"
+    data["memory_bandwidth_gbs"] = 12.25
+    data["extra"] = extra
+    _write(hw_dir / "host.yaml", data)
+    fresh = dataclasses.replace(
+        load_profile(hw_dir / "host.yaml"),
+        memory_bandwidth_gbs=31.5,
+        extra={"calibrated_at": "2026-12-05T05:00:00+0000", "fingerprint": here},
+    )
+    calls = []
+    monkeypatch.setattr(calibrate, "calibrate_host", lambda quick: calls.append(quick) or fresh)
+    p = load_profile("host")
+    assert p.memory_bandwidth_gbs == (31.5 if measured_again else 12.25)
+    assert bool(calls) is measured_again
+    # the replacement is cached: the next load reads it and measures nothing
+    assert load_profile("host").memory_bandwidth_gbs == p.memory_bandwidth_gbs
+    assert len(calls) == int(measured_again)
 
 
 # ---------------------------------------------------------------- calibration
@@ -474,7 +517,6 @@ def test_calibrate_warns_when_a_number_jumps_from_the_profile_it_replaces(
     """Recalibrating into a transient machine state (bandwidth 1.7x the last calibration's)
     says so, naming the number, both values and when the replaced profile was made; ordinary
     drift, or no previous profile, says nothing."""
-    import dataclasses
 
     from graph_autofusion.cost import calibrate
     from graph_autofusion.cost.hardware_cli import drift_warnings

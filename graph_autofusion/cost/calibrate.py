@@ -45,6 +45,7 @@ from graph_autofusion.cost.measure_host import (
     best_time,
     core_count,
     cpu_model_name,
+    machine_fingerprint,
     measure_bandwidth,
     measure_matmul,
     read_caches,
@@ -166,6 +167,7 @@ def _calibrate(quick: bool, tick: Callable[..., None]) -> HardwareProfile:
         "processor": cpu_model_name() or platform.processor() or "unknown",
         "calibration": "quick" if quick else "full",
         "calibrated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "fingerprint": machine_fingerprint(),
     }
     if throughput is not None:
         extra["op_ns_per_element"] = throughput[0]

@@ -45,6 +45,7 @@ import yaml
 
 from graph_autofusion import env
 from graph_autofusion.cost import calibrate
+from graph_autofusion.cost.measure_host import machine_fingerprint
 from graph_autofusion.cost.profile import HardwareProfile
 from graph_autofusion.cost.profile_schema import (
     KINDS,
@@ -190,7 +191,9 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
     if name == HOST:
         path = host_profile_path()
         if path.is_file():
-            return _read(path)
+            cached = _read(path)
+            if not _measured_elsewhere(cached):
+                return cached
         profile = calibrate.calibrate_host(quick=True)
         try:
             save_profile(profile, path)
@@ -206,6 +209,18 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
         f"unknown hardware {str(name_or_path)!r}; known: {', '.join(list_profiles())} "
         f"(or give the path of a profile YAML file)"
     )
+
+
+def _measured_elsewhere(profile: HardwareProfile) -> bool:
+    """Whether a cached host profile was calibrated under another machine fingerprint
+    (:func:`~graph_autofusion.cost.measure_host.machine_fingerprint`: the CPU model, its ISA,
+    the CPUs this process may use, onnxruntime's version), or before calibrations recorded
+    one: its rates then describe another machine, and the host is measured again. A profile
+    without ``extra.calibrated_at`` was written by hand and is kept."""
+    extra = profile.extra or {}
+    if "calibrated_at" not in extra:
+        return False
+    return extra.get("fingerprint") != machine_fingerprint()
 
 
 def save_profile(profile: HardwareProfile, path: str | os.PathLike[str]) -> None:

@@ -196,3 +196,33 @@ def cpu_model_name() -> str:
         if line.lower().startswith("model name"):
             return line.split(":", 1)[-1].strip()
     return ""
+
+
+#: CPU features that change which kernels onnxruntime, MLAS and our generated code run.
+FINGERPRINT_ISA = (
+    "avx2 fma avx_vnni avx512f avx512bw avx512vl avx512_vnni avx512_bf16 amx_tile amx_bf16".split()
+)
+
+
+def machine_fingerprint() -> str:
+    """What a calibration is valid for: the CPU model, the ISA extensions of
+    :data:`FINGERPRINT_ISA` it has, the CPUs this process may use and onnxruntime's version. A
+    cached host profile measured under another fingerprint (the disk moved to another CPU,
+    onnxruntime upgraded) is measured again."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    flags: set[str] = set()
+    for line in text.splitlines():
+        if line.lower().startswith("flags"):
+            flags = set(line.split(":", 1)[-1].split())
+            break
+    try:
+        import onnxruntime
+
+        ort = f"onnxruntime {onnxruntime.__version__}"
+    except ImportError:
+        ort = "no onnxruntime"
+    isa = " ".join(f for f in FINGERPRINT_ISA if f in flags) or "none of the listed ISA"
+    return f"{cpu_model_name() or 'unknown CPU'}; {isa}; {core_count()} CPUs; {ort}"
