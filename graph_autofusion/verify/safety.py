@@ -262,7 +262,9 @@ def check_fusion(
         repeats: What the checks of one fuse learned per
             :func:`~graph_autofusion.verify.signature.fusion_signature`: a fusion whose
             signature was timed takes that speed verdict (``details["timed_as"]``) instead of
-            timing again, and one whose signature passed the full Monte-Carlo check runs
+            timing again (a "slower" verdict only once a second fusion of the signature,
+            timed on its own, ``details["timed_again"]``, measured slower too; else that
+            second verdict is the one shared), and one whose signature passed the full Monte-Carlo check runs
             ``defaults.REPEAT_MC_SAMPLES`` samples (``details["mc_as"]``); its numerics are
             always checked on its own activations.
 
@@ -382,10 +384,11 @@ def check_fusion(
             repeats.mc.setdefault(sig, record.key)
 
     if check_speed:
-        if sig is not None and sig in repeats.speed:
-            tu, tf, slower, first = repeats.speed[sig]
+        shared = repeats.speed.get(sig) if sig is not None else None
+        if shared is not None and (not shared[2] or sig in repeats.agreed):
+            tu, tf, slower, first = shared
             res.details["timed_as"] = first
-        else:
+        else:  # first of its signature, or the second after a "slower": timed on its own
             try:
                 tu, tf, slower = _speed(
                     original, record, activations, fused_proto, weights, feeds, ort_level, threads,
@@ -394,6 +397,10 @@ def check_fusion(
             except Exception as exc:
                 return fail(reasons.ERROR, f"timing failed: {type(exc).__name__}: {exc}")
             if sig is not None:
+                if shared is not None:
+                    res.details["timed_again"] = shared[3]  # it measured slower there
+                    if slower:
+                        repeats.agreed.add(sig)
                 repeats.speed[sig] = (tu, tf, slower, record.key)
         res.time_unfused_us, res.time_fused_us = tu, tf
         if slower:

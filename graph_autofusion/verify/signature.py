@@ -29,10 +29,13 @@ SMALL_CONST = 64
 @dataclass
 class Repeats:
     """What one fuse learned per signature, shared by its fusion checks: ``speed``: the
-    verdict ``(unfused us, fused us, slower, key timed)``; ``mc``: the key whose Monte-Carlo
-    check ran in full and passed."""
+    verdict ``(unfused us, fused us, slower, key timed)``; ``agreed``: the signatures whose
+    "slower" verdict a second fusion's own measurement repeated (one noisy measurement does
+    not roll back every layer of a model); ``mc``: the key whose Monte-Carlo check ran in
+    full and passed."""
 
     speed: dict[str, tuple[float, float, bool, str]] = field(default_factory=dict)
+    agreed: set[str] = field(default_factory=set)
     mc: dict[str, str] = field(default_factory=dict)
 
 
