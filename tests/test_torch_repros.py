@@ -880,3 +880,23 @@ def test_a_derived_size_the_export_refuses_is_fixed_as_before(monkeypatch):
     graphs = _compile_and_run(_MaskThenBreak(), calls)
     attends = [g for g in graphs if "scaled_dot_product_attention" in g.gm.code]
     assert failed and len(attends[-1]._programs) == 2  # lengths 4 and 5, each fixed
+
+
+# ----- held-out sweep 3, B1: Python's floor division of a size --------------------------------
+class _NegativeQuotient(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        k = (x.shape[1] - 20) // 3  # Python floors: (13 - 20) // 3 == -3
+        return F.gelu(self.lin(x)) + k
+
+
+def test_floor_division_of_a_size_floors_negative_quotients():
+    """``//`` of a symbolic size was imported as ONNX's integer ``Div``, which truncates: a
+    graph verified where the quotient was not negative added -2 where eager adds -3."""
+    g = torch.Generator().manual_seed(0)
+    calls = [(torch.randn(2, n, 16, generator=g),) for n in (8, 23, 26, 13, 5)]
+    graphs = _compile_and_run(_NegativeQuotient(), calls)
+    assert graphs[-1].calls == len(calls) - 1  # one symbolic graph served the later lengths

@@ -85,7 +85,7 @@ _PY_OPS = {
     operator.add: "Add",
     operator.sub: "Sub",
     operator.mul: "Mul",
-    operator.floordiv: "Div",
+    operator.floordiv: "Div",  # floored in _convert_node: ONNX's integer Div truncates
     operator.truediv: "Div",
     operator.mod: "Mod",
     operator.neg: "Neg",  # Mamba's negative cache offsets
@@ -648,6 +648,17 @@ def _rename(graph: Graph, v: Value, new: str) -> None:
         graph.rename_value(v, new)
 
 
+def _floor_divide(cx: ConvertContext, a: Value, b: Value, dt: DType) -> Value:
+    """Python's ``a // b`` of two sizes, which floors: ONNX's integer ``Div`` truncates
+    toward zero (``(13 - 20) // 3`` is -3, not -2). ``a - a mod b`` (``Mod`` with ``fmod=0``
+    takes the divisor's sign, as Python's ``%``) is a multiple of ``b``, so its ``Div`` is
+    exact; in double, ``Floor`` of the quotient."""
+    if dt.is_float:
+        return cx.op("Floor", [cx.op("Div", [a, b])])
+    exact = cx.op("Sub", [a, cx.op("Mod", [a, b], {"fmod": 0})])
+    return cx.op("Div", [exact, b])
+
+
 def _convert_node(cx: ConvertContext, node: torch.fx.Node) -> Any:
     cx.node = node
     args = torch.fx.node.map_arg(node.args, lambda n: cx.env[n.name])
@@ -668,7 +679,11 @@ def _convert_node(cx: ConvertContext, node: torch.fx.Node) -> Any:
         # attribute that differs between two compiled instances: a norm's epsilon) in double
         val = node.meta.get("val")
         dt = DType.DOUBLE if isinstance(val, torch.SymFloat | float) else DType.INT64
-        res = cx.op(_PY_OPS[target], [cx.v(a, dt) for a in args])
+        operands = [cx.v(a, dt) for a in args]
+        if target is operator.floordiv:
+            res = _floor_divide(cx, *operands, dt)
+        else:
+            res = cx.op(_PY_OPS[target], operands)
     elif target is torch.sym_sum:  # a sum of sizes (ONNX Sum has no int64: Adds)
         terms = [cx.v(a, DType.INT64) for a in args[0]]
         res = terms[0]
