@@ -4,6 +4,7 @@ outputs."""
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -900,3 +901,34 @@ def test_floor_division_of_a_size_floors_negative_quotients():
     calls = [(torch.randn(2, n, 16, generator=g),) for n in (8, 23, 26, 13, 5)]
     graphs = _compile_and_run(_NegativeQuotient(), calls)
     assert graphs[-1].calls == len(calls) - 1  # one symbolic graph served the later lengths
+
+
+# ----- held-out sweep 3, B2: Python's number functions on sizes -------------------------------
+class _SizeFunctions(torch.nn.Module):
+    """TF-style "SAME" padding takes ``math.ceil`` of a size over the stride; ``floor``,
+    ``round`` (half to even), ``int()`` of a float and ``**`` are its relatives."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = x.shape[1]
+        y = self.lin(x)
+        return (
+            y + math.ceil(h / 3),
+            y + math.floor(h / 3),
+            y + round(h / 4),
+            y + int(h * 0.5),
+            y + (h - 9) ** 2,
+        )
+
+
+def test_number_functions_of_a_size_run_fused():
+    """``math.ceil`` and the others had no converter: the dynamic graph ran in eager (BiT,
+    EfficientNet-style padding at a second image size). Lengths 10, 14 and 6 put ``h / 4``
+    on a half, where ``round`` goes to the even neighbour."""
+    g = torch.Generator().manual_seed(0)
+    calls = [(torch.randn(2, n, 16, generator=g),) for n in (8, 10, 14, 6, 13)]
+    graphs = _compile_and_run(_SizeFunctions(), calls)
+    assert graphs[-1].calls == len(calls) - 1 and graphs[-1].engine == "onnxruntime"

@@ -18,9 +18,10 @@ executes through ``torch.ops``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -648,6 +649,49 @@ def _rename(graph: Graph, v: Value, new: str) -> None:
         graph.rename_value(v, new)
 
 
+def _sym_number(cx: ConvertContext, node: torch.fx.Node, value: Value) -> Value:
+    """``value`` (double) as the node's Python type: an int64 when the result is an int."""
+    val = node.meta.get("val")
+    return value if isinstance(val, torch.SymFloat | float) else cx.v(value, DType.INT64)
+
+
+def _sym_rounding(how: str) -> Callable[..., Value]:
+    """``math.floor``/``math.ceil``/``round``/``int()`` of a size: the ONNX rounding in double
+    (``Round`` rounds half to even, as Python's ``round``; ``int()`` truncates toward zero),
+    then the result's type (an int)."""
+
+    def convert(cx: ConvertContext, node: torch.fx.Node, x: Any, *rest: Any) -> Value:
+        if any(r is not None for r in rest):  # round(x, ndigits)
+            raise FrontendError(f"cannot convert {node.name!r}: {how} with {len(rest)} more args")
+        v = cx.v(x, DType.DOUBLE)
+        if how == "Trunc":
+            v = cx.op("Mul", [cx.op("Sign", [v]), cx.op("Floor", [cx.op("Abs", [v])])])
+        else:
+            v = cx.op(how, [v])
+        return _sym_number(cx, node, v)
+
+    return convert
+
+
+def _sym_pow(cx: ConvertContext, node: torch.fx.Node, base: Any, exp: Any) -> Value:
+    """``a ** b`` of sizes: in double (an int result is exact below 2**53), then the result's
+    type."""
+    return _sym_number(cx, node, cx.op("Pow", [cx.v(base, DType.DOUBLE), cx.v(exp, DType.DOUBLE)]))
+
+
+#: Python's number functions Dynamo leaves in a graph on symbolic sizes (TF-style "SAME"
+#: padding takes ``math.ceil`` of a size over the stride; a scale takes ``int()`` of a float).
+_SYM_CONVERTERS: dict[Any, Callable[..., Value]] = {
+    math.floor: _sym_rounding("Floor"),
+    math.ceil: _sym_rounding("Ceil"),
+    round: _sym_rounding("Round"),
+    math.trunc: _sym_rounding("Trunc"),
+    torch.sym_int: _sym_rounding("Trunc"),
+    torch.sym_float: lambda cx, node, x: cx.v(x, DType.DOUBLE),
+    operator.pow: _sym_pow,
+}
+
+
 def _floor_divide(cx: ConvertContext, a: Value, b: Value, dt: DType) -> Value:
     """Python's ``a // b`` of two sizes, which floors: ONNX's integer ``Div`` truncates
     toward zero (``(13 - 20) // 3`` is -3, not -2). ``a - a mod b`` (``Mod`` with ``fmod=0``
@@ -684,6 +728,8 @@ def _convert_node(cx: ConvertContext, node: torch.fx.Node) -> Any:
             res = _floor_divide(cx, *operands, dt)
         else:
             res = cx.op(_PY_OPS[target], operands)
+    elif target in _SYM_CONVERTERS and not kwargs:
+        res = _SYM_CONVERTERS[target](cx, node, *args)
     elif target is torch.sym_sum:  # a sum of sizes (ONNX Sum has no int64: Adds)
         terms = [cx.v(a, DType.INT64) for a in args[0]]
         res = terms[0]
