@@ -375,7 +375,9 @@ class CompiledGraph:
             if self.config.saved_plan is not None:
                 keys = self.config.saved_plan.get(graph_fingerprint(imported.model))
                 if self.config.saved_weights is not None:
-                    layers = self.config.saved_weights.get(graph_fingerprint(imported.model), [])
+                    # a graph the plan never saw (another length, a decode step) compresses
+                    # afresh, as its fusions are planned afresh; it did not compress at all
+                    layers = self.config.saved_weights.get(graph_fingerprint(imported.model))
             program, self.ort_result = build_ort_program(
                 imported,
                 args,

@@ -560,6 +560,16 @@ def test_drop_in_module_int8_reports_its_layers_and_save_pretrained_keeps_them(t
         (graph,) = loaded.autofusion.graphs
         assert [r.name for r in graph.ort_result.weights.compressed] == compressed
         np.testing.assert_allclose(again.numpy(), got.numpy(), rtol=0, atol=1e-5)
+        # a shape the plan never saw (held-out sweep 3, B3): its graph compresses afresh, as
+        # the module that was saved does; it ran in fp32 after the reload
+        other = torch.randint(0, 1000, (2, 13), generator=torch.Generator().manual_seed(4))
+        with torch.no_grad():
+            new_fused, new_loaded = fused(other).logits, loaded(other).logits
+            fp32 = model(other).logits
+        assert len(loaded.autofusion.graphs) > 1
+        assert all(g.ort_result.weights.compressed for g in loaded.autofusion.graphs[1:])
+        np.testing.assert_allclose(new_loaded.numpy(), new_fused.numpy(), rtol=0, atol=1e-4)
+        assert float((new_loaded - fp32).abs().max()) > 1e-4  # compressed, not fp32
     finally:
         torch._dynamo.reset()
 
