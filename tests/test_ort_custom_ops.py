@@ -136,6 +136,23 @@ def test_swiglu_and_a_gelu_chain_become_custom_operators_that_match_the_original
 
 
 @needs_header
+def test_a_saved_plan_lowers_its_custom_operators_where_the_cost_model_would_not(fused):
+    """``fuse_model(keys=...)`` (``load_fused``'s saved plan) applies the saved keys to our
+    kernels as to native rewrites: a plan whose cost model chooses nothing here (a threshold
+    no fusion passes, as a close call this machine leaves to timing) still gets its swiglu and
+    cluster operators; they were dropped without a reason."""
+    from graph_autofusion.pipeline import fuse_model
+
+    gaf, model, _path = fused
+    keys = [low.key for low in gaf.result.lowered]
+    opts = gaf.options.replace(benefit_threshold=0.99, check_speed=False)
+    assert not fuse_model(model, gaf.rules, "x86_avx2", options=opts, feeds=_feeds(1, 64)).lowered
+    again = fuse_model(model, gaf.rules, "x86_avx2", options=opts, feeds=_feeds(1, 64), keys=keys)
+    assert sorted(low.key for low in again.lowered) == sorted(keys)
+    assert sum(n.domain == DOMAIN for n in again.model.graph.nodes) == 2
+
+
+@needs_header
 def test_a_plain_session_without_the_library_fails_naming_the_domain(fused):
     _gaf, _model, path = fused
     with pytest.raises(Exception, match=DOMAIN):

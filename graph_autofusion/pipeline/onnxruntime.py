@@ -233,6 +233,13 @@ def _fuse_model(
                 work, analysis, folding, _target = plan_for_target(
                     original, planned, profile, opts, feeds, fold=False, activations=acts
                 )
+    if saved_keys is not None:
+        # a saved plan replaces the cost model's choice, for our kernels too: the library is
+        # built from the chosen candidates, and a fusion this machine's cost model leaves to
+        # safe mode's timing (a close call) was dropped on load without a word
+        keep = set(saved_keys)
+        for ca in analysis.candidates:
+            ca.chosen = ca.key in keep
     stages.dump("plan.json", lambda: to_json(analysis.to_dict()))
     with stages("lower"):
         custom_refused = custom.prepare(work, analysis, _target) if custom is not None else []
