@@ -5,17 +5,18 @@
 Why: a decode step multiplies one row of activations by every weight matrix, so it is bound
 by how fast the weights stream from memory. The kernel reads ``Wt`` (nn.Linear's layout) once,
 front to back: each weight row is one contiguous run of ``K`` floats, dotted with every
-activation row while it sits in L1 (four AVX-512 accumulators where the library is built with
-AVX-512, else four AVX2 ones). Measured against alternatives in a standalone harness on a
-2-core AMD EPYC (65 MB LM head, cold): one row at a time 54 GB/s with 2 threads, eight rows
-interleaved 50, a plain read 53; 64 small chunks 44 GB/s. Chunks of 1 MB of weights per
-thread (``GAF_GV_CHUNK``), one thread for a matrix under 2 MB: on a 2-core Xeon whose 480 MB
-L3 holds a whole decoder, chains of the zoo Llama's MLP weights (512x1376, 1376x512) ran at
-12 GB/s with 4 MB chunks (one thread for each of them), 19 with 1 MB chunks and 21 with
-AVX-512 as well (torch's MKL: 24); 512 KB chunks lost (19 on the 1 MB matrices: waking
-onnxruntime's sleeping worker costs more than the second core saves there), and a matrix
-streamed from memory was as fast with either (25-26 GB/s). Chunks run on onnxruntime's own intra-op
-pool (``KernelContext_ParallelFor``), never a second pool.
+activation row while it sits in L1 (four AVX2 accumulators). Measured against alternatives in
+a standalone harness on a 2-core AMD EPYC (65 MB LM head, cold): one row at a time 54 GB/s
+with 2 threads, eight rows interleaved 50, a plain read 53; 64 small chunks 44 GB/s. Chunks
+of 1 MB of weights per thread (``GAF_GV_CHUNK``), one thread for a matrix under 2 MB.
+``benchmarks/gemv_chain.py`` on a 2-core Xeon whose 480 MB L3 holds a whole small decoder:
+chains of the zoo Llama's MLP weights (512x1376, 1376x512) ran at 13-15 GB/s with the
+earlier 4 MB chunks (one thread for each of them) and 19 with 1 MB chunks (torch's MKL 21-24,
+onnxruntime's MatMul 14-19); 512 KB
+chunks lost on the 1 MB matrices (waking onnxruntime's sleeping worker costs more than the
+second core saves there); a 16-wide AVX-512 dot was as fast in cache and 10% slower on
+weights streamed from memory (25 GB/s against 28), so it is not used. Chunks run on
+onnxruntime's own intra-op pool (``KernelContext_ParallelFor``), never a second pool.
 
 Rows: any ``M`` works (same result); the kernel re-reads ``Wt`` once per activation row from
 L1, so it is only *used* where ``M <= MAX_ROWS``
@@ -37,7 +38,7 @@ MAX_ROWS = 8
 
 SOURCE = r"""
 /* ---- Gemv: y[..., N] = x[..., K] @ Wt[N, K]^T, few rows (graph-autofusion) ---- */
-#if (defined(__AVX2__) && defined(__FMA__)) || defined(__AVX512F__)
+#if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
 #ifndef GAF_GV_CHUNK
@@ -50,23 +51,10 @@ typedef struct {
 } GafGemvJob;
 
 /* dot(x, w) over K: four accumulators, the weight row read once, front to back (one
-   sequential stream per thread: eight rows interleaved streamed ~15% slower here); 16-wide
-   where the library is built with AVX-512, the rest of the row 8-wide, then scalar */
+   sequential stream per thread: eight rows interleaved streamed ~15% slower here) */
 static inline float gaf_gv_dot(const float *restrict x, const float *restrict w, int64_t K) {
     int64_t k = 0;
     float r = 0.f;
-#if defined(__AVX512F__)
-    __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0;
-    for (; k + 64 <= K; k += 64) {
-        b0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), b0);
-        b1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 16), _mm512_loadu_ps(x + k + 16), b1);
-        b2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 32), _mm512_loadu_ps(x + k + 32), b2);
-        b3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 48), _mm512_loadu_ps(x + k + 48), b3);
-    }
-    for (; k + 16 <= K; k += 16)
-        b0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), b0);
-    r = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(b0, b1), _mm512_add_ps(b2, b3)));
-#endif
 #if defined(__AVX2__) && defined(__FMA__)
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (; k + 32 <= K; k += 32) {
@@ -81,7 +69,7 @@ static inline float gaf_gv_dot(const float *restrict x, const float *restrict w,
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
     h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    r += _mm_cvtss_f32(h);
+    r = _mm_cvtss_f32(h);
 #endif
     for (; k < K; k++) r += w[k] * x[k];
     return r;
