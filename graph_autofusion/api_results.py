@@ -35,11 +35,11 @@ class FusedResults:
         the end-to-end comparison (a ``SafeFusionReport``)."""
         from graph_autofusion.report.fuse_report import SafeFusionReport
 
-        if self.torch_module is not None:  # one report per compiled graph
+        if self.torch_module is not None:  # one report per compiled graph, on its engine
             info = self._module_fusion().autofusion
             return [
                 SafeFusionReport(r, f"{self.source_name} graph {i}")
-                for i, r in enumerate(info.results() or info.engine_results())
+                for i, r in enumerate(info.engine_results())
             ]
         return SafeFusionReport(self._need_result(), self.source_name)
 

@@ -276,6 +276,12 @@ def _minilm_torch(seq_len: int, runs: int) -> dict[str, Any]:
     }
 
 
+def _engines_of(results: list[Any]) -> str:
+    """The engines that run a module's graphs, as the summary names them."""
+    names = Counter(r.engine.get("name", "?") for r in results if getattr(r, "engine", None))
+    return "engine " + ", ".join(f"{k} x{v}" if v > 1 else k for k, v in names.items())
+
+
 def _fusion_types(results: list[Any]) -> Counter:
     out: Counter = Counter()
     for r in results:
@@ -319,7 +325,7 @@ def _summary(
         types = _fusion_types(mt["results"])
         p = mt["perf"]
         lines.append(
-            f"MiniLM (PyTorch, generated kernels): {sum(types.values())} fused groups, "
+            f"MiniLM (PyTorch, {_engines_of(mt['results'])}): {sum(types.values())} fused groups, "
             f"{sum(len(x.rolled_back) for x in mt['results'])} rolled back; forward eager "
             f"{p['baseline']['latency_ms']:.2f} -> fused {p['fused']['latency_ms']:.2f} ms "
             f"({p['baseline']['latency_ms'] / p['fused']['latency_ms']:.2f}x); output cosine "
@@ -330,7 +336,8 @@ def _summary(
         rolled = sum(len(x.rolled_back) for x in llama["results"])
         p = llama["perf"]
         lines.append(
-            f"Llama decoder (PyTorch, generated kernels): {sum(types.values())} fused groups "
+            f"Llama decoder (PyTorch, {_engines_of(llama['results'])}): {sum(types.values())} "
+            f"fused groups "
             f"({', '.join(f'{k} {v}' for k, v in types.most_common(4))}), {rolled} rolled back"
         )
         lines.append(

@@ -609,6 +609,34 @@ class CompiledGraph:
         return program
 
     # ------------------------------------------------------------------ facts
+    def engine_record(self) -> dict[str, Any]:
+        """The engine that runs the graph, as a report shows it (``FuseResult.engine``):
+        ``name``, ``why`` (how it was chosen), each engine's ``ms`` on the first call, and
+        ``notes`` (the measurements' notes; the engine not chosen, with its fusions)."""
+        name = self.engine or ("eager" if self.fallback else "")
+        if self.fallback:
+            why = f"fallback: {self.fallback}"
+        elif self.plan_source == "saved" and len(self.engine_times) < 2:
+            why = "the saved plan's engine"
+        elif self.engine_times:
+            why = "measured on the first call's inputs"
+        else:
+            why = "no speed check: onnxruntime when it runs the graph"
+        notes = dict(self.engine_notes)
+        for other, res in (("onnxruntime", self.ort_result), ("torch", self.result)):
+            if other != name and res is not None:
+                codes = ", ".join(sorted({b.code for b in res.rolled_back}))
+                notes[f"{other} engine (not chosen)"] = (
+                    f"{len(res.lowered)} fused, {len(res.rolled_back)} rolled back"
+                    + (f" ({codes})" if codes else "")
+                )
+        return {
+            "name": name,
+            "why": why,
+            "ms": {k: round(v * 1e3, 4) for k, v in self.engine_times.items()},
+            "notes": notes,
+        }
+
     def summary(self) -> dict[str, Any]:
         """The graph's facts: its engine (and each engine's time on the first call), its
         fusions on that engine, its calls."""

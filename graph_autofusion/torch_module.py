@@ -150,11 +150,17 @@ class FusionInfo:
 
     def engine_results(self) -> list[Any]:
         """Each compiled graph's fuse result on the engine that runs it: the ONNX route's
-        ``FuseResult`` (onnxruntime) or the torch program's ``CpuFuseResult``."""
+        ``FuseResult`` (onnxruntime) or the torch program's ``CpuFuseResult``; a graph that
+        runs eager (both engines measured slower) gives the result of an engine it built.
+        Each result's ``engine`` says which engine runs the graph, how it was chosen, each
+        engine's time and what the engine not chosen fused (``CompiledGraph.engine_record``)."""
         out = []
         for g in self.graphs:
             res = g.ort_result if g.engine == "onnxruntime" else g.result
+            if res is None and g.engine == "eager":
+                res = g.ort_result
             if res is not None:
+                res.engine = g.engine_record()
                 out.append(res)
         return out
 

@@ -122,8 +122,13 @@ def test_safe_mode_rolls_back_a_wrong_kernel_alone(monkeypatch):
     )
     with torch.no_grad():
         assert torch.allclose(fused(x), m(x), atol=1e-4)
+    # the report is of the engine that runs the graph (onnxruntime, built first, no speed
+    # check); the torch program's rollback is named as the engine not chosen
     text = gaf.safe_fusion_report()[0].to_text()
-    assert "numerics" in text
+    assert fused.autofusion.graphs[0].engine == "onnxruntime"
+    assert "engine: onnxruntime (no speed check" in text
+    assert "torch engine (not chosen): " in text and "(numerics)" in text
+    assert gaf.result is fused.autofusion.graphs[0].ort_result
 
 
 @pytest.mark.parametrize("name", ["phi", "gemma"])
