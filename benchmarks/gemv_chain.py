@@ -20,8 +20,10 @@ last-level cache finds them (a decoder that does not fit streams them, as ``head
 * ``MatMul``: onnxruntime's ``MatMul`` on ``W [K, N]``;
 * ``Gemv``: the ``ai.graph_autofusion`` ``Gemv`` custom operator on ``Wt [N, K]``, as built
   now;
-* ``Gemv (4 MB chunks)``: the same source built with ``-DGAF_GV_CHUNK=1048576``, its chunk
-  size before session 26 (one thread for a matrix under 8 MB).
+* ``Gemv (4 MB chunks)``: the same source built with ``-DGAF_GV_CHUNK_MID=1048576``, its
+  chunking before 2026-12-05 (4 MB chunks, so one thread for a matrix under 8 MB);
+* ``Gemv (1 MB chunks)``: built with ``-DGAF_GV_CHUNK=262144`` (1 MB chunks for every
+  matrix, as in ddd6e92).
 
 Each chain's outputs are compared with torch's. GB/s is the chain's weight bytes over the
 median time. Writes ``benchmarks/results/gemv_chain.json`` and ``.md`` with the CPU model and
@@ -49,8 +51,13 @@ GROUPS = {
     "mlp": [(512, 1376), (1376, 512)],
     "head": [(512, 32000), (32000, 512)],
 }
-OLD_FLAGS = "-DGAF_GV_CHUNK=1048576"
-VARIANTS = {"Gemv": "", "Gemv (4 MB chunks)": OLD_FLAGS}
+#: the operator as built now, and with its chunking before 2026-12-05 (4 MB chunks only) and
+#: with 1 MB chunks for every matrix (ddd6e92)
+VARIANTS = {
+    "Gemv": "",
+    "Gemv (4 MB chunks)": "-DGAF_GV_CHUNK_MID=1048576",
+    "Gemv (1 MB chunks)": "-DGAF_GV_CHUNK=262144",
+}
 CONFIGS = ("torch", "MatMul", *VARIANTS)
 
 
@@ -200,8 +207,10 @@ def main(argv: list[str] | None = None) -> int:
         f"group; median (p10-p90) of {args.runs} rounds in rotating order; load average "
         f"before {load_before[0]:.2f}, after {data['machine']['loadavg_after'][0]:.2f}.",
         "",
-        "ms (p10-p90; GB/s of the chain's weights). `Gemv (4 MB chunks)`: the same operator "
-        f"built with `{OLD_FLAGS}`, its chunk size before session 26.",
+        "ms (p10-p90; GB/s of the chain's weights). `Gemv (4 MB chunks)` and `Gemv (1 MB "
+        "chunks)`: the same operator built with "
+        + " and ".join(f"`{f}`" for f in list(VARIANTS.values())[1:])
+        + " (its chunking before 2026-12-05, and in ddd6e92).",
         "",
         "| group | MB | " + " | ".join(CONFIGS) + " |",
         "|---|---:|" + "---:|" * len(CONFIGS),

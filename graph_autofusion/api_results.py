@@ -38,8 +38,8 @@ class FusedResults:
         if self.torch_module is not None:  # one report per compiled graph, on its engine
             info = self._module_fusion().autofusion
             return [
-                SafeFusionReport(r, f"{self.source_name} graph {i}")
-                for i, r in enumerate(info.engine_results())
+                SafeFusionReport(r, f"{self.source_name} graph {r.engine['graph']}")
+                for r in info.engine_results()
             ]
         return SafeFusionReport(self._need_result(), self.source_name)
 

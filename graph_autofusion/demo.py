@@ -279,6 +279,8 @@ def _minilm_torch(seq_len: int, runs: int) -> dict[str, Any]:
 def _engines_of(results: list[Any]) -> str:
     """The engines that run a module's graphs, as the summary names them."""
     names = Counter(r.engine.get("name", "?") for r in results if getattr(r, "engine", None))
+    if not names:
+        return "no engine"
     return "engine " + ", ".join(f"{k} x{v}" if v > 1 else k for k, v in names.items())
 
 

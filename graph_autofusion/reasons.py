@@ -221,6 +221,11 @@ SAME_AS_RULE = _define(
 NOT_CHOSEN = _define(
     "not-chosen", "planner", "Left out of the plan with no code of its own (a summary count)."
 )
+NOT_IN_SAVED_PLAN = _define(
+    "not-in-saved-plan",
+    "planner",
+    "A saved plan (load_fused) replaced the planner's choice, and it does not fuse the candidate.",
+)
 
 # ---------------------------------------------------------------- fusion controls (F17)
 PRECISION_CONSTRAINT = _define(

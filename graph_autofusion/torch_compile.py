@@ -613,15 +613,20 @@ class CompiledGraph:
         """The engine that runs the graph, as a report shows it (``FuseResult.engine``):
         ``name``, ``why`` (how it was chosen), each engine's ``ms`` on the first call, and
         ``notes`` (the measurements' notes; the engine not chosen, with its fusions)."""
-        name = self.engine or ("eager" if self.fallback else "")
+        name = "eager" if self.fallback else self.engine
+        failed = [e for e in ENGINES[:-1] if e != name and e in self.engine_notes]
         if self.fallback:
             why = f"fallback: {self.fallback}"
         elif self.plan_source == "saved" and len(self.engine_times) < 2:
             why = "the saved plan's engine"
         elif self.engine_times:
             why = "measured on the first call's inputs"
+        elif self.config.engine != "auto":
+            why = f"engine={self.config.engine!r} asked for"
+        elif failed:
+            why = f"the {failed[0]} engine could not be built"
         else:
-            why = "no speed check: onnxruntime when it runs the graph"
+            why = "no speed check: onnxruntime, built first"
         notes = dict(self.engine_notes)
         for other, res in (("onnxruntime", self.ort_result), ("torch", self.result)):
             if other != name and res is not None:
@@ -635,6 +640,7 @@ class CompiledGraph:
             "why": why,
             "ms": {k: round(v * 1e3, 4) for k, v in self.engine_times.items()},
             "notes": notes,
+            "graph": self.index,
         }
 
     def summary(self) -> dict[str, Any]:

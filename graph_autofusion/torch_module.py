@@ -157,7 +157,7 @@ class FusionInfo:
         out = []
         for g in self.graphs:
             res = g.ort_result if g.engine == "onnxruntime" else g.result
-            if res is None and g.engine == "eager":
+            if res is None and g.engine != "onnxruntime":  # eager, or a fallback
                 res = g.ort_result
             if res is not None:
                 res.engine = g.engine_record()

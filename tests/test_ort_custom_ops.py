@@ -147,9 +147,25 @@ def test_a_saved_plan_lowers_its_custom_operators_where_the_cost_model_would_not
     keys = [low.key for low in gaf.result.lowered]
     opts = gaf.options.replace(benefit_threshold=0.99, check_speed=False)
     assert not fuse_model(model, gaf.rules, "x86_avx2", options=opts, feeds=_feeds(1, 64)).lowered
-    again = fuse_model(model, gaf.rules, "x86_avx2", options=opts, feeds=_feeds(1, 64), keys=keys)
+    again = fuse_model(
+        model, gaf.rules, "x86_avx2", options=opts, feeds=_feeds(1, 64), keys=[*keys, "gone@x"]
+    )
     assert sorted(low.key for low in again.lowered) == sorted(keys)
     assert sum(n.domain == DOMAIN for n in again.model.graph.nodes) == 2
+    # the report says so: the saved set is the chosen one, with its estimate; a saved key that
+    # matches nothing is a note
+    chosen = {a.key: a for a in again.analysis.candidates if a.chosen}
+    assert set(chosen) == set(keys) and {a.code for a in chosen.values()} == {"chosen"}
+    assert again.analysis.time_after_s < again.analysis.time_before_s
+    assert any("saved plan: 1 fusion(s) match nothing" in n and "gone@x" in n for n in again.notes)
+    # a candidate the cost model chooses but the saved plan leaves out is not fused, and why
+    swiglu = [k for k in keys if k.startswith("swiglu@")]
+    only = fuse_model(model, gaf.rules, "x86_avx2", options=gaf.options.replace(
+        check_speed=False), feeds=_feeds(1, 64), keys=swiglu)  # fmt: skip
+    assert [low.key for low in only.lowered] == swiglu
+    dropped = [a for a in only.analysis.candidates if a.code == "not-in-saved-plan"]
+    assert dropped and all(not a.chosen and a.key not in swiglu for a in dropped)
+    assert "not-in-saved-plan" in only.skipped_by_reason()
 
 
 @needs_header

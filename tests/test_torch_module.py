@@ -63,10 +63,9 @@ def test_fuse_returns_a_drop_in_module_that_generates_the_same_tokens(tmp_path):
     fused.save_pretrained(out)
     assert (out / PLAN_FILE).exists() and (out / "config.json").exists()
     torch._dynamo.reset()
-    # safe mode checks a saved plan's fusions again, timing included: the same fixed timer,
-    # or a fusion this machine measures slower (swiglu on a 2-core Xeon) is rolled back
-    with use_timer(_kernel_is_faster):
-        loaded = load_fused(transformers.LlamaForCausalLM.from_pretrained(out), out)
+    # a saved plan applies its fusions without timing them again, the close calls the cost
+    # model leaves to timing on this machine included (swiglu on a 2-core Xeon)
+    loaded = load_fused(transformers.LlamaForCausalLM.from_pretrained(out), out)
     graph, saved = loaded.autofusion.graphs[0], info.graphs[0]
     assert graph.plan_source == "saved" and graph.engine == saved.engine  # the same engine
     assert [low.key for low in info.engine_results()[0].lowered] == [

@@ -8,14 +8,15 @@ front to back: each weight row is one contiguous run of ``K`` floats, dotted wit
 activation row while it sits in L1 (four AVX2 accumulators). Measured against alternatives in
 a standalone harness on a 2-core AMD EPYC (65 MB LM head, cold): one row at a time 54 GB/s
 with 2 threads, eight rows interleaved 50, a plain read 53; 64 small chunks 44 GB/s. Chunks
-of 1 MB of weights per thread (``GAF_GV_CHUNK``), one thread for a matrix under 2 MB.
+of 4 MB of weights per thread (``GAF_GV_CHUNK``) for a matrix of 8 MB or more; a smaller one
+in chunks of 1 MB (``GAF_GV_CHUNK_MID``), so one under 2 MB runs on one thread.
 ``benchmarks/gemv_chain.py`` on a 2-core Xeon whose 480 MB L3 holds a whole small decoder:
-chains of the zoo Llama's MLP weights (512x1376, 1376x512) ran at 13-15 GB/s with the
-earlier 4 MB chunks (one thread for each of them) and 19 with 1 MB chunks (torch's MKL 21-24,
-onnxruntime's MatMul 14-19); 512 KB
-chunks lost on the 1 MB matrices (waking onnxruntime's sleeping worker costs more than the
-second core saves there); a 16-wide AVX-512 dot was as fast in cache and 10% slower on
-weights streamed from memory (25 GB/s against 28), so it is not used. Chunks run on
+chains of the zoo Llama's MLP weights (512x1376, 1376x512: 2.8 MB each) ran at 13-15 GB/s
+on one thread each (4 MB chunks only, before 2026-12-05) and 19 in 1 MB chunks (torch's MKL
+21-24, onnxruntime's MatMul 14-19); 512 KB chunks lost on the 1 MB matrices (waking
+onnxruntime's sleeping worker costs more than the second core saves there); a 16-wide AVX-512
+dot was as fast in cache and 10% slower on weights streamed from memory (25 GB/s against 28),
+so it is not used. Chunks run on
 onnxruntime's own intra-op pool (``KernelContext_ParallelFor``), never a second pool.
 
 Rows: any ``M`` works (same result); the kernel re-reads ``Wt`` once per activation row from
@@ -42,7 +43,10 @@ SOURCE = r"""
 #include <immintrin.h>
 #endif
 #ifndef GAF_GV_CHUNK
-#define GAF_GV_CHUNK 262144 /* weights per thread-pool chunk (under two: one thread) */
+#define GAF_GV_CHUNK 1048576 /* weights per thread-pool chunk of a large matrix */
+#endif
+#ifndef GAF_GV_CHUNK_MID
+#define GAF_GV_CHUNK_MID 262144 /* a matrix under two of those: chunks of this (under two: one thread) */
 #endif
 
 typedef struct {
@@ -150,9 +154,11 @@ static OrtStatus *gaf_gv_compute(OrtKernelContext *ctx) {
     void *x, *w, *y; int64_t M, N, K;
     if ((err = gaf_gv_bind(ctx, "Gemv", &x, &w, &y, &M, &N, &K, 0)) || M == 0) return err;
     GafGemvJob job = {(const float *)x, (const float *)w, (float *)y, M, N, K, 0};
-    /* chunks of ~GAF_GV_CHUNK weights (1 MB: one thread serves a 1 MB matrix faster than
-       two woken for it), at most 64 */
+    /* chunks of ~GAF_GV_CHUNK weights (4 MB: 64 small chunks streamed a large matrix ~20%
+       slower); a matrix under 8 MB in chunks of GAF_GV_CHUNK_MID (1 MB: one thread serves a
+       1 MB matrix faster than two woken for it, two serve a 3 MB one faster); at most 64 */
     int64_t chunks = (N * K) / GAF_GV_CHUNK;
+    if (chunks < 2) chunks = (N * K) / GAF_GV_CHUNK_MID;
     if (chunks > 64) chunks = 64;
     if (chunks > N) chunks = N;
     if (chunks < 2) { gaf_gv_cols(&job, 0, N); return 0; }

@@ -29,6 +29,7 @@ Stages, in order (each timed in ``result.timings`` and able to dump its artifact
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -66,6 +67,7 @@ from graph_autofusion.pipeline.result import (
 )
 from graph_autofusion.pipeline.safe_mode import run_safe_mode
 from graph_autofusion.pipeline.stages import Stages
+from graph_autofusion.planner.analysis import apply_saved_plan, saved_plan_note
 from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.verify.inputs import generate_inputs, other_shape_inputs
 from graph_autofusion.verify.safety import OtherShape, SafetyResult, compare_at, compare_outputs
@@ -95,7 +97,7 @@ def _is_live(result: CpuFuseResult, g: KernelGroup) -> bool:
     return any(low.key == g.key for low in result.lowered)
 
 
-def _lowerable(target: Any, ca: Any, binding: Any) -> bool:
+def _lowerable(target: Any, binding: Any, ca: Any) -> bool:
     if ca.payload is None:
         return False
     if native_form(ca.payload):  # the rule's own rewrite, no kernel
@@ -142,9 +144,10 @@ def fuse_model_cpu(
     for k in ("bind", "candidates", "cost", "plan"):
         stages.timings[f"plan.{k}"] = analysis.timings.get(k, 0.0)
     if chosen_keys is not None:
-        keep = set(chosen_keys)
-        for ca in analysis.candidates:
-            ca.chosen = ca.key in keep and _lowerable(target, ca, analysis.binding)
+        allowed = functools.partial(_lowerable, target, analysis.binding)
+        note = saved_plan_note(apply_saved_plan(analysis, chosen_keys, allowed))
+        if note:
+            notes.append(note)
     stages.dump("plan.json", lambda: to_json(analysis.to_dict()))
     groups: list[KernelGroup] = []
     not_lowered: list[NotLowered] = []

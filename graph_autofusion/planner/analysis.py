@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from graph_autofusion import defaults, reasons
@@ -75,6 +75,8 @@ __all__ = [
     "INT_HIGH",
     "SAME_AS_RULE",
     "analyze_model",
+    "apply_saved_plan",
+    "saved_plan_note",
     "bind_model",
     "bind_shapes_for",
     "build_report",
@@ -93,6 +95,8 @@ __all__ = [
     "CHOSEN",
     "SAME_AS_RULE",
     "analyze_model",
+    "apply_saved_plan",
+    "saved_plan_note",
     "bind_model",
     "build_report",
     "cost_candidates",
@@ -444,3 +448,47 @@ def estimate_benefit(report: AnalysisReport) -> dict[str, Any]:
         "profile": report.profile,
         "strategy": report.strategy_used,
     }
+
+
+def apply_saved_plan(
+    report: AnalysisReport,
+    keys: Iterable[str],
+    allowed: Callable[[CandidateAnalysis], bool] | None = None,
+) -> list[str]:
+    """Replace the planner's choice in ``report`` with a saved plan's candidate ``keys``
+    (``load_fused``): a saved candidate is chosen (code ``chosen``, "the saved plan fuses
+    it") where ``allowed`` accepts it, every other one is not (``not-in-saved-plan``), and the
+    whole-model estimates are those of the saved set. Returns the saved keys that match no
+    candidate (the graph changed since the plan was saved), in the plan's order."""
+    keep = list(dict.fromkeys(keys))
+    wanted = set(keep)
+    for a in report.candidates:
+        take = a.key in wanted and (allowed is None or allowed(a))
+        if take and not a.chosen:
+            a.chosen, a.code, a.message = True, CHOSEN, "the saved plan fuses it"
+        elif not take and a.chosen:
+            a.chosen, a.code = False, reasons.NOT_IN_SAVED_PLAN
+            a.message = "the saved plan does not fuse it"
+    chosen = [a for a in report.candidates if a.chosen]
+    report.time_after_s = report.time_before_s - sum(a.saving_s for a in chosen)
+    report.hbm_accesses_after = report.hbm_accesses_before - sum(
+        a.cost.hbm_accesses_before - a.cost.hbm_accesses_after for a in chosen
+    )
+    report.bytes_after = report.bytes_before - sum(
+        (a.cost.bytes_before or 0) - (a.cost.bytes_after or 0) for a in chosen
+    )
+    known = {a.key for a in report.candidates}
+    return [k for k in keep if k not in known]
+
+
+def saved_plan_note(unmatched: Sequence[str]) -> str | None:
+    """The note naming a saved plan's keys that match no candidate (``apply_saved_plan``'s
+    return), or ``None``."""
+    if not unmatched:
+        return None
+    more = f" and {len(unmatched) - 8} more" if len(unmatched) > 8 else ""
+    return (
+        f"saved plan: {len(unmatched)} fusion(s) match nothing in this graph (ignored): "
+        + ", ".join(unmatched[:8])
+        + more
+    )
