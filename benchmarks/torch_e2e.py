@@ -437,7 +437,9 @@ def markdown(data: dict) -> str:
                     continue
                 lines.append(
                     f"| {r['model']} | {LABELS[c]} | {m['baseline_mb']:.0f} | {m['peak_mb']:.0f} "
-                    f"| {m['delta_mb']:.0f} | {r['run']['date']} {r['run']['commit']} |"
+                    f"| {m['delta_mb']:.0f} | {r['run']['date']} {r['run']['commit']}"
+                    + (f", {r['run']['cpu']}" if len(cpus) > 1 else "")
+                    + " |"
                 )
     return "\n".join(lines) + "\n"
 
