@@ -23,7 +23,11 @@ last-level cache finds them (a decoder that does not fit streams them, as ``head
 * ``Gemv (4 MB chunks)``: the same source built with ``-DGAF_GV_CHUNK_MID=1048576``, its
   chunking before 2026-12-05 (4 MB chunks, so one thread for a matrix under 8 MB);
 * ``Gemv (1 MB chunks)``: built with ``-DGAF_GV_CHUNK=262144`` (1 MB chunks for every
-  matrix, as in ddd6e92).
+  matrix, as in ddd6e92);
+* ``GemvF16``: the fp16-weight operator (``weights="fp16"``) on the same weights in fp16
+  panels, and ``GemvF16 (2M chunks)`` built with ``-DGAF_GH_CHUNK_MID=2097152`` (its chunking
+  before 2026-12-05). Their GB/s count the fp16 bytes they read; their difference from torch's
+  outputs is the weights' rounding to fp16.
 
 Each chain's outputs are compared with torch's. GB/s is the chain's weight bytes over the
 median time. Writes ``benchmarks/results/gemv_chain.json`` and ``.md`` with the CPU model and
@@ -58,16 +62,24 @@ VARIANTS = {
     "Gemv (4 MB chunks)": "-DGAF_GV_CHUNK_MID=1048576",
     "Gemv (1 MB chunks)": "-DGAF_GV_CHUNK=262144",
 }
-CONFIGS = ("torch", "MatMul", *VARIANTS)
+#: ``GemvF16`` (fp16 weights) as built now and with its chunking before 2026-12-05 (2M
+#: weight-products a chunk for every matrix)
+HALF_VARIANTS = {"GemvF16": "", "GemvF16 (2M chunks)": "-DGAF_GH_CHUNK_MID=2097152"}
+CONFIGS = ("torch", "MatMul", *VARIANTS, *HALF_VARIANTS)
 
 
-def chain(shapes: list[tuple[int, int]], layers: int, gemv: bool) -> tuple[bytes, list]:
-    """The chain's ONNX model and its weights as ``[N, K]`` arrays (nn.Linear's layout)."""
+def chain(
+    shapes: list[tuple[int, int]], layers: int, gemv: bool, half: bool = False
+) -> tuple[bytes, list]:
+    """The chain's ONNX model and its weights as ``[N, K]`` arrays (nn.Linear's layout);
+    ``half``: ``GemvF16`` on the weights in fp16 panels, as the compressed-weights stage
+    writes them (``weights="fp16"``)."""
     import onnx
     from onnx import TensorProto as T
     from onnx import helper as h
 
     from graph_autofusion.codegen.ort_customop_c import DOMAIN
+    from graph_autofusion.codegen.weights import to_half
 
     rng = np.random.default_rng(0)
     nodes, inits, ws, cur = [], [], [], "x"
@@ -75,8 +87,12 @@ def chain(shapes: list[tuple[int, int]], layers: int, gemv: bool) -> tuple[bytes
         w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
         ws.append(w)
         arr = w if gemv else np.ascontiguousarray(w.T)
+        if half:
+            arr = to_half(np.ascontiguousarray(w.T), panels=True).b
         inits.append(onnx.numpy_helper.from_array(arr, f"w{i}"))
-        if gemv:
+        if half:
+            nodes.append(h.make_node("GemvF16", [cur, f"w{i}"], [f"y{i}"], domain=DOMAIN))
+        elif gemv:
             nodes.append(h.make_node("Gemv", [cur, f"w{i}"], [f"y{i}"], domain=DOMAIN))
         else:
             nodes.append(h.make_node("MatMul", [cur, f"w{i}"], [f"y{i}"]))
@@ -95,7 +111,7 @@ def libraries() -> dict[str, str]:
     from graph_autofusion.codegen.ort_customop import build_library, register_library
 
     out = {}
-    for name, flags in VARIANTS.items():
+    for name, flags in {**VARIANTS, **HALF_VARIANTS}.items():
         old = os.environ.get(env.CUSTOM_OP_CFLAGS)
         os.environ[env.CUSTOM_OP_CFLAGS] = flags
         try:
@@ -131,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     for group, shapes in GROUPS.items():
         plain, ws = chain(shapes, args.layers, gemv=False)
         gemv, _ = chain(shapes, args.layers, gemv=True)
+        half, _ = chain(shapes, args.layers, gemv=True, half=True)
         tw = [torch.from_numpy(w) for w in ws]
         x = np.random.default_rng(1).standard_normal((1, 1, shapes[0][0])).astype(np.float32)
         xt = torch.from_numpy(x)
@@ -144,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         sessions = {"MatMul": ort_session(onnx.load_from_string(plain), "all", args.threads)}
         for name, path in libs.items():
             sessions[name] = ort_session(
-                onnx.load_from_string(gemv), "all", args.threads, custom_ops_library=path,
-                find_library=False,
+                onnx.load_from_string(half if name in HALF_VARIANTS else gemv), "all",
+                args.threads, custom_ops_library=path, find_library=False,
             )  # fmt: skip
         calls = {"torch": linear_chain}
         calls.update({k: (lambda s=s, x=x: s.run(None, {"x": x})[0]) for k, s in sessions.items()})
@@ -162,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                     if r >= 10:
                         times[k].append(time.perf_counter() - t)
         nbytes = sum(w.nbytes for w in ws)
+        read = {k: nbytes // 2 if k in HALF_VARIANTS else nbytes for k in times}
         med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
         p10p90 = {k: [float(np.percentile(v, 10)) * 1e3, float(np.percentile(v, 90)) * 1e3]
                   for k, v in times.items()}  # fmt: skip
@@ -172,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             "weight_mb": nbytes / 1e6,
             "ms": med,
             "p10_p90_ms": p10p90,
-            "GBps": {k: nbytes / (t * 1e-3) / 1e9 for k, t in med.items()},
+            "GBps": {k: read[k] / (t * 1e-3) / 1e9 for k, t in med.items()},
             "max_rel_diff_vs_torch": err,
         }
         rows.append(row)
@@ -210,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         "ms (p10-p90; GB/s of the chain's weights). `Gemv (4 MB chunks)` and `Gemv (1 MB "
         "chunks)`: the same operator built with "
         + " and ".join(f"`{f}`" for f in list(VARIANTS.values())[1:])
-        + " (its chunking before 2026-12-05, and in ddd6e92).",
+        + " (its chunking before 2026-12-05, and in ddd6e92); `GemvF16`: fp16 weights in "
+        "panels (GB/s of the fp16 bytes), `GemvF16 (2M chunks)` built with "
+        f"`{HALF_VARIANTS['GemvF16 (2M chunks)']}` (its chunking before 2026-12-05).",
         "",
         "| group | MB | " + " | ".join(CONFIGS) + " |",
         "|---|---:|" + "---:|" * len(CONFIGS),
