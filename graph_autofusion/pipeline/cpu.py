@@ -67,7 +67,7 @@ from graph_autofusion.pipeline.result import (
 )
 from graph_autofusion.pipeline.safe_mode import run_safe_mode
 from graph_autofusion.pipeline.stages import Stages
-from graph_autofusion.planner.analysis import apply_saved_plan, saved_plan_note
+from graph_autofusion.planner.analysis import apply_saved_plan
 from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.verify.inputs import generate_inputs, other_shape_inputs
 from graph_autofusion.verify.safety import OtherShape, SafetyResult, compare_at, compare_outputs
@@ -145,9 +145,7 @@ def fuse_model_cpu(
         stages.timings[f"plan.{k}"] = analysis.timings.get(k, 0.0)
     if chosen_keys is not None:
         allowed = functools.partial(_lowerable, target, analysis.binding)
-        note = saved_plan_note(apply_saved_plan(analysis, chosen_keys, allowed))
-        if note:
-            notes.append(note)
+        apply_saved_plan(analysis, chosen_keys, notes, allowed)
     stages.dump("plan.json", lambda: to_json(analysis.to_dict()))
     groups: list[KernelGroup] = []
     not_lowered: list[NotLowered] = []

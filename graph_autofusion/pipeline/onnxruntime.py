@@ -73,7 +73,7 @@ from graph_autofusion.pipeline.result import (
 from graph_autofusion.pipeline.safe_mode import run_safe_mode
 from graph_autofusion.pipeline.stages import Stages
 from graph_autofusion.pipeline.weights import compress_weights
-from graph_autofusion.planner.analysis import apply_saved_plan, saved_plan_note
+from graph_autofusion.planner.analysis import apply_saved_plan
 from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.verify.inputs import generate_inputs, retry_longer
 from graph_autofusion.verify.optimized_graph import same_model_after_optimization
@@ -238,9 +238,7 @@ def _fuse_model(
         # a saved plan replaces the cost model's choice, for our kernels too: the library is
         # built from the chosen candidates, and a fusion this machine's cost model leaves to
         # safe mode's timing (a close call) was dropped on load without a word
-        note = saved_plan_note(apply_saved_plan(analysis, saved_keys))
-        if note:
-            notes.append(note)
+        apply_saved_plan(analysis, saved_keys, notes)
     stages.dump("plan.json", lambda: to_json(analysis.to_dict()))
     with stages("lower"):
         custom_refused = custom.prepare(work, analysis, _target) if custom is not None else []

@@ -76,7 +76,6 @@ __all__ = [
     "SAME_AS_RULE",
     "analyze_model",
     "apply_saved_plan",
-    "saved_plan_note",
     "bind_model",
     "bind_shapes_for",
     "build_report",
@@ -96,7 +95,6 @@ __all__ = [
     "SAME_AS_RULE",
     "analyze_model",
     "apply_saved_plan",
-    "saved_plan_note",
     "bind_model",
     "build_report",
     "cost_candidates",
@@ -273,13 +271,8 @@ def build_report(
     time_before = float(sum(k.time_s for k in known))
     acc_before = sum(k.hbm_accesses for k in before)
     bytes_before = sum(k.bytes or 0 for k in before)
-    chosen = [a for a in analyses if a.chosen]
-    time_after = time_before - sum(a.saving_s for a in chosen)
-    acc_after = acc_before - sum(
-        a.cost.hbm_accesses_before - a.cost.hbm_accesses_after for a in chosen
-    )
-    bytes_after = bytes_before - sum(
-        (a.cost.bytes_before or 0) - (a.cost.bytes_after or 0) for a in chosen
+    time_after, acc_after, bytes_after = _after_plan(
+        [a for a in analyses if a.chosen], time_before, acc_before, bytes_before
     )
     return AnalysisReport(
         model_name=model_name or graph.name,
@@ -453,13 +446,14 @@ def estimate_benefit(report: AnalysisReport) -> dict[str, Any]:
 def apply_saved_plan(
     report: AnalysisReport,
     keys: Iterable[str],
+    notes: list[str],
     allowed: Callable[[CandidateAnalysis], bool] | None = None,
-) -> list[str]:
+) -> None:
     """Replace the planner's choice in ``report`` with a saved plan's candidate ``keys``
     (``load_fused``): a saved candidate is chosen (code ``chosen``, "the saved plan fuses
     it") where ``allowed`` accepts it, every other one is not (``not-in-saved-plan``), and the
-    whole-model estimates are those of the saved set. Returns the saved keys that match no
-    candidate (the graph changed since the plan was saved), in the plan's order."""
+    whole-model estimates are those of the saved set. Saved keys that match no candidate (the
+    graph changed since the plan was saved) are named in one note, appended to ``notes``."""
     keep = list(dict.fromkeys(keys))
     wanted = set(keep)
     for a in report.candidates:
@@ -469,26 +463,33 @@ def apply_saved_plan(
         elif not take and a.chosen:
             a.chosen, a.code = False, reasons.NOT_IN_SAVED_PLAN
             a.message = "the saved plan does not fuse it"
-    chosen = [a for a in report.candidates if a.chosen]
-    report.time_after_s = report.time_before_s - sum(a.saving_s for a in chosen)
-    report.hbm_accesses_after = report.hbm_accesses_before - sum(
-        a.cost.hbm_accesses_before - a.cost.hbm_accesses_after for a in chosen
-    )
-    report.bytes_after = report.bytes_before - sum(
-        (a.cost.bytes_before or 0) - (a.cost.bytes_after or 0) for a in chosen
+    report.time_after_s, report.hbm_accesses_after, report.bytes_after = _after_plan(
+        [a for a in report.candidates if a.chosen],
+        report.time_before_s,
+        report.hbm_accesses_before,
+        report.bytes_before,
     )
     known = {a.key for a in report.candidates}
-    return [k for k in keep if k not in known]
+    unmatched = [k for k in keep if k not in known]
+    if unmatched:
+        more = f" and {len(unmatched) - 8} more" if len(unmatched) > 8 else ""
+        notes.append(
+            f"saved plan: {len(unmatched)} fusion(s) match nothing in this graph (ignored): "
+            + ", ".join(unmatched[:8])
+            + more
+        )
 
 
-def saved_plan_note(unmatched: Sequence[str]) -> str | None:
-    """The note naming a saved plan's keys that match no candidate (``apply_saved_plan``'s
-    return), or ``None``."""
-    if not unmatched:
-        return None
-    more = f" and {len(unmatched) - 8} more" if len(unmatched) > 8 else ""
-    return (
-        f"saved plan: {len(unmatched)} fusion(s) match nothing in this graph (ignored): "
-        + ", ".join(unmatched[:8])
-        + more
+def _after_plan(
+    chosen: Sequence[CandidateAnalysis], time_before: float, acc_before: int, bytes_before: int
+) -> tuple[float, int, int]:
+    """Whole-model estimated time, HBM accesses and bytes with the ``chosen`` candidates fused
+    (each one's saving taken off the unfused totals)."""
+    time_after = time_before - sum(a.saving_s for a in chosen)
+    acc_after = acc_before - sum(
+        a.cost.hbm_accesses_before - a.cost.hbm_accesses_after for a in chosen
     )
+    bytes_after = bytes_before - sum(
+        (a.cost.bytes_before or 0) - (a.cost.bytes_after or 0) for a in chosen
+    )
+    return time_after, acc_after, bytes_after
