@@ -88,6 +88,17 @@ static void gaf_gv_cols(const GafGemvJob *j, int64_t n0, int64_t n1) {
     }
 }
 
+/* thread-pool chunks for `work` (weights, or weight-products) over `units` weight rows or
+   panels: chunks of `big` for a large matrix, of `mid` for one under two of those, at most 64
+   and at most one per unit; under two, the caller runs it on its own thread (GemvF16 too) */
+static inline int64_t gaf_gv_chunks(int64_t work, int64_t big, int64_t mid, int64_t units) {
+    int64_t chunks = work / big;
+    if (chunks < 2) chunks = work / mid;
+    if (chunks > 64) chunks = 64;
+    if (chunks > units) chunks = units;
+    return chunks;
+}
+
 static void gaf_gv_chunk(void *data, size_t i) {
     const GafGemvJob *j = (const GafGemvJob *)data;
     int64_t n0 = (int64_t)i * j->rows, n1 = n0 + j->rows;
@@ -157,10 +168,7 @@ static OrtStatus *gaf_gv_compute(OrtKernelContext *ctx) {
     /* chunks of ~GAF_GV_CHUNK weights (4 MB: 64 small chunks streamed a large matrix ~20%
        slower); a matrix under 8 MB in chunks of GAF_GV_CHUNK_MID (1 MB: one thread serves a
        1 MB matrix faster than two woken for it, two serve a 3 MB one faster); at most 64 */
-    int64_t chunks = (N * K) / GAF_GV_CHUNK;
-    if (chunks < 2) chunks = (N * K) / GAF_GV_CHUNK_MID;
-    if (chunks > 64) chunks = 64;
-    if (chunks > N) chunks = N;
+    int64_t chunks = gaf_gv_chunks(N * K, GAF_GV_CHUNK, GAF_GV_CHUNK_MID, N);
     if (chunks < 2) { gaf_gv_cols(&job, 0, N); return 0; }
     job.rows = (N + chunks - 1) / chunks;
     chunks = (N + job.rows - 1) / job.rows;

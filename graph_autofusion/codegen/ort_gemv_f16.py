@@ -238,10 +238,7 @@ static OrtStatus *gaf_gh_compute(OrtKernelContext *ctx) {
        that, more rows is more work per weight but no more weights), at most 64 */
     int64_t units = panels ? N / 16 : N;
     int64_t work = N * K * (M < 8 ? M : 8);
-    int64_t chunks = work / GAF_GH_CHUNK;
-    if (chunks < 2) chunks = work / GAF_GH_CHUNK_MID; /* a smaller matrix, in smaller chunks */
-    if (chunks > 64) chunks = 64;
-    if (chunks > units) chunks = units;
+    int64_t chunks = gaf_gv_chunks(work, GAF_GH_CHUNK, GAF_GH_CHUNK_MID, units);
     job.rows = chunks < 2 ? units : (units + chunks - 1) / chunks;
     if (chunks < 2) { gaf_gh_chunk(&job, 0); return 0; }
     chunks = (units + job.rows - 1) / job.rows;
