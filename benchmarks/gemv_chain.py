@@ -9,21 +9,24 @@ decode step chains its layers:
 * ``attention``: 512x512 (a q/k/v/o projection of the zoo Llama);
 * ``mlp``: 512x1376 then 1376x512 (its up and down projections);
 * ``head``: 512x32000 then 32000x512 (the LM head and back, 65 MB each: streamed from memory
-  on every machine).
+  on every machine);
+* ``decoder``: a layer's four 512x512 projections, then 512x1376, 1376x512 twice (its MLP's
+  three 2.8 MB matrices and one more): 15 MB a layer, the mix a decode step streams.
 
-Configurations, timed interleaved in rotating order (2 threads, ``ORT_ENABLE_ALL``, workers not
-spinning as in ``benchmarks/vs_ort_decode.py``), weights warm as a decode step that fits the
-last-level cache finds them (a decoder that does not fit streams them, as ``head`` does):
+Configurations, timed interleaved in rotating order (2 threads, ``ORT_ENABLE_ALL``; the
+sessions' workers spin inside a run and for 1 ms after it, as the package's serving sessions
+do: ``--spinning run``, or ``off`` as in ``benchmarks/vs_ort_decode.py``), weights warm as a
+decode step that fits the last-level cache finds them (a decoder that does not fit streams
+them, as ``head`` does):
 
 * ``torch``: the same chain of ``torch.nn.functional.linear`` (MKL / oneDNN, torch's own
   threads), what eager and the torch program run;
 * ``MatMul``: onnxruntime's ``MatMul`` on ``W [K, N]``;
 * ``Gemv``: the ``ai.graph_autofusion`` ``Gemv`` custom operator on ``Wt [N, K]``, as built
   now;
-* ``Gemv (4 MB chunks)``: the same source built with ``-DGAF_GV_CHUNK_MID=1048576``, its
-  chunking before 2026-12-05 (4 MB chunks, so one thread for a matrix under 8 MB);
-* ``Gemv (1 MB chunks)``: built with ``-DGAF_GV_CHUNK=262144`` (1 MB chunks for every
-  matrix, as in ddd6e92);
+* ``Gemv (one row)``: the same source built with ``-DGAF_GV_ROWS=1 -DGAF_GV_SPLIT_MIN=0``,
+  the operator before 2026-12-06 (one weight row at a time, no prefetch, one thread for a
+  matrix under 2 MB);
 * ``GemvF16``: the fp16-weight operator (``weights="fp16"``) on the same weights in fp16
   panels, and ``GemvF16 (2M chunks)`` built with ``-DGAF_GH_CHUNK_MID=2097152`` (its chunking
   before 2026-12-05). Their GB/s count the fp16 bytes they read; their difference from torch's
@@ -54,14 +57,11 @@ GROUPS = {
     "attention": [(512, 512)],
     "mlp": [(512, 1376), (1376, 512)],
     "head": [(512, 32000), (32000, 512)],
+    "decoder": [(512, 512)] * 4 + [(512, 1376), (1376, 512)] * 2,
 }
-#: the operator as built now, and with its chunking before 2026-12-05 (4 MB chunks only) and
-#: with 1 MB chunks for every matrix (ddd6e92)
-VARIANTS = {
-    "Gemv": "",
-    "Gemv (4 MB chunks)": "-DGAF_GV_CHUNK_MID=1048576",
-    "Gemv (1 MB chunks)": "-DGAF_GV_CHUNK=262144",
-}
+#: the operator as built now, and as it was before 2026-12-06 (one weight row at a time, one
+#: thread for a matrix under 2 MB)
+VARIANTS = {"Gemv": "", "Gemv (one row)": "-DGAF_GV_ROWS=1 -DGAF_GV_SPLIT_MIN=0"}
 #: ``GemvF16`` (fp16 weights) as built now and with its chunking before 2026-12-05 (2M
 #: weight-products a chunk for every matrix)
 HALF_VARIANTS = {"GemvF16": "", "GemvF16 (2M chunks)": "-DGAF_GH_CHUNK_MID=2097152"}
@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--spinning", choices=("run", "off"), default="run")
     ap.add_argument("--out", default=str(RESULTS / "gemv_chain"))
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
@@ -158,11 +159,12 @@ def main(argv: list[str] | None = None) -> int:
                 y = torch.nn.functional.linear(y, w)
             return y
 
-        sessions = {"MatMul": ort_session(onnx.load_from_string(plain), "all", args.threads)}
+        spin = "run" if args.spinning == "run" else False
+        sessions = {"MatMul": ort_session(onnx.load_from_string(plain), "all", args.threads, spin)}
         for name, path in libs.items():
             sessions[name] = ort_session(
                 onnx.load_from_string(half if name in HALF_VARIANTS else gemv), "all",
-                args.threads, custom_ops_library=path, find_library=False,
+                args.threads, spin, custom_ops_library=path, find_library=False,
             )  # fmt: skip
         calls = {"torch": linear_chain}
         calls.update({k: (lambda s=s, x=x: s.run(None, {"x": x})[0]) for k, s in sessions.items()})
@@ -202,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     data = {
         "what": "chains of one-row contractions: torch linear, onnxruntime MatMul, Gemv",
         "threads": args.threads,
+        "spinning": args.spinning,
         "runs": args.runs,
         "machine": {
             "cpu": cpu_model_name(),
@@ -221,14 +224,14 @@ def main(argv: list[str] | None = None) -> int:
         "# One-row contractions in chains (benchmarks/gemv_chain.py)",
         "",
         f"CPU: {data['machine']['cpu']} ({data['machine']['fingerprint']}); {args.threads} "
-        f"threads, ORT_ENABLE_ALL, not spinning, weights warm; {args.layers} repeats of each "
+        f"threads, ORT_ENABLE_ALL, spinning {args.spinning}, weights warm; {args.layers} "
+        "repeats of each "
         f"group; median (p10-p90) of {args.runs} rounds in rotating order; load average "
         f"before {load_before[0]:.2f}, after {data['machine']['loadavg_after'][0]:.2f}.",
         "",
-        "ms (p10-p90; GB/s of the chain's weights). `Gemv (4 MB chunks)` and `Gemv (1 MB "
-        "chunks)`: the same operator built with "
-        + " and ".join(f"`{f}`" for f in list(VARIANTS.values())[1:])
-        + " (its chunking before 2026-12-05, and in ddd6e92); `GemvF16`: fp16 weights in "
+        "ms (p10-p90; GB/s of the chain's weights). `Gemv (one row)`: the same operator "
+        f"built with `{VARIANTS['Gemv (one row)']}` (as it was before 2026-12-06: one weight "
+        "row at a time, one thread under 2 MB); `GemvF16`: fp16 weights in "
         "panels (GB/s of the fp16 bytes), `GemvF16 (2M chunks)` built with "
         f"`{HALF_VARIANTS['GemvF16 (2M chunks)']}` (its chunking before 2026-12-05).",
         "",

@@ -223,7 +223,11 @@ def _kernel(name: str, library: str | None = None):
     return call
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 200, 64), (3, 13, 37), (8, 1, 5), (11, 40, 8)])
+# one row and several; blocks of four weight rows with a rest of 1-3; K with vector tails
+GEMV_SHAPES = [(1, 200, 64), (3, 13, 37), (8, 1, 5), (11, 40, 8), (1, 203, 520), (5, 130, 100)]
+
+
+@pytest.mark.parametrize("m,n,k", GEMV_SHAPES)
 def test_the_kernel_matches_numpy(m, n, k):
     fn = _kernel("gaf_gemv_nk_f32")
     rng = np.random.default_rng(m * n * k)
@@ -231,7 +235,36 @@ def test_the_kernel_matches_numpy(m, n, k):
     wt = rng.standard_normal((n, k)).astype(np.float32)
     y = np.empty((m, n), np.float32)
     fn(x, wt, y, m, n, k)
-    np.testing.assert_allclose(y, x @ wt.T, rtol=1e-5, atol=1e-5)
+    want = x.astype(np.float64) @ wt.astype(np.float64).T
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "m,n,k", [(1, 700, 100), (1, 1376, 512), (3, 517, 260), (2, 1400, 1000), (1, 4100, 520)]
+)
+def test_the_operator_in_onnxruntime_splits_a_matrix_into_chunks_and_matches_numpy(m, n, k):
+    """Through onnxruntime's thread pool: two chunks from 64K weights, an even count of whole
+    four-row blocks (5 chunks of 1400x1000 become 6), the last chunk short."""
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(m + n + k)
+    wt = rng.standard_normal((n, k)).astype(np.float32)
+    x = rng.standard_normal((1, m, k)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gemv", ["x", "w"], ["y"], domain=DOMAIN)],
+        "gemv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "m", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(wt, "w")],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)]
+    )
+    lib = build_library([], gemv=True)
+    y = ort_session(model, "all", 2, custom_ops_library=lib.path).run(None, {"x": x})[0]
+    assert y.shape == (1, m, n) and y.dtype == np.float32
+    want = x.astype(np.float64) @ wt.astype(np.float64).T
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)
 
 
 # (rows, weight rows, K): one row (the one-pass dot), groups of four weight rows with a rest,
@@ -301,8 +334,8 @@ def test_the_fp16_panel_kernel_matches_numpy(m, n, k):
 
 
 @pytest.mark.parametrize("march", ["x86-64-v3", "x86-64"])
-def test_the_fp16_kernels_are_right_on_avx2_and_plain_c(march, tmp_path):
-    """The library compiles per machine (``-march=native``): its AVX2+F16C and plain-C paths
+def test_the_kernels_are_right_on_avx2_and_plain_c(march, tmp_path):
+    """The library compiles per machine (``-march=native``): its AVX2(+F16C) and plain-C paths
     are built here for another ISA level and checked against numpy (this machine may have
     AVX-512, whose path the other tests run)."""
     import shutil
@@ -321,6 +354,15 @@ def test_the_fp16_kernels_are_right_on_avx2_and_plain_c(march, tmp_path):
          f"-I{ort_include_dir()}", str(tmp_path / "k.c"), "-o", str(so)],
         check=True,
     )  # fmt: skip
+    fn = _kernel("gaf_gemv_nk_f32", str(so))  # the fp32 Gemv's four-row and one-row dots
+    for m, n, k in GEMV_SHAPES:
+        rng = np.random.default_rng(m * n + k)
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        wt = rng.standard_normal((n, k)).astype(np.float32)
+        y = np.empty((m, n), np.float32)
+        fn(x, wt, y, m, n, k)
+        want = x.astype(np.float64) @ wt.astype(np.float64).T
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4, err_msg=f"Gemv {march}")
     for name, panels in (("gaf_gemv_f16_panels", True), ("gaf_gemv_f16_nk", False)):
         fn = _kernel(name, str(so))
         for m, n, k in [(1, 32, 64), (6, 48, 37), (13, 160, 100)]:

@@ -3,21 +3,29 @@
     y = Gemv(x, Wt)     # x [..., K] (any leading shape), Wt = W.T a [N, K] matrix: y [..., N]
 
 Why: a decode step multiplies one row of activations by every weight matrix, so it is bound
-by how fast the weights stream from memory. The kernel reads ``Wt`` (nn.Linear's layout) once,
-front to back: each weight row is one contiguous run of ``K`` floats, dotted with every
-activation row while it sits in L1 (four AVX2 accumulators). Measured against alternatives in
-a standalone harness on a 2-core AMD EPYC (65 MB LM head, cold): one row at a time 54 GB/s
-with 2 threads, eight rows interleaved 50, a plain read 53; 64 small chunks 44 GB/s. Chunks
-of 4 MB of weights per thread (``GAF_GV_CHUNK``) for a matrix of 8 MB or more; a smaller one
-in chunks of 1 MB (``GAF_GV_CHUNK_MID``), so one under 2 MB runs on one thread.
-``benchmarks/gemv_chain.py`` on a 2-core Xeon whose 480 MB L3 holds a whole small decoder:
-chains of the zoo Llama's MLP weights (512x1376, 1376x512: 2.8 MB each) ran at 13-15 GB/s
-on one thread each (4 MB chunks only, before 2026-12-05) and 19 in 1 MB chunks (torch's MKL
-21-24, onnxruntime's MatMul 14-19); 512 KB chunks lost on the 1 MB matrices (waking
-onnxruntime's sleeping worker costs more than the second core saves there); a 16-wide AVX-512
-dot was as fast in cache and 10% slower on weights streamed from memory (25 GB/s against 28),
-so it is not used. Chunks run on
-onnxruntime's own intra-op pool (``KernelContext_ParallelFor``), never a second pool.
+by how fast the weights stream from memory. The kernel reads ``Wt`` (nn.Linear's layout) once:
+four weight rows side by side (``GAF_GV_ROWS``), each a contiguous run of ``K`` floats, dotted
+with every activation row while they sit in L1 (two AVX2 accumulators a row, each activation
+vector loaded once for the four), the next four rows' cache lines prefetched as these are
+read. Chunks of 4 MB of weights per thread (``GAF_GV_CHUNK``) for a matrix of 8 MB or more; a
+smaller one in chunks of 1 MB (``GAF_GV_CHUNK_MID``), and in two at least from 256 KB
+(``GAF_GV_SPLIT_MIN``); an even count under eight, of whole four-row blocks.
+
+Measured on a 2-core Intel Xeon (AVX-512, AMX), the zoo Llama's decode graph on the PyTorch
+route (28 one-row layer contractions of 1-2.8 MB and a 65 MB LM head, 2026-12-06): one row at a
+time, and one thread under 2 MB (this kernel until then), its session ran 5.07 ms; four rows
+with the prefetch and two threads from 256 KB, 3.99, as fast as onnxruntime's packed GEMM on
+the same weights (3.96) without its copy of them. Per layer: 512x512 78 -> 37-39 us, 1376x512
+105-110 -> 85-88, the head 2450 -> 1980. A standalone harness over the same weights (OpenMP, 2
+threads): one row at a time 33 GB/s, four rows 37, one row with the prefetch 39, four rows
+with it 48; an AVX-512 row 39. The older measurements, from an AMD EPYC with a 65 MB head
+streamed cold: one row at a time 54 GB/s with 2 threads, eight rows interleaved 50, a plain
+read 53, 64 small chunks 44; a 16-wide AVX-512 dot 10% slower than AVX2 there, so it is not
+used. Not yet measured on that machine: four rows with the prefetch, and two threads for a
+1-2 MB matrix (there ``benchmarks/gemv_chain.py`` once found one thread faster for 1 MB, with
+onnxruntime's workers asleep between operators; the serving sessions' now spin inside a run).
+Chunks run on onnxruntime's own intra-op pool (``KernelContext_ParallelFor``), never a second
+pool.
 
 Rows: any ``M`` works (same result); the kernel re-reads ``Wt`` once per activation row from
 L1, so it is only *used* where ``M <= MAX_ROWS``
@@ -46,13 +54,28 @@ SOURCE = r"""
 #define GAF_GV_CHUNK 1048576 /* weights per thread-pool chunk of a large matrix */
 #endif
 #ifndef GAF_GV_CHUNK_MID
-#define GAF_GV_CHUNK_MID 262144 /* a matrix under two of those: chunks of this (under two: one thread) */
+#define GAF_GV_CHUNK_MID 262144 /* a matrix under two of those: chunks of this */
+#endif
+#ifndef GAF_GV_SPLIT_MIN
+#define GAF_GV_SPLIT_MIN 65536 /* a matrix of at least this many weights: two chunks at least */
+#endif
+#ifndef GAF_GV_ROWS
+#define GAF_GV_ROWS 4 /* weight rows read side by side (1: one at a time) */
 #endif
 
 typedef struct {
     const float *x, *w; float *y;
     int64_t M, N, K, rows; /* rows: weight rows per chunk */
 } GafGemvJob;
+
+#if defined(__AVX2__) && defined(__FMA__)
+static inline float gaf_gv_hsum(__m256 a) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+#endif
 
 /* dot(x, w) over K: four accumulators, the weight row read once, front to back (one
    sequential stream per thread: eight rows interleaved streamed ~15% slower here) */
@@ -69,20 +92,70 @@ static inline float gaf_gv_dot(const float *restrict x, const float *restrict w,
     }
     for (; k + 8 <= K; k += 8)
         a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), a0);
-    a0 = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    r = _mm_cvtss_f32(h);
+    r = gaf_gv_hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 #endif
     for (; k < K; k++) r += w[k] * x[k];
     return r;
 }
 
-/* weight rows [n0, n1) against every activation row (a weight row stays in L1 for all M) */
+/* four weight rows w, w + K, w + 2K, w + 3K dotted with x into r[0..3]: four streams side
+   by side, each x vector loaded once for the four; ``pf`` (not NULL): the next four rows, one
+   cache line of each prefetched per line read here, so the next block arrives in time */
+static inline void gaf_gv_dot4(const float *restrict x, const float *restrict w, int64_t K,
+                               float *restrict r, const float *pf) {
+    const float *w0 = w, *w1 = w + K, *w2 = w + 2 * K, *w3 = w + 3 * K;
+    int64_t k = 0;
+    float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (; k + 16 <= K; k += 16) {
+        if (pf) {
+            _mm_prefetch((const char *)(pf + k), _MM_HINT_T0);
+            _mm_prefetch((const char *)(pf + K + k), _MM_HINT_T0);
+            _mm_prefetch((const char *)(pf + 2 * K + k), _MM_HINT_T0);
+            _mm_prefetch((const char *)(pf + 3 * K + k), _MM_HINT_T0);
+        }
+        __m256 xa = _mm256_loadu_ps(x + k), xb = _mm256_loadu_ps(x + k + 8);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + k), xa, a0);
+        b0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + k + 8), xb, b0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + k), xa, a1);
+        b1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + k + 8), xb, b1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + k), xa, a2);
+        b2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + k + 8), xb, b2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + k), xa, a3);
+        b3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + k + 8), xb, b3);
+    }
+    s0 = gaf_gv_hsum(_mm256_add_ps(a0, b0));
+    s1 = gaf_gv_hsum(_mm256_add_ps(a1, b1));
+    s2 = gaf_gv_hsum(_mm256_add_ps(a2, b2));
+    s3 = gaf_gv_hsum(_mm256_add_ps(a3, b3));
+#else
+    (void)pf;
+#endif
+    for (; k < K; k++) {
+        s0 += w0[k] * x[k]; s1 += w1[k] * x[k]; s2 += w2[k] * x[k]; s3 += w3[k] * x[k];
+    }
+    r[0] = s0; r[1] = s1; r[2] = s2; r[3] = s3;
+}
+
+/* weight rows [n0, n1) against every activation row (a block of weight rows stays in L1 for
+   all M): GAF_GV_ROWS at a time, the rest one by one */
 static void gaf_gv_cols(const GafGemvJob *j, int64_t n0, int64_t n1) {
     const int64_t K = j->K, N = j->N;
-    for (int64_t n = n0; n < n1; n++) {
+    int64_t n = n0;
+#if GAF_GV_ROWS == 4
+    for (; n + 4 <= n1; n += 4) {
+        const float *wr = j->w + n * K;
+        const float *pf = n + 8 <= n1 ? wr + 4 * K : 0;
+        for (int64_t m = 0; m < j->M; m++) {
+            float r[4];
+            gaf_gv_dot4(j->x + m * K, wr, K, r, m == 0 ? pf : 0);
+            float *ym = j->y + m * N + n;
+            ym[0] = r[0]; ym[1] = r[1]; ym[2] = r[2]; ym[3] = r[3];
+        }
+    }
+#endif
+    for (; n < n1; n++) {
         const float *wr = j->w + n * K;
         for (int64_t m = 0; m < j->M; m++) j->y[m * N + n] = gaf_gv_dot(j->x + m * K, wr, K);
     }
@@ -166,11 +239,15 @@ static OrtStatus *gaf_gv_compute(OrtKernelContext *ctx) {
     if ((err = gaf_gv_bind(ctx, "Gemv", &x, &w, &y, &M, &N, &K, 0)) || M == 0) return err;
     GafGemvJob job = {(const float *)x, (const float *)w, (float *)y, M, N, K, 0};
     /* chunks of ~GAF_GV_CHUNK weights (4 MB: 64 small chunks streamed a large matrix ~20%
-       slower); a matrix under 8 MB in chunks of GAF_GV_CHUNK_MID (1 MB: one thread serves a
-       1 MB matrix faster than two woken for it, two serve a 3 MB one faster); at most 64 */
+       slower); a matrix under 8 MB in chunks of GAF_GV_CHUNK_MID (1 MB), and in two at least
+       from GAF_GV_SPLIT_MIN (256 KB: the serving sessions' workers spin inside a run, so a
+       second thread costs little to wake); an even count under 8; at most 64 */
     int64_t chunks = gaf_gv_chunks(N * K, GAF_GV_CHUNK, GAF_GV_CHUNK_MID, N);
+    if (chunks < 2 && GAF_GV_SPLIT_MIN > 0 && N * K >= GAF_GV_SPLIT_MIN && N >= 8) chunks = 2;
+    if (chunks > 2 && chunks < 8 && (chunks & 1)) chunks++; /* two threads: even shares */
     if (chunks < 2) { gaf_gv_cols(&job, 0, N); return 0; }
     job.rows = (N + chunks - 1) / chunks;
+    job.rows = (job.rows + GAF_GV_ROWS - 1) / GAF_GV_ROWS * GAF_GV_ROWS; /* whole row blocks */
     chunks = (N + job.rows - 1) / job.rows;
     return api->KernelContext_ParallelFor(ctx, gaf_gv_chunk, (size_t)chunks, 0, &job);
 }
