@@ -376,6 +376,29 @@ def test_compare_tensors_edge_cases():
     assert rel["max_rel"] == pytest.approx(1e-6)  # measured against 1e-3 * max|ref|
 
 
+def test_compare_tensors_measures_float32_pairs_as_float64_does():
+    """Two float32 tensors are compared in float32 with float64 dot products: the same
+    statistics as widening both first, on close and on far tensors, masks and inf alike."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(100_000).astype(np.float32)
+    for b in (
+        a + rng.standard_normal(a.size).astype(np.float32) * 1e-5,
+        a + rng.standard_normal(a.size).astype(np.float32),
+        np.where(rng.random(a.size) < 0.1, np.float32(np.finfo(np.float32).min), a),
+    ):
+        got, wide = (
+            compare_tensors(a, b),
+            compare_tensors(a.astype(np.float64), b.astype(np.float64)),
+        )
+        assert got["cosine"] == pytest.approx(wide["cosine"], abs=1e-12)
+        assert got["max_abs"] == pytest.approx(wide["max_abs"], rel=1e-6)
+        assert got["max_rel"] == pytest.approx(wide["max_rel"], rel=1e-6)
+    c = a.copy()
+    c[7] = np.inf
+    assert compare_tensors(c, a)["nonfinite"] == 1.0
+    assert compare_tensors(c, c)["cosine"] == 1.0  # the same inf in the same place
+
+
 def test_generate_inputs_ranges():
     model = parse_model(
         "graph g(%input_ids: i64[B,S], %attention_mask: i64[B,S], %token_type_ids: i64[B,S], "
