@@ -204,16 +204,19 @@ def _speed(
 
 
 def _perturb(a: np.ndarray, rng: np.random.Generator, scale: float) -> np.ndarray:
-    """``a`` plus Gaussian noise of ``scale`` x its std; integers, non-finite values and
-    sentinels (|x| >= max/4 of the dtype, like an attention mask's minimum) stay as they are."""
+    """``a`` plus noise of ``scale`` x its std; integers, non-finite values and sentinels
+    (|x| >= max/4 of the dtype, like an attention mask's minimum) stay as they are. The common
+    float32 case draws uniform noise of that standard deviation (six times faster to draw
+    than Gaussian: a GPT-2 s128 fuse drew 210 such tensors, 0.5 s of Gaussian noise)."""
     if not np.issubdtype(a.dtype, np.floating) or a.size == 0:
         return a
     limit = float(np.finfo(a.dtype).max) / 4
     if a.dtype == np.float32 and np.isfinite(a).all() and float(np.abs(a).max()) < limit:
         # the common case, in float32 without masks: every element moves
         std = float(np.std(a, dtype=np.float64)) or 1.0
-        noise = rng.standard_normal(a.shape, dtype=np.float32)
-        noise *= np.float32(scale * std)
+        noise = rng.random(a.shape, dtype=np.float32)  # U[0, 1): std 1 / sqrt(12)
+        noise -= np.float32(0.5)
+        noise *= np.float32(scale * std * math.sqrt(12.0))
         return noise.__iadd__(a)
     wide = a.astype(np.float64)
     movable = np.isfinite(wide) & (np.abs(wide) < limit)
