@@ -24,7 +24,8 @@ them, as ``head`` does):
 * ``MatMul``: onnxruntime's ``MatMul`` on ``W [K, N]``;
 * ``Gemv``: the ``ai.graph_autofusion`` ``Gemv`` custom operator on ``Wt [N, K]``, as built
   now;
-* ``Gemv (one row)``: the same source built with ``-DGAF_GV_ROWS=1 -DGAF_GV_SPLIT_MIN=0``,
+* ``Gemv (one row)``: the same source built with ``-DGAF_GV_ROWS=1 -DGAF_GV_SPLIT_MIN=0
+  -DGAF_GV_EVEN=0``,
   the operator before 2026-12-06 (one weight row at a time, no prefetch, one thread for a
   matrix under 2 MB);
 * ``GemvF16``: the fp16-weight operator (``weights="fp16"``) on the same weights in fp16
@@ -61,7 +62,7 @@ GROUPS = {
 }
 #: the operator as built now, and as it was before 2026-12-06 (one weight row at a time, one
 #: thread for a matrix under 2 MB)
-VARIANTS = {"Gemv": "", "Gemv (one row)": "-DGAF_GV_ROWS=1 -DGAF_GV_SPLIT_MIN=0"}
+VARIANTS = {"Gemv": "", "Gemv (one row)": "-DGAF_GV_ROWS=1 -DGAF_GV_SPLIT_MIN=0 -DGAF_GV_EVEN=0"}
 #: ``GemvF16`` (fp16 weights) as built now and with its chunking before 2026-12-05 (2M
 #: weight-products a chunk for every matrix)
 HALF_VARIANTS = {"GemvF16": "", "GemvF16 (2M chunks)": "-DGAF_GH_CHUNK_MID=2097152"}

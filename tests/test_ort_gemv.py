@@ -240,11 +240,31 @@ def test_the_kernel_matches_numpy(m, n, k):
 
 
 @pytest.mark.parametrize(
+    "n,k,chunks,rows",
+    [
+        (100, 100, 1, 100),  # 10K weights: one thread
+        (4, 100_000, 1, 4),  # under 8 rows: one thread
+        (512, 512, 2, 256),  # 256K weights (1 MB): two chunks from 64K
+        (700, 100, 2, 352),  # 70K: two chunks, whole four-row blocks
+        (1376, 512, 2, 688),  # 2.8 MB: two chunks of 1 MB-ish
+        (1400, 1000, 6, 236),  # five 1 MB chunks become six (even shares)
+        (32000, 512, 15, 2136),  # the 65 MB head: 4 MB chunks
+    ],
+)
+def test_the_operator_plans_its_thread_pool_chunks(n, k, chunks, rows):
+    fn = ctypes.CDLL(build_library([], gemv=True).path).gaf_gemv_plan
+    fn.restype = ctypes.c_int64
+    got = ctypes.c_int64(0)
+    assert fn(ctypes.c_int64(n), ctypes.c_int64(k), ctypes.byref(got)) == chunks
+    assert got.value == rows
+    assert rows % 4 == 0 or chunks == 1
+
+
+@pytest.mark.parametrize(
     "m,n,k", [(1, 700, 100), (1, 1376, 512), (3, 517, 260), (2, 1400, 1000), (1, 4100, 520)]
 )
 def test_the_operator_in_onnxruntime_splits_a_matrix_into_chunks_and_matches_numpy(m, n, k):
-    """Through onnxruntime's thread pool: two chunks from 64K weights, an even count of whole
-    four-row blocks (5 chunks of 1400x1000 become 6), the last chunk short."""
+    """Through onnxruntime's thread pool (the chunks of the plan above), the last chunk short."""
     from onnx import numpy_helper
 
     rng = np.random.default_rng(m + n + k)
@@ -354,15 +374,22 @@ def test_the_kernels_are_right_on_avx2_and_plain_c(march, tmp_path):
          f"-I{ort_include_dir()}", str(tmp_path / "k.c"), "-o", str(so)],
         check=True,
     )  # fmt: skip
-    fn = _kernel("gaf_gemv_nk_f32", str(so))  # the fp32 Gemv's four-row and one-row dots
-    for m, n, k in GEMV_SHAPES:
-        rng = np.random.default_rng(m * n + k)
-        x = rng.standard_normal((m, k)).astype(np.float32)
-        wt = rng.standard_normal((n, k)).astype(np.float32)
-        y = np.empty((m, n), np.float32)
-        fn(x, wt, y, m, n, k)
-        want = x.astype(np.float64) @ wt.astype(np.float64).T
-        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4, err_msg=f"Gemv {march}")
+    one_row = tmp_path / f"k1_{march}.so"  # the one-row build gemv_chain.py compares with
+    subprocess.run(
+        [gcc, "-O2", "-fPIC", "-shared", "-std=gnu11", f"-march={march}", "-DGAF_GV_ROWS=1",
+         f"-I{ort_include_dir()}", str(tmp_path / "k.c"), "-o", str(one_row)],
+        check=True,
+    )  # fmt: skip
+    for lib in (so, one_row):  # the fp32 Gemv's four-row and one-row dots
+        fn = _kernel("gaf_gemv_nk_f32", str(lib))
+        for m, n, k in GEMV_SHAPES:
+            rng = np.random.default_rng(m * n + k)
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            wt = rng.standard_normal((n, k)).astype(np.float32)
+            y = np.empty((m, n), np.float32)
+            fn(x, wt, y, m, n, k)
+            want = x.astype(np.float64) @ wt.astype(np.float64).T
+            np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4, err_msg=f"{lib.name}")
     for name, panels in (("gaf_gemv_f16_panels", True), ("gaf_gemv_f16_nk", False)):
         fn = _kernel(name, str(so))
         for m, n, k in [(1, 32, 64), (6, 48, 37), (13, 160, 100)]:

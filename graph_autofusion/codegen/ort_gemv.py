@@ -9,7 +9,8 @@ with every activation row while they sit in L1 (two AVX2 accumulators a row, eac
 vector loaded once for the four), the next four rows' cache lines prefetched as these are
 read. Chunks of 4 MB of weights per thread (``GAF_GV_CHUNK``) for a matrix of 8 MB or more; a
 smaller one in chunks of 1 MB (``GAF_GV_CHUNK_MID``), and in two at least from 256 KB
-(``GAF_GV_SPLIT_MIN``); an even count under eight, of whole four-row blocks.
+(``GAF_GV_SPLIT_MIN``, 8 rows or more); an even count under eight (``GAF_GV_EVEN``), of whole
+four-row blocks.
 
 Measured on a 2-core Intel Xeon (AVX-512, AMX), the zoo Llama's decode graph on the PyTorch
 route (28 one-row layer contractions of 1-2.8 MB and a 65 MB LM head, 2026-12-06): one row at a
@@ -35,7 +36,8 @@ static and at most ``MAX_ROWS``).
 
 The C goes into the model's one custom-operator library
 (:func:`graph_autofusion.codegen.ort_customop_c.customop_library_source` with
-``gemv=True``); it uses that library's ``gaf_api``. ``gaf_gemv_nk_f32`` is exported for tests.
+``gemv=True``); it uses that library's ``gaf_api``. ``gaf_gemv_nk_f32`` (the kernel on one
+thread) and ``gaf_gemv_plan`` (its thread-pool chunks) are exported for tests.
 """
 
 from __future__ import annotations
@@ -62,6 +64,12 @@ SOURCE = r"""
 #ifndef GAF_GV_ROWS
 #define GAF_GV_ROWS 4 /* weight rows read side by side (1: one at a time) */
 #endif
+#if GAF_GV_ROWS != 1 && GAF_GV_ROWS != 4
+#error "GAF_GV_ROWS must be 1 or 4"
+#endif
+#ifndef GAF_GV_EVEN
+#define GAF_GV_EVEN 1 /* an odd chunk count under 8 takes one more (two threads: even shares) */
+#endif
 
 typedef struct {
     const float *x, *w; float *y;
@@ -77,8 +85,8 @@ static inline float gaf_gv_hsum(__m256 a) {
 }
 #endif
 
-/* dot(x, w) over K: four accumulators, the weight row read once, front to back (one
-   sequential stream per thread: eight rows interleaved streamed ~15% slower here) */
+/* dot(x, w) over K: four accumulators, the weight row read once, front to back (the rows
+   left over after the four-row blocks, and the GAF_GV_ROWS=1 build) */
 static inline float gaf_gv_dot(const float *restrict x, const float *restrict w, int64_t K) {
     int64_t k = 0;
     float r = 0.f;
@@ -138,8 +146,9 @@ static inline void gaf_gv_dot4(const float *restrict x, const float *restrict w,
     r[0] = s0; r[1] = s1; r[2] = s2; r[3] = s3;
 }
 
-/* weight rows [n0, n1) against every activation row (a block of weight rows stays in L1 for
-   all M): GAF_GV_ROWS at a time, the rest one by one */
+/* weight rows [n0, n1) against every activation row, GAF_GV_ROWS at a time, the rest one by
+   one (a block of four rows, 16 K bytes, stays in L1 for the next activation rows while K is
+   up to ~2-3K) */
 static void gaf_gv_cols(const GafGemvJob *j, int64_t n0, int64_t n1) {
     const int64_t K = j->K, N = j->N;
     int64_t n = n0;
@@ -163,7 +172,8 @@ static void gaf_gv_cols(const GafGemvJob *j, int64_t n0, int64_t n1) {
 
 /* thread-pool chunks for `work` (weights, or weight-products) over `units` weight rows or
    panels: chunks of `big` for a large matrix, of `mid` for one under two of those, at most 64
-   and at most one per unit; under two, the caller runs it on its own thread (GemvF16 too) */
+   and at most one per unit; under two, the caller runs it on its own thread (GemvF16; Gemv
+   raises one chunk to two from GAF_GV_SPLIT_MIN, gaf_gv_plan) */
 static inline int64_t gaf_gv_chunks(int64_t work, int64_t big, int64_t mid, int64_t units) {
     int64_t chunks = work / big;
     if (chunks < 2) chunks = work / mid;
@@ -171,6 +181,27 @@ static inline int64_t gaf_gv_chunks(int64_t work, int64_t big, int64_t mid, int6
     if (chunks > units) chunks = units;
     return chunks;
 }
+
+/* the thread-pool chunks of an N x K matrix (returned; under two: one thread) and the weight
+   rows of each (*rows): chunks of ~GAF_GV_CHUNK weights (4 MB: 64 small chunks streamed a
+   large matrix ~20% slower); a matrix under 8 MB in chunks of GAF_GV_CHUNK_MID (1 MB), and in
+   two at least from GAF_GV_SPLIT_MIN weights (256 KB) when it has 8 rows or more (the serving
+   sessions' workers spin inside a run, so a second thread costs little to wake); an odd count
+   under 8 one more (GAF_GV_EVEN); at most 64; whole GAF_GV_ROWS blocks a chunk, which may
+   leave the count odd again on a matrix of under ~200 rows */
+static int64_t gaf_gv_plan(int64_t N, int64_t K, int64_t *rows) {
+    int64_t chunks = gaf_gv_chunks(N * K, GAF_GV_CHUNK, GAF_GV_CHUNK_MID, N);
+    if (chunks < 2 && GAF_GV_SPLIT_MIN > 0 && N * K >= GAF_GV_SPLIT_MIN && N >= 8) chunks = 2;
+    if (GAF_GV_EVEN && chunks > 2 && chunks < 8 && (chunks & 1)) chunks++;
+    if (chunks < 2) { *rows = N; return 1; }
+    *rows = (N + chunks - 1) / chunks;
+    *rows = (*rows + GAF_GV_ROWS - 1) / GAF_GV_ROWS * GAF_GV_ROWS; /* whole row blocks */
+    return (N + *rows - 1) / *rows;
+}
+
+/* the plan, exported for tests: chunks and rows[0] */
+__attribute__((visibility("default")))
+int64_t gaf_gemv_plan(int64_t N, int64_t K, int64_t *rows) { return gaf_gv_plan(N, K, rows); }
 
 static void gaf_gv_chunk(void *data, size_t i) {
     const GafGemvJob *j = (const GafGemvJob *)data;
@@ -238,17 +269,8 @@ static OrtStatus *gaf_gv_compute(OrtKernelContext *ctx) {
     void *x, *w, *y; int64_t M, N, K;
     if ((err = gaf_gv_bind(ctx, "Gemv", &x, &w, &y, &M, &N, &K, 0)) || M == 0) return err;
     GafGemvJob job = {(const float *)x, (const float *)w, (float *)y, M, N, K, 0};
-    /* chunks of ~GAF_GV_CHUNK weights (4 MB: 64 small chunks streamed a large matrix ~20%
-       slower); a matrix under 8 MB in chunks of GAF_GV_CHUNK_MID (1 MB), and in two at least
-       from GAF_GV_SPLIT_MIN (256 KB: the serving sessions' workers spin inside a run, so a
-       second thread costs little to wake); an even count under 8; at most 64 */
-    int64_t chunks = gaf_gv_chunks(N * K, GAF_GV_CHUNK, GAF_GV_CHUNK_MID, N);
-    if (chunks < 2 && GAF_GV_SPLIT_MIN > 0 && N * K >= GAF_GV_SPLIT_MIN && N >= 8) chunks = 2;
-    if (chunks > 2 && chunks < 8 && (chunks & 1)) chunks++; /* two threads: even shares */
+    int64_t chunks = gaf_gv_plan(N, K, &job.rows);
     if (chunks < 2) { gaf_gv_cols(&job, 0, N); return 0; }
-    job.rows = (N + chunks - 1) / chunks;
-    job.rows = (job.rows + GAF_GV_ROWS - 1) / GAF_GV_ROWS * GAF_GV_ROWS; /* whole row blocks */
-    chunks = (N + job.rows - 1) / job.rows;
     return api->KernelContext_ParallelFor(ctx, gaf_gv_chunk, (size_t)chunks, 0, &job);
 }
 
