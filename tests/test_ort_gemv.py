@@ -227,16 +227,20 @@ def _kernel(name: str, library: str | None = None):
 GEMV_SHAPES = [(1, 200, 64), (3, 13, 37), (8, 1, 5), (11, 40, 8), (1, 203, 520), (5, 130, 100)]
 
 
-@pytest.mark.parametrize("m,n,k", GEMV_SHAPES)
-def test_the_kernel_matches_numpy(m, n, k):
-    fn = _kernel("gaf_gemv_nk_f32")
+def _check_gemv(fn, m: int, n: int, k: int, what: str = "") -> None:
+    """``gaf_gemv_nk_f32`` (``fn``, from :func:`_kernel`) against numpy in float64."""
     rng = np.random.default_rng(m * n * k)
     x = rng.standard_normal((m, k)).astype(np.float32)
     wt = rng.standard_normal((n, k)).astype(np.float32)
     y = np.empty((m, n), np.float32)
     fn(x, wt, y, m, n, k)
     want = x.astype(np.float64) @ wt.astype(np.float64).T
-    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4, err_msg=what)
+
+
+@pytest.mark.parametrize("m,n,k", GEMV_SHAPES)
+def test_the_kernel_matches_numpy(m, n, k):
+    _check_gemv(_kernel("gaf_gemv_nk_f32"), m, n, k)
 
 
 @pytest.mark.parametrize(
@@ -265,24 +269,31 @@ def test_the_operator_plans_its_thread_pool_chunks(n, k, chunks, rows):
 )
 def test_the_operator_in_onnxruntime_splits_a_matrix_into_chunks_and_matches_numpy(m, n, k):
     """Through onnxruntime's thread pool (the chunks of the plan above), the last chunk short."""
-    from onnx import numpy_helper
-
     rng = np.random.default_rng(m + n + k)
     wt = rng.standard_normal((n, k)).astype(np.float32)
     x = rng.standard_normal((1, m, k)).astype(np.float32)
+    _check_operator("Gemv", wt, wt, x)
+
+
+def _check_operator(op: str, stored: np.ndarray, wt: np.ndarray, x: np.ndarray) -> None:
+    """``op`` (``Gemv`` or ``GemvF16``) on the weight as ``stored`` in a one-node model, run by
+    onnxruntime with 2 threads on ``x [1, m, K]``, against numpy on ``wt [N, K]``."""
+    from onnx import numpy_helper
+
+    k = x.shape[-1]
     graph = helper.make_graph(
-        [helper.make_node("Gemv", ["x", "w"], ["y"], domain=DOMAIN)],
-        "gemv",
+        [helper.make_node(op, ["x", "w"], ["y"], domain=DOMAIN)],
+        op,
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "m", k])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(wt, "w")],
+        [numpy_helper.from_array(stored, "w")],
     )
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)]
     )
     lib = build_library([], gemv=True)
     y = ort_session(model, "all", 2, custom_ops_library=lib.path).run(None, {"x": x})[0]
-    assert y.shape == (1, m, n) and y.dtype == np.float32
+    assert y.shape == (*x.shape[:-1], wt.shape[0]) and y.dtype == np.float32
     want = x.astype(np.float64) @ wt.astype(np.float64).T
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)
 
@@ -307,8 +318,6 @@ def test_the_fp16_kernel_matches_numpy_on_the_rounded_weight(m, n, k):
 @pytest.mark.parametrize("m,n,k", F16_SHAPES)
 def test_the_fp16_operator_in_onnxruntime_matches_numpy(m, n, k):
     """Through onnxruntime (its thread pool splits the larger shapes), any leading shape."""
-    from onnx import numpy_helper
-
     rng = np.random.default_rng(m + n + k)
     wt = rng.standard_normal((n, k)).astype(np.float16)
     x = rng.standard_normal((1, m, k)).astype(np.float32)
@@ -316,22 +325,7 @@ def test_the_fp16_operator_in_onnxruntime_matches_numpy(m, n, k):
         stored = np.ascontiguousarray(wt.reshape(n // 16, 16, k).transpose(0, 2, 1))
     else:
         stored = wt
-    node = helper.make_node("GemvF16", ["x", "w"], ["y"], domain=DOMAIN)
-    graph = helper.make_graph(
-        [node],
-        "f16",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "m", k])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(stored, "w")],
-    )
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)]
-    )
-    lib = build_library([], gemv=True)
-    y = ort_session(model, "all", 2, custom_ops_library=lib.path).run(None, {"x": x})[0]
-    assert y.shape == (1, m, n) and y.dtype == np.float32
-    want = x.astype(np.float64) @ wt.astype(np.float64).T
-    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)
+    _check_operator("GemvF16", stored, wt, x)
 
 
 @pytest.mark.parametrize(
@@ -369,27 +363,17 @@ def test_the_kernels_are_right_on_avx2_and_plain_c(march, tmp_path):
         pytest.fail("no gcc")
     (tmp_path / "k.c").write_text(customop_library_source([], gemv=True))
     so = tmp_path / f"k_{march}.so"
-    subprocess.run(
-        [gcc, "-O2", "-fPIC", "-shared", "-std=gnu11", f"-march={march}",
-         f"-I{ort_include_dir()}", str(tmp_path / "k.c"), "-o", str(so)],
-        check=True,
-    )  # fmt: skip
     one_row = tmp_path / f"k1_{march}.so"  # the one-row build gemv_chain.py compares with
-    subprocess.run(
-        [gcc, "-O2", "-fPIC", "-shared", "-std=gnu11", f"-march={march}", "-DGAF_GV_ROWS=1",
-         f"-I{ort_include_dir()}", str(tmp_path / "k.c"), "-o", str(one_row)],
-        check=True,
-    )  # fmt: skip
+    for out, flags in ((so, []), (one_row, ["-DGAF_GV_ROWS=1"])):
+        subprocess.run(
+            [gcc, "-O2", "-fPIC", "-shared", "-std=gnu11", f"-march={march}", *flags,
+             f"-I{ort_include_dir()}", str(tmp_path / "k.c"), "-o", str(out)],
+            check=True,
+        )  # fmt: skip
     for lib in (so, one_row):  # the fp32 Gemv's four-row and one-row dots
         fn = _kernel("gaf_gemv_nk_f32", str(lib))
         for m, n, k in GEMV_SHAPES:
-            rng = np.random.default_rng(m * n + k)
-            x = rng.standard_normal((m, k)).astype(np.float32)
-            wt = rng.standard_normal((n, k)).astype(np.float32)
-            y = np.empty((m, n), np.float32)
-            fn(x, wt, y, m, n, k)
-            want = x.astype(np.float64) @ wt.astype(np.float64).T
-            np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4, err_msg=f"{lib.name}")
+            _check_gemv(fn, m, n, k, lib.name)
     for name, panels in (("gaf_gemv_f16_panels", True), ("gaf_gemv_f16_nk", False)):
         fn = _kernel(name, str(so))
         for m, n, k in [(1, 32, 64), (6, 48, 37), (13, 160, 100)]:
