@@ -39,9 +39,9 @@ def compare_tensors(actual: Any, expected: Any) -> dict[str, float]:
     # float32 pairs are measured in float32 (the difference of two float32 values is exact
     # to half an ulp of itself), with the dot products of the cosine accumulated in float64:
     # a third of the time of widening both (a GPT-2 s128 logits pair: 35 against 89 ms)
-    wide = np.float32 if a.dtype == np.float32 and b.dtype == np.float32 else np.float64
-    a = a.astype(wide, copy=False).ravel()
-    b = b.astype(wide, copy=False).ravel()
+    dtype = np.float32 if a.dtype == np.float32 and b.dtype == np.float32 else np.float64
+    a = a.astype(dtype, copy=False).ravel()
+    b = b.astype(dtype, copy=False).ravel()
     fa, fb = np.isfinite(a), np.isfinite(b)
     all_a, all_b = bool(fa.all()), bool(fb.all())
     if not (all_a and all_b):  # rare: compare the positions and values of inf/nan
@@ -63,7 +63,7 @@ def compare_tensors(actual: Any, expected: Any) -> dict[str, float]:
         return _stats(1.0, 0.0, 0.0)
     mag = np.abs(b)
     scale = float(mag.max())
-    np.maximum(mag, max(REL_FLOOR * scale, float(np.finfo(wide).tiny)), out=mag)
+    np.maximum(mag, max(REL_FLOOR * scale, float(np.finfo(dtype).tiny)), out=mag)
     np.divide(diff, mag, out=diff)
     max_rel = float(diff.max())
     # dot products by einsum, not BLAS: a BLAS call wakes (and leaves spinning) a thread pool
