@@ -189,6 +189,11 @@ def test_generate_gives_eager_tokens_on_two_prompt_lengths():
     # the dynamic decode graph serves every step but each prompt's prefill and the first
     # prompt's first decode step
     assert max(g.calls for g in graphs) >= sum(new for _n, new in prompts) - 2 * len(prompts)
+    # grouped-query attention reads the un-repeated cache in the decode graph of symbolic cache
+    # length too (its repeat_kv expands to a computed shape): no repeat is computed per token
+    decode = max(graphs, key=lambda g: g.calls)
+    ops = [n.op_type for n in decode.ort_result.model.graph.nodes]
+    assert "Attention" in ops and "Expand" not in ops, (decode.summary(), ops)
 
 
 def test_generate_with_a_static_cache_runs_fused_with_eager_tokens():

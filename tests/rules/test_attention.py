@@ -305,6 +305,72 @@ def test_grouped_query_repeat_and_the_dynamo_transpose_chain_are_not_computed():
     _ort_matches_reference(parse_model(GQA), model)
 
 
+GQA_SYMBOLIC = """graph g(%q: f32[1,4,3,8], %k0: f32[1,2,t,8], %v0: f32[1,2,t,8], %mask: f32[1,1,3,t]) -> (%y) {
+  init %ax: i64[1] = [2]
+  init %rep: i64[1] = [2]
+  init %z: i64[1] = [0]
+  init %one: i64[1] = [1]
+  init %two: i64[1] = [2]
+  init %four: i64[1] = [4]
+  init %heads: i64[1] = [4]
+  init %qc: f32[] = [0.4204482]
+  %s0: i64[4] = Shape(%k0)
+  %lead: i64[2] = Slice(%s0, %z, %two)
+  %tail: i64[2] = Slice(%s0, %two, %four)
+  %batch: i64[1] = Slice(%s0, %z, %one)
+  %wide: i64[5] = Concat<axis=0>(%lead, %rep, %tail)
+  %flat: i64[4] = Concat<axis=0>(%batch, %heads, %tail)
+  %ku: f32[1,2,1,t,8] = Unsqueeze(%k0, %ax)
+  %ke = Expand(%ku, %wide)
+  %k: f32[1,4,t,8] = Reshape(%ke, %flat)
+  %vu: f32[1,2,1,t,8] = Unsqueeze(%v0, %ax)
+  %ve = Expand(%vu, %wide)
+  %v: f32[1,4,t,8] = Reshape(%ve, %flat)
+  %kt: f32[1,4,8,t] = Transpose<perm=[0, 1, 3, 2]>(%k)
+  %qs = Mul(%q, %qc)
+  %s = MatMul(%qs, %kt)
+  %m = Add(%s, %mask)
+  %p = Softmax<axis=-1>(%m)
+  %y = MatMul(%p, %v)
+}
+"""
+
+
+def test_grouped_query_repeat_to_a_computed_shape_is_not_computed():
+    """The PyTorch route's repeat_kv expands to a shape computed from Dynamo's symbolic
+    lengths, so the Expand's output has no known shape: the repeat is read from its two ends
+    (the cache's heads; the merged heads; batch, length and head size kept)."""
+    from graph_autofusion.codegen.onnxruntime import prune_dead_feeders
+    from graph_autofusion.ir.text import parse_model
+
+    text = GQA_SYMBOLIC.replace(",t,", ",5,").replace(",t]", ",5]").replace("8,t]", "8,5]")
+    model = check_rule(RULE, text, matches=1, native=True, rtol=1e-4)
+    prune_dead_feeders(model, [v for v in model.graph.values() if v.producer is not None])
+    (att,) = [n for n in model.graph.nodes if n.op_type == "Attention"]
+    assert [v.name for v in att.inputs[1:3]] == ["k0", "v0"], [v.name for v in att.inputs]
+    assert not [n for n in model.graph.nodes if n.op_type in ("Expand", "Reshape")]
+    _ort_matches_reference(parse_model(text), model)
+
+
+@pytest.mark.parametrize(
+    "change, repeated",
+    [
+        ((), True),  # symbolic length on both ends
+        (("f32[1,4,t,8] = Reshape", "f32[1,3,t,8] = Reshape"), False),  # 3 heads over 2
+        (("f32[1,4,t,8] = Reshape", "f32[2,4,t,8] = Reshape"), False),  # the batch grew
+        (("f32[1,4,t,8] = Reshape", "f32[1,4,u,8] = Reshape"), False),  # another length
+    ],
+)
+def test_a_repeat_of_unknown_expanded_shape_is_judged_by_its_ends(change, repeated):
+    from graph_autofusion.ir.text import parse_model
+    from graph_autofusion.patterns.library._attention_native import unrepeated
+
+    text = GQA_SYMBOLIC.replace(*change, 1) if change else GQA_SYMBOLIC  # K only
+    values = parse_model(text).graph.value_map()
+    assert (unrepeated(values["k"]) is values["k0"]) == repeated
+    assert unrepeated(values["v"]) is values["v0"]
+
+
 def test_old_opsets_and_changed_operators_keep_the_generic_form():
     from graph_autofusion.patterns.candidates import apply_matches, match_rules
     from graph_autofusion.patterns.rules import RuleSet

@@ -87,9 +87,11 @@ def unrepeated(x: Value) -> Value | None:
     if unsq is None or reduce_axes(unsq) not in ([2], [-3]):
         return None
     x0, wide = unsq.inputs[0], expand.outputs[0]
-    if x0.shape is None or wide.shape is None or x.shape is None:
+    if x0.shape is None or x.shape is None or len(x0.shape) != 4 or len(x.shape) != 4:
         return None
-    if len(x0.shape) != 4 or len(wide.shape) != 5 or len(x.shape) != 4:
+    if wide.shape is None or (len(wide.shape) == 5 and not isinstance(wide.shape[1], int)):
+        return _unrepeated_by_ends(x0, x)
+    if len(wide.shape) != 5:
         return None
     kv, rep, heads = wide.shape[1], wide.shape[2], x.shape[1]
     if not all(isinstance(d, int) for d in (kv, heads)) or x0.shape[1] != kv or heads % kv:
@@ -102,6 +104,19 @@ def unrepeated(x: Value) -> Value | None:
     # unsqueezed axis is 1 and the merge gives heads = kv * n; safe mode checks the numbers
     ushape = unsq.outputs[0].shape
     return x0 if ushape is not None and len(ushape) == 5 and ushape[2] == 1 else None
+
+
+def _unrepeated_by_ends(x0: Value, x: Value) -> Value | None:
+    """``repeat_kv`` whose expanded shape is not known (the PyTorch route expands to sizes
+    computed from Dynamo's symbolic lengths): judged from its two ends. ``Unsqueeze(x0, 2)`` is
+    ``[b, kv, 1, t, d]``; the merge back to ``x`` keeps ``b``, ``t`` and ``d`` and gives a
+    multiple of ``kv`` heads, so the only axis the Expand can have grown is the new one, by
+    ``heads / kv``: the heads are repeated in place. Safe mode checks the numbers."""
+    kv, heads = x0.shape[1], x.shape[1]
+    if not isinstance(kv, int) or not isinstance(heads, int) or kv <= 0 or heads % kv:
+        return None
+    ends = (x.shape[0], *x.shape[2:]), (x0.shape[0], *x0.shape[2:])
+    return x0 if _same_dims(*ends) else None
 
 
 def _scalar(ctx: RewriteContext, name: str) -> float | None:
