@@ -41,7 +41,7 @@ def main() -> None:
         kept[v] = sum(1 for low in gaf.result.lowered if low.rule == "gemv_matmul")
         print(v, "gemv kept:", kept[v], flush=True)
     sess = {
-        k: (fused_session(p, "all", 2) if "kernels" in k else session(p, "all"))
+        k: (fused_session(p, "all", 2, denormals="keep") if "kernels" in k else session(p, "all"))
         for k, p in paths.items()
     }
     names = list(sess)

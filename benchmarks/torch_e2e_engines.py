@@ -197,7 +197,8 @@ def onnx_engine(
         info = {"optimize_s": seconds, "earlier_s": seconds if again else 0.0}
         return ort_session(out, "all", THREADS, spinning=True), info
     model, info = _our_onnx_route(path, name, feeds, stem + ".onnx", decoder)
-    return ort_session(model, "all", THREADS, spinning=True), info
+    # ours as it serves (denormals flushed, FuseOptions.denormals's default); peers as shipped
+    return ort_session(model, "all", THREADS, spinning=True, flush_denormals=True), info
 
 
 def run_forward(session: Any, feeds: dict[str, Any]) -> Any:

@@ -217,7 +217,9 @@ def worker(name: str, exporter: str, args: argparse.Namespace) -> dict[str, Any]
     from graph_autofusion.runtime.timing import round_robin
 
     sessions = {
-        k: fused_session(p, "all", 2, spinning=True) if k == "ours+kernels" else session(p, "all")
+        k: fused_session(p, "all", 2, spinning=True, denormals="keep")
+        if k == "ours+kernels"
+        else session(p, "all")
         for k, p in paths.items()
     }
     try:  # OpenVINO on the export

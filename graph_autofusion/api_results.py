@@ -134,6 +134,7 @@ class FusedResults:
         median latency and spread, throughput, and the improvement. A PyTorch module: eager
         against the fused module, and with ``new_tokens`` the tokens/s of greedy
         ``generate(max_new_tokens=new_tokens)``."""
+        from graph_autofusion.runtime.denormals import denormals_flushed
         from graph_autofusion.verify.subgraph import ort_session
 
         if self.torch_module is not None:
@@ -152,9 +153,11 @@ class FusedResults:
         fused_p = self._proto(fused)
         orig_p = self._proto(self.model)
         feeds = self.feeds()
+        # both as the fused model serves (FuseOptions.denormals): the improvement is the fusion's
+        flush = denormals_flushed(self.options.denormals)
         sessions = {
-            "baseline": ort_session(orig_p, level, threads),
-            "fused": ort_session(fused_p, level, threads),
+            "baseline": ort_session(orig_p, level, threads, flush_denormals=flush),
+            "fused": ort_session(fused_p, level, threads, flush_denormals=flush),
         }
 
         def inputs(sess):
@@ -188,6 +191,7 @@ class FusedResults:
                 tick()
         batch = next((int(v.shape[0]) for v in feeds.values() if np.ndim(v) > 0), 1)
         out: dict[str, Any] = {"runs": runs, "threads": threads, "level": level}
+        out["denormals"] = self.options.denormals
         for k, ts in times.items():
             med = statistics.median(ts)
             out[k] = {
@@ -219,13 +223,17 @@ class FusedResults:
         if getattr(result, "program", None) is not None:
             outs = result.program.run(feeds)
             return {k: _to_numpy(v) for k, v in outs.items()}
+        from graph_autofusion.runtime.denormals import denormals_flushed
         from graph_autofusion.runtime.ort_session import ort_session
 
         with _onnxruntime_errors(self.model, feeds, "run"):
             if self._run_session is None or self._run_session[0] is not result:
                 lib = getattr(getattr(result, "custom_ops", None), "path", None)
                 threads = self.options.threads or 2
-                sess = ort_session(self._proto(None), "all", threads, custom_ops_library=lib)
+                flush = denormals_flushed(self.options.denormals)
+                sess = ort_session(
+                    self._proto(None), "all", threads, custom_ops_library=lib, flush_denormals=flush
+                )
                 self._run_session = (result, sess)  # one session per fused result
             sess = self._run_session[1]
             names = {i.name for i in sess.get_inputs()}

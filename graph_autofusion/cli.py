@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from graph_autofusion.cli_analyze import add_analyze_command
     from graph_autofusion.cost.hardware_cli import add_hardware_commands
-    from graph_autofusion.options import WEIGHT_FORMS, WEIGHT_POLICIES
+    from graph_autofusion.options import DENORMAL_MODES, WEIGHT_FORMS, WEIGHT_POLICIES
     from graph_autofusion.planner.plan import STRATEGIES
 
     add_hardware_commands(sub)
@@ -222,6 +222,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="'default' keeps the LM head and the embedding tables at a higher precision "
         "(fp16 in an int8/int4 model, fp32 in an fp16 one); 'all' compresses them too (head "
         "and tables int8, or fp16 in an fp16 model), each verified",
+    )
+    p.add_argument(
+        "--denormals",
+        default="flush",
+        choices=list(DENORMAL_MODES),
+        help="'flush' (default): the sessions graph-autofusion opens for the fused model "
+        "(--bench, a run) flush denormal floats to zero, which models with large attention "
+        "logits make by the million at ~100 cycles each; 'keep': IEEE denormals",
     )
     p.add_argument(
         "--float-check",

@@ -120,7 +120,9 @@ def _engines(path: Path, fused: Any, feeds: dict[str, np.ndarray], runs: int) ->
     side on ``feeds``; a peer that is not installed or fails is recorded with why."""
     import tempfile
 
-    sessions: dict[str, Any] = {"ours": ort_session(fused, "all", pe.THREADS)}
+    # ours as it serves (FuseOptions.denormals's default: denormals flushed); the peers with
+    # their own defaults, as a user picking them runs them
+    sessions: dict[str, Any] = {"ours": ort_session(fused, "all", pe.THREADS, flush_denormals=True)}
     missing: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="gaf-demo-") as tmp:
         sessions["ort_all"] = ort_session(str(path), "all", pe.THREADS)

@@ -588,7 +588,12 @@ class CompiledGraph:
             return program
         solo = _OrtCall(
             OrtGraphProgram(
-                ort.model, ort.user_inputs, 1, prepack=ort.prepack, spinning=ort.spinning
+                ort.model,
+                ort.user_inputs,
+                1,
+                prepack=ort.prepack,
+                spinning=ort.spinning,
+                flush_denormals=ort.flush_denormals,
             ),
             self,
         )

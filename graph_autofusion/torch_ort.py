@@ -32,6 +32,7 @@ import torch
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.ir.dtypes import DType
 from graph_autofusion.ir.node import from_constants
+from graph_autofusion.runtime.denormals import denormals_flushed
 from graph_autofusion.runtime.ort_session import (
     SERVING_MODES,
     SERVING_SPINNING,
@@ -59,6 +60,7 @@ class OrtGraphProgram:
         threads: int | None,
         prepack: bool = True,
         spinning: bool | str = SERVING_SPINNING,
+        flush_denormals: bool = True,
     ) -> None:
         self.model = model
         self.user_inputs = tuple(user_inputs)
@@ -68,6 +70,7 @@ class OrtGraphProgram:
         self.threads = threads or torch.get_num_threads()
         self.prepack = prepack
         self.spinning = spinning  # the session's mode (FuseOptions.spinning)
+        self.flush_denormals = flush_denormals  # FuseOptions.denormals == "flush"
         self.session = self._open(prepack)
 
     def _open(self, prepack: bool) -> Any:
@@ -78,6 +81,7 @@ class OrtGraphProgram:
             spinning=self.spinning,
             in_place=model_weights(self.model),
             prepack=prepack,
+            flush_denormals=self.flush_denormals,
         )
 
     def set_packing(self, prepack: bool) -> None:
@@ -192,6 +196,7 @@ def build_ort_program(
             options.threads,
             prepack=_worth_packing(result),
             spinning=SERVING_MODES[options.spinning],
+            flush_denormals=denormals_flushed(options.denormals),
         )
     except Exception as exc:  # noqa: BLE001 - onnxruntime's own exception types
         raise OrtEngineRefused(

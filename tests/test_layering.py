@@ -77,6 +77,7 @@ PART_OF_MODULE = {
             "interpreter",
             "timing",
             "ort_core",  # how a session is made (the calibration below codegen opens them)
+            "denormals",  # the calling thread's flush-to-zero bits around a session's run
         )
     },
 }

@@ -48,6 +48,7 @@ from graph_autofusion.ir.core import Model
 from graph_autofusion.pipeline.cpu import fuse_model_cpu
 from graph_autofusion.pipeline.onnxruntime import fuse_model
 from graph_autofusion.report import progress as _progress
+from graph_autofusion.runtime.denormals import denormals_flushed
 from graph_autofusion.runtime.ort_session import SERVING_MODES, SERVING_SPINNING, ort_session
 from graph_autofusion.runtime.timing import current_timer
 from graph_autofusion.verify.inputs import generate_inputs
@@ -74,7 +75,13 @@ class OrtEngineProgram:
     """A fused model of the onnxruntime engine in one onnxruntime session (its custom-operator
     library registered): ``run(feeds)`` returns ``{output name: array}``."""
 
-    def __init__(self, result: Any, threads: int, spinning: bool | str = SERVING_SPINNING) -> None:
+    def __init__(
+        self,
+        result: Any,
+        threads: int,
+        spinning: bool | str = SERVING_SPINNING,
+        flush_denormals: bool = True,
+    ) -> None:
         lib = getattr(result, "custom_ops", None)
         self.session = ort_session(
             result.model,
@@ -82,6 +89,7 @@ class OrtEngineProgram:
             threads,
             spinning=spinning,
             custom_ops_library=lib.path if lib is not None else None,
+            flush_denormals=flush_denormals,
         )
         self.input_names = {i.name for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
@@ -162,7 +170,11 @@ def fuse_onnx_cpu(
     if len(built) > 1:
         with _progress.task("cpu target: measure the engines"):
             times = measure_engines(
-                built, feeds, _threads(options), SERVING_MODES[options.spinning]
+                built,
+                feeds,
+                _threads(options),
+                SERVING_MODES[options.spinning],
+                denormals_flushed(options.denormals),
             )
         name = "onnxruntime" if times["onnxruntime"] < times["torch"] else "torch"
         why = "measured on the sample inputs"
@@ -215,14 +227,16 @@ def measure_engines(
     feeds: Mapping[str, Any],
     threads: int,
     spinning: bool | str = SERVING_SPINNING,
+    flush_denormals: bool = True,
 ) -> dict[str, float]:
-    """Each built engine's median seconds on ``feeds`` (see the module docstring)."""
+    """Each built engine's median seconds on ``feeds`` (see the module docstring); the
+    onnxruntime engine as it serves (``spinning``, ``flush_denormals``)."""
     import torch
 
     calls: dict[str, Callable[[], Any]] = {}
     for name, res in built.items():
         if name == "onnxruntime":
-            prog = OrtEngineProgram(res, threads, spinning)
+            prog = OrtEngineProgram(res, threads, spinning, flush_denormals)
             arrays = {k: _numpy(v) for k, v in feeds.items()}
             calls[name] = lambda prog=prog, arrays=arrays: prog.run(arrays)
         else:

@@ -74,6 +74,7 @@ from graph_autofusion.pipeline.safe_mode import run_safe_mode
 from graph_autofusion.pipeline.stages import Stages
 from graph_autofusion.pipeline.weights import compress_weights
 from graph_autofusion.planner.analysis import apply_saved_plan
+from graph_autofusion.runtime.denormals import denormals_flushed
 from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.verify.inputs import generate_inputs, retry_longer
 from graph_autofusion.verify.optimized_graph import same_model_after_optimization
@@ -393,6 +394,7 @@ class _OrtSafeMode:
             return end_to_end(
                 self.original, result.model, result.feeds, cosine_floor=floor,
                 reference=self.reference, others=[self.other] if self.other else [],
+                flush_denormals=denormals_flushed(self.opts.denormals),
             )  # fmt: skip
 
         e2e = whole()

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from graph_autofusion.runtime.denormals import flushing_denormals, keeping_denormal_mode
+
 _LEVELS = {
     "disable": "ORT_DISABLE_ALL",
     "basic": "ORT_ENABLE_BASIC",
@@ -66,11 +68,35 @@ def open_session(
     lean: bool = False,
     prepack: bool = True,
     optimized_model_path: str | None = None,
+    flush_denormals: bool = False,
 ) -> Any:
     """An onnxruntime CPU session of ``src`` (serialized bytes, a path or a ``ModelProto``,
     which is read as is and may be modified when ``in_place`` transposes an operand); the
     arguments are :func:`~graph_autofusion.runtime.ort_session.ort_session`'s (``library``:
     the custom-operator library to register)."""
+    # onnxruntime sets the flush-to-zero bits of the thread that opens a process's first
+    # session, for good, to that session's ``set_denormal_as_zero``: the user's thread keeps
+    # its own; a flushing session sets them on its pool threads and, per run, on the caller's
+    with keeping_denormal_mode():
+        sess = _open(src, level, threads, spinning, library, in_place, log_severity,
+                     profile_prefix, lean, prepack, optimized_model_path, flush_denormals)  # fmt: skip
+    return FlushingSession(sess) if flush_denormals else sess
+
+
+def _open(
+    src: Any,
+    level: str,
+    threads: int,
+    spinning: bool | str,
+    library: str | None,
+    in_place: Mapping[str, np.ndarray] | None,
+    log_severity: int,
+    profile_prefix: str | None,
+    lean: bool,
+    prepack: bool,
+    optimized_model_path: str | None,
+    flush_denormals: bool,
+) -> Any:
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -92,6 +118,8 @@ def open_session(
         so.enable_cpu_mem_arena = False
     if lean or not prepack:
         so.add_session_config_entry("session.disable_prepacking", "1")
+    if flush_denormals:
+        so.add_session_config_entry("session.set_denormal_as_zero", "1")
     if isinstance(src, os.PathLike):
         src = os.fspath(src)
     if library:
@@ -101,6 +129,33 @@ def open_session(
     if not isinstance(src, str | bytes):
         src = src.SerializeToString()
     return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+
+
+class FlushingSession:
+    """An onnxruntime session whose runs flush denormal floats to zero on every thread: its
+    pool threads by onnxruntime's ``session.set_denormal_as_zero``, the calling thread (which
+    runs its share of each parallel operator) for the length of each run
+    (:func:`~graph_autofusion.runtime.denormals.flushing_denormals`). Everything else is the
+    session's own (``get_inputs``, ``io_binding``, ``end_profiling``, ...)."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.flush_denormals = True
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        with flushing_denormals():
+            return self.session.run(*args, **kwargs)
+
+    def run_with_iobinding(self, *args: Any, **kwargs: Any) -> Any:
+        with flushing_denormals():
+            return self.session.run_with_iobinding(*args, **kwargs)
+
+    def run_with_ort_values(self, *args: Any, **kwargs: Any) -> Any:
+        with flushing_denormals():
+            return self.session.run_with_ort_values(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.session, name)
 
 
 #: Only float initializers at least this large are read in place: onnxruntime reads small

@@ -15,6 +15,7 @@ import numpy as np
 from graph_autofusion.codegen import ort_customop as co
 from graph_autofusion.errors import MissingFileError
 from graph_autofusion.ir.core import Model
+from graph_autofusion.runtime.denormals import denormals_flushed
 from graph_autofusion.runtime.ort_core import (
     IN_PLACE_MIN_BYTES,
     SERVING_MODES,
@@ -81,7 +82,10 @@ def ort_session(
     serialized): a session over a model of N bytes of weights adds almost none. ``prepack``:
     onnxruntime packs constant GEMM weights into its own layout (a copy of each); off, its
     kernels read them as stored. ``optimized_model_path``: onnxruntime writes the model its
-    optimizer made there (what ``level`` turned the graph into).
+    optimizer made there (what ``level`` turned the graph into). ``flush_denormals``: runs
+    flush denormal floats to zero on every thread that computes them, the caller's only for
+    the length of a run (:class:`~graph_autofusion.runtime.ort_core.FlushingSession`,
+    ``FuseOptions.denormals``); the opening thread's own setting is kept either way.
     """
     if options.get("lean") and isinstance(model, Model) and not in_place:
         in_place = model_weights(model)
@@ -133,9 +137,13 @@ def _custom_ops_library(model: Any) -> str | None:
     return co.library_for(ops)
 
 
-def fused_session(path: str | Path, level: str = "all", threads: int = 2, **kw: Any) -> Any:
+def fused_session(
+    path: str | Path, level: str = "all", threads: int = 2, *, denormals: str = "flush", **kw: Any
+) -> Any:
     """An onnxruntime session of a fused model saved by graph-autofusion, with the
-    custom-operator library its metadata names registered (a model without one opens as is).
+    custom-operator library its metadata names registered (a model without one opens as is),
+    serving as graph-autofusion serves it: ``denormals="flush"`` (``FuseOptions.denormals``;
+    ``"keep"``: IEEE denormals, onnxruntime's default).
 
     Raises:
         FileNotFoundError: the metadata names a library that is not there (copy the kernel
@@ -150,4 +158,5 @@ def fused_session(path: str | Path, level: str = "all", threads: int = 2, **kw: 
             f"{path} needs its custom-operator library {lib}, which is missing (the kernel "
             f"folder written next to the model must stay next to it)"
         )
-    return ort_session(path, level, threads, custom_ops_library=lib, **kw)
+    flush = denormals_flushed(denormals)
+    return ort_session(path, level, threads, custom_ops_library=lib, flush_denormals=flush, **kw)

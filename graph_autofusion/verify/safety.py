@@ -425,11 +425,14 @@ def end_to_end(
     threads: int = 2,
     reference: Mapping[str, np.ndarray] | None = None,
     others: Sequence[OtherShape] = (),
+    flush_denormals: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Run the whole original and fused models (path, ModelProto or IR Model each) on ``feeds``
     in onnxruntime and compare every output of the original (``reference``: its outputs on
     ``feeds``, in its output order, e.g. captured: not run again). ``others``: more inputs
     (another shape) with the original's outputs on them, run by the same fused session.
+    ``flush_denormals``: the fused model runs as it will serve (``FuseOptions.denormals``),
+    denormals flushed to zero, against the original's IEEE outputs.
 
     Returns:
         Output name -> ``{"cosine", "max_abs", "max_rel", "passed"}``; an output the fused
@@ -441,7 +444,7 @@ def end_to_end(
         a = ort_session(original_path_or_proto, "disable", threads, lean=True)
         reference = run_session(a, feeds)
         del a
-    b = ort_session(fused_proto, "disable", threads, lean=True)
+    b = ort_session(fused_proto, "disable", threads, lean=True, flush_denormals=flush_denormals)
     out = compare_outputs(reference, run_session(b, feeds), cosine_floor=cosine_floor)
     for other in others:
         out.update(
