@@ -388,7 +388,11 @@ def markdown(data: dict) -> str:
         "decode loop after 5 tokens of Hugging Face's; `our ONNX route` is "
         "`GraphAutoFusion(export).fuse()` in onnxruntime ALL; the best peer is the fastest "
         "configuration other than those. ONNX engines run the zoo's export (column "
-        "`export`, with its export seconds, which no first call includes).",
+        "`export`, with its export seconds, which no first call includes). Both of ours "
+        "flush denormal floats to zero (`FuseOptions.denormals`'s default; from 2026-12-06 "
+        "03:40 on, rows before that kept them); the peers run with their own defaults "
+        "(IEEE denormals): `benchmarks/results/denormals.md` shows the flag alone on our "
+        "fused model and on onnxruntime ALL.",
         "",
         f"| model | shape | {head} | ours / our ONNX route | ours / best peer "
         "| drop-in module / best peer |",

@@ -301,6 +301,13 @@ class FusedResults:
             raise ModelWriteError(
                 f"{path}: refusing to overwrite the input model (pass overwrite=True / --overwrite)"
             )
+        from graph_autofusion.runtime.denormals import METADATA_KEY
+
+        # the denormal mode it was verified with and serves with (fused_session's default)
+        result.model.metadata_props = {
+            **(result.model.metadata_props or {}),
+            METADATA_KEY: self.options.denormals,
+        }
         lib = getattr(result, "custom_ops", None)
         if lib is not None:  # the model needs its custom-operator library: written beside it
             from graph_autofusion.codegen.ort_customop import save_with_library

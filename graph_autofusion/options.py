@@ -91,9 +91,10 @@ class FuseOptions:
             block between operators too).
         denormals: ``flush`` (the default): the onnxruntime sessions that serve the fused
             model in this process (the PyTorch route's graphs, the cpu target's onnxruntime
-            engine, ``FuseResult.session()``) flush denormal floats (below 1.18e-38) to zero
-            on every thread that computes them, the caller's only for the length of a call;
-            a model with large attention logits or GELU tails makes millions, each a microcode
+            engine, ``FuseResult.run()``, ``fused_session()``) flush denormal floats (below
+            1.18e-38) to zero on every thread that computes them, the caller's only for the
+            length of a call; safe mode's speed and end-to-end checks run the fused side so.
+            A model with large attention logits or GELU tails makes millions, each a microcode
             assist of ~100 cycles (the zoo MiniLM at s128: 21 -> 17 ms). ``keep``: IEEE
             denormals (onnxruntime's default). Results differ only where a value is itself
             below 1.18e-38 (``docs/denormals.md``).

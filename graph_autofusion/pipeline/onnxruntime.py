@@ -352,6 +352,7 @@ class _OrtSafeMode:
             check_speed=speed is not None and self.timed and alone,
             speed_margin=speed.margin if speed is not None else self.opts.speed_margin,
             repeats=self.repeats,
+            flush_denormals=denormals_flushed(self.opts.denormals),
         )
         if speed is not None and not self.timed:  # not timed: see _same_after_ort
             res.details["same_optimized_graph"] = True

@@ -17,8 +17,9 @@ the calling thread runs its share of every parallel operator: :func:`flushing_de
 two bits of the SSE control register (MXCSR) for one call and puts the register back as it was,
 so the user's own code (torch eager, numpy) keeps IEEE semantics.
 
-x86-64 Linux only (glibc's ``fenv_t`` holds MXCSR at byte 28); elsewhere the context does
-nothing and :data:`SUPPORTED` is ``False``.
+x86-64 Linux only (glibc's ``fegetmode``/``fesetmode``: ``femode_t`` holds MXCSR at byte 4,
+and setting the modes leaves the exception flags as they are); elsewhere the context does
+nothing, :data:`SUPPORTED` is ``False`` and no session flushes.
 """
 
 from __future__ import annotations
@@ -33,10 +34,13 @@ from contextlib import contextmanager
 #: ``FuseOptions.denormals``: ``flush`` (the sessions that serve a fused model flush denormal
 #: floats to zero) or ``keep`` (IEEE denormals, onnxruntime's default)
 DENORMAL_MODES = ("flush", "keep")
+#: The metadata key under which a saved fused model records the mode it was verified and
+#: serves with (``fused_session``'s default)
+METADATA_KEY = "graph_autofusion.denormals"
 #: MXCSR's flush-to-zero (bit 15) and denormals-are-zero (bit 6) bits
 FTZ_DAZ = 0x8040
-_FENV_BYTES = 32  # sizeof(fenv_t) on x86-64 glibc
-_MXCSR_AT = 28  # offsetof(fenv_t, __mxcsr)
+_MODE_BYTES = 8  # sizeof(femode_t) on x86-64 glibc
+_MXCSR_AT = 4  # offsetof(femode_t, __mxcsr)
 
 
 def _libm() -> ctypes.CDLL | None:
@@ -45,8 +49,8 @@ def _libm() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("m") or "libm.so.6"
     try:
         lib = ctypes.CDLL(name)
-        lib.fegetenv.argtypes = lib.fesetenv.argtypes = [ctypes.c_void_p]
-        lib.fegetenv.restype = lib.fesetenv.restype = ctypes.c_int
+        lib.fegetmode.argtypes = lib.fesetmode.argtypes = [ctypes.c_void_p]
+        lib.fegetmode.restype = lib.fesetmode.restype = ctypes.c_int
     except (OSError, AttributeError):
         return None
     return lib
@@ -72,8 +76,8 @@ def mxcsr() -> int | None:
     """The calling thread's MXCSR, or ``None`` where unsupported."""
     if _LIBM is None:
         return None
-    env = ctypes.create_string_buffer(_FENV_BYTES)
-    if _LIBM.fegetenv(env) != 0:
+    env = ctypes.create_string_buffer(_MODE_BYTES)
+    if _LIBM.fegetmode(env) != 0:
         return None
     return int.from_bytes(env.raw[_MXCSR_AT : _MXCSR_AT + 4], "little")
 
@@ -85,8 +89,8 @@ def flushing_denormals(on: bool = True) -> Iterator[None]:
     if not on or _LIBM is None:
         yield
         return
-    env = ctypes.create_string_buffer(_FENV_BYTES)
-    if _LIBM.fegetenv(env) != 0:
+    env = ctypes.create_string_buffer(_MODE_BYTES)
+    if _LIBM.fegetmode(env) != 0:
         yield
         return
     word = int.from_bytes(env.raw[_MXCSR_AT : _MXCSR_AT + 4], "little")
@@ -96,15 +100,15 @@ def flushing_denormals(on: bool = True) -> Iterator[None]:
     _set_word(env, word | FTZ_DAZ)
     try:
         yield
-    finally:  # the two bits as they were; status flags raised inside stay raised
-        _LIBM.fegetenv(env)
+    finally:  # the two bits as they were (the modes only: raised flags stay raised)
+        _LIBM.fegetmode(env)
         now = int.from_bytes(env.raw[_MXCSR_AT : _MXCSR_AT + 4], "little")
         _set_word(env, (now & ~FTZ_DAZ) | (word & FTZ_DAZ))
 
 
 def _set_word(env: ctypes.Array, word: int) -> None:
     ctypes.memmove(ctypes.addressof(env) + _MXCSR_AT, word.to_bytes(4, "little"), 4)
-    _LIBM.fesetenv(env)
+    _LIBM.fesetmode(env)
 
 
 @contextmanager
@@ -117,8 +121,8 @@ def keeping_denormal_mode() -> Iterator[None]:
         yield
     finally:
         if before is not None:
-            env = ctypes.create_string_buffer(_FENV_BYTES)
-            if _LIBM.fegetenv(env) == 0:
+            env = ctypes.create_string_buffer(_MODE_BYTES)
+            if _LIBM.fegetmode(env) == 0:
                 now = int.from_bytes(env.raw[_MXCSR_AT : _MXCSR_AT + 4], "little")
                 if now & FTZ_DAZ != before & FTZ_DAZ:
                     _set_word(env, (now & ~FTZ_DAZ) | (before & FTZ_DAZ))

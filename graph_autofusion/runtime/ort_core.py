@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from graph_autofusion.runtime.denormals import SUPPORTED as DENORMALS_PER_CALL
 from graph_autofusion.runtime.denormals import flushing_denormals, keeping_denormal_mode
 
 _LEVELS = {
@@ -74,6 +75,7 @@ def open_session(
     which is read as is and may be modified when ``in_place`` transposes an operand); the
     arguments are :func:`~graph_autofusion.runtime.ort_session.ort_session`'s (``library``:
     the custom-operator library to register)."""
+    flush_denormals = flush_denormals and DENORMALS_PER_CALL  # pool and caller alike, or neither
     # onnxruntime sets the flush-to-zero bits of the thread that opens a process's first
     # session, for good, to that session's ``set_denormal_as_zero``: the user's thread keeps
     # its own; a flushing session sets them on its pool threads and, per run, on the caller's
@@ -154,7 +156,13 @@ class FlushingSession:
         with flushing_denormals():
             return self.session.run_with_ort_values(*args, **kwargs)
 
+    def run_with_ortvaluevector(self, *args: Any, **kwargs: Any) -> Any:
+        with flushing_denormals():
+            return self.session.run_with_ortvaluevector(*args, **kwargs)
+
     def __getattr__(self, name: str) -> Any:
+        if name == "session":  # not set yet (a copy or an unpickling): no recursion
+            raise AttributeError(name)
         return getattr(self.session, name)
 
 

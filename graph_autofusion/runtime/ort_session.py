@@ -15,6 +15,7 @@ import numpy as np
 from graph_autofusion.codegen import ort_customop as co
 from graph_autofusion.errors import MissingFileError
 from graph_autofusion.ir.core import Model
+from graph_autofusion.runtime.denormals import METADATA_KEY as DENORMALS_METADATA_KEY
 from graph_autofusion.runtime.denormals import denormals_flushed
 from graph_autofusion.runtime.ort_core import (
     IN_PLACE_MIN_BYTES,
@@ -138,12 +139,17 @@ def _custom_ops_library(model: Any) -> str | None:
 
 
 def fused_session(
-    path: str | Path, level: str = "all", threads: int = 2, *, denormals: str = "flush", **kw: Any
+    path: str | Path,
+    level: str = "all",
+    threads: int = 2,
+    *,
+    denormals: str | None = None,
+    **kw: Any,
 ) -> Any:
     """An onnxruntime session of a fused model saved by graph-autofusion, with the
     custom-operator library its metadata names registered (a model without one opens as is),
-    serving as graph-autofusion serves it: ``denormals="flush"`` (``FuseOptions.denormals``;
-    ``"keep"``: IEEE denormals, onnxruntime's default).
+    serving as graph-autofusion serves it: ``denormals`` (``"flush"`` or ``"keep"``) defaults to
+    the ``FuseOptions.denormals`` the model was fused with (its metadata), else ``"flush"``.
 
     Raises:
         FileNotFoundError: the metadata names a library that is not there (copy the kernel
@@ -158,5 +164,6 @@ def fused_session(
             f"{path} needs its custom-operator library {lib}, which is missing (the kernel "
             f"folder written next to the model must stay next to it)"
         )
-    flush = denormals_flushed(denormals)
+    meta = {p.key: p.value for p in proto.metadata_props}
+    flush = denormals_flushed(denormals or meta.get(DENORMALS_METADATA_KEY, "flush"))
     return ort_session(path, level, threads, custom_ops_library=lib, flush_denormals=flush, **kw)

@@ -177,6 +177,7 @@ def _speed(
     time_runs: int,
     timer: Timer,
     speed_margin: float,
+    flush_denormals: bool = False,
 ) -> tuple[float, float, bool]:
     """Median unfused and fused times (us) of one fusion and whether the fused one is slower
     than ``speed_margin`` x the unfused (:class:`~graph_autofusion.verify.speed.SpeedPolicy`:
@@ -195,8 +196,10 @@ def _speed(
     # run that the small unfused operators, each below the pool's cut-off, do not, and
     # an isolated fused RMSNorm at 16 x 512 times 17 us against 11 us unfused (9 us
     # fused with spinning). Only these two sessions run while they are timed.
-    a = ort_session(timed_orig, ort_level, threads, spinning=True, in_place=weights or None)
-    b = ort_session(fused_proto, ort_level, threads, spinning=True, in_place=weights or None)
+    # both sides with the denormal mode the fused model serves with (FuseOptions.denormals)
+    kw = {"spinning": True, "in_place": weights or None, "flush_denormals": flush_denormals}
+    a = ort_session(timed_orig, ort_level, threads, **kw)
+    b = ort_session(fused_proto, ort_level, threads, **kw)
     fa, fb = _feeds_for(a, feeds), _feeds_for(b, feeds)
     na, nb = [o.name for o in a.get_outputs()], [o.name for o in b.get_outputs()]
     policy = SpeedPolicy(speed_margin, time_runs)  # the one speed policy (verify/speed.py)
@@ -249,6 +252,7 @@ def check_fusion(
     seed: int = 0,
     timer: Timer | None = None,
     repeats: Repeats | None = None,
+    flush_denormals: bool = False,
 ) -> SafetyResult:
     """Check one fusion on the captured ``activations`` of the original model.
 
@@ -260,6 +264,8 @@ def check_fusion(
         speed_margin: Fused may take up to this factor of the unfused time.
         ort_level: Graph optimization level for timing (``disable``/``basic``/``all``); the
             numeric checks always run with optimizations off.
+        flush_denormals: both sides timed with denormals flushed to zero, as the fused model
+            serves (``FuseOptions.denormals``); the numeric checks compute IEEE denormals.
         timer: Times each run of the speed check (default: the current timer of
             :mod:`graph_autofusion.runtime.timing`, the wall clock unless a test swapped it).
         repeats: What the checks of one fuse learned per
@@ -395,7 +401,7 @@ def check_fusion(
             try:
                 tu, tf, slower = _speed(
                     original, record, activations, fused_proto, weights, feeds, ort_level, threads,
-                    time_runs, timer or current_timer(), speed_margin,
+                    time_runs, timer or current_timer(), speed_margin, flush_denormals,
                 )  # fmt: skip
             except Exception as exc:
                 return fail(reasons.ERROR, f"timing failed: {type(exc).__name__}: {exc}")

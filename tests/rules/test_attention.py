@@ -311,15 +311,18 @@ GQA_SYMBOLIC = """graph g(%q: f32[1,4,3,8], %k0: f32[1,2,t,8], %v0: f32[1,2,t,8]
   init %z: i64[1] = [0]
   init %one: i64[1] = [1]
   init %two: i64[1] = [2]
+  init %three: i64[1] = [3]
   init %four: i64[1] = [4]
   init %heads: i64[1] = [4]
   init %qc: f32[] = [0.4204482]
   %s0: i64[4] = Shape(%k0)
-  %lead: i64[2] = Slice(%s0, %z, %two)
-  %tail: i64[2] = Slice(%s0, %two, %four)
-  %batch: i64[1] = Slice(%s0, %z, %one)
-  %wide: i64[5] = Concat<axis=0>(%lead, %rep, %tail)
-  %flat: i64[4] = Concat<axis=0>(%batch, %heads, %tail)
+  %b: i64[1] = Slice(%s0, %z, %one)
+  %kvn: i64[1] = Slice(%s0, %one, %two)
+  %tl: i64[1] = Slice(%s0, %two, %three)
+  %hd: i64[1] = Slice(%s0, %three, %four)
+  %wide: i64[5] = Concat<axis=0>(%b, %kvn, %rep, %tl, %hd)
+  %flat: i64[4] = Concat<axis=0>(%b, %heads, %tl, %hd)
+  %tiled: i64[5] = Concat<axis=0>(%rep, %kvn, %one, %tl, %hd)
   %ku: f32[1,2,1,t,8] = Unsqueeze(%k0, %ax)
   %ke = Expand(%ku, %wide)
   %k: f32[1,4,t,8] = Reshape(%ke, %flat)
@@ -359,6 +362,9 @@ def test_grouped_query_repeat_to_a_computed_shape_is_not_computed():
         (("f32[1,4,t,8] = Reshape", "f32[1,3,t,8] = Reshape"), False),  # 3 heads over 2
         (("f32[1,4,t,8] = Reshape", "f32[2,4,t,8] = Reshape"), False),  # the batch grew
         (("f32[1,4,t,8] = Reshape", "f32[1,4,u,8] = Reshape"), False),  # another length
+        # a batch of 1 grown to 2 and merged into the heads: tiled, not repeated in place
+        (("Expand(%ku, %wide)", "Expand(%ku, %tiled)"), False),
+        (("Expand(%ku, %wide)", "Expand(%ku, %s0)"), False),  # a shape of 4 entries
     ],
 )
 def test_a_repeat_of_unknown_expanded_shape_is_judged_by_its_ends(change, repeated):

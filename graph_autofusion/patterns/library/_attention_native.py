@@ -33,6 +33,7 @@ from graph_autofusion.ir.core import Value, producer_of
 from graph_autofusion.ir.dtypes import DType
 from graph_autofusion.ir.opset_upgrade import ATTENTION_OPSET, upgrade_opset, upgrade_problem
 from graph_autofusion.patterns.library._norm_common import reduce_axes
+from graph_autofusion.patterns.matcher import const_value
 from graph_autofusion.patterns.rewrite import RewriteContext, RewriteError
 
 _FLOATS = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16)
@@ -90,7 +91,7 @@ def unrepeated(x: Value) -> Value | None:
     if x0.shape is None or x.shape is None or len(x0.shape) != 4 or len(x.shape) != 4:
         return None
     if wide.shape is None or (len(wide.shape) == 5 and not isinstance(wide.shape[1], int)):
-        return _unrepeated_by_ends(x0, x)
+        return _unrepeated_by_ends(x0, x, expand.inputs[1])
     if len(wide.shape) != 5:
         return None
     kv, rep, heads = wide.shape[1], wide.shape[2], x.shape[1]
@@ -106,17 +107,43 @@ def unrepeated(x: Value) -> Value | None:
     return x0 if ushape is not None and len(ushape) == 5 and ushape[2] == 1 else None
 
 
-def _unrepeated_by_ends(x0: Value, x: Value) -> Value | None:
+def _unrepeated_by_ends(x0: Value, x: Value, expand_shape: Value) -> Value | None:
     """``repeat_kv`` whose expanded shape is not known (the PyTorch route expands to sizes
-    computed from Dynamo's symbolic lengths): judged from its two ends. ``Unsqueeze(x0, 2)`` is
-    ``[b, kv, 1, t, d]``; the merge back to ``x`` keeps ``b``, ``t`` and ``d`` and gives a
-    multiple of ``kv`` heads, so the only axis the Expand can have grown is the new one, by
-    ``heads / kv``: the heads are repeated in place. Safe mode checks the numbers."""
+    computed from Dynamo's symbolic lengths, a ``Concat`` of one-element pieces): the Expand's
+    shape must have five entries with the constant ``heads / kv`` third, and the merge back to
+    ``x`` must keep ``b``, ``t`` and ``d``. ``Unsqueeze(x0, 2)`` is ``[b, kv, 1, t, d]``; an
+    Expand can only grow its size-1 axes, so the Reshape's element count (``b * heads * t * d``
+    = ``b * kv * (heads / kv) * t * d``) leaves no other axis grown: the heads are repeated in
+    place, not tiled (a grown batch axis merged into the heads would pass the ends alone)."""
     kv, heads = x0.shape[1], x.shape[1]
     if not isinstance(kv, int) or not isinstance(heads, int) or kv <= 0 or heads % kv:
         return None
+    entries = _shape_entries(expand_shape)
+    if entries is None or len(entries) != 5 or entries[2] != heads // kv:
+        return None
     ends = (x.shape[0], *x.shape[2:]), (x0.shape[0], *x0.shape[2:])
     return x0 if _same_dims(*ends) else None
+
+
+def _shape_entries(shape: Value) -> list[int | None] | None:
+    """The entries of a 1-D shape tensor (``None`` where computed at run time): a constant,
+    or a ``Concat`` of constants and one-element pieces; ``None`` when its length is unknown."""
+    data = const_value(shape)
+    if data is not None:
+        return [int(v) for v in np.asarray(data).reshape(-1)]
+    concat = producer_of(shape, "Concat")
+    if concat is None:
+        return None
+    out: list[int | None] = []
+    for piece in concat.inputs:
+        data = const_value(piece)
+        if data is not None:
+            out.extend(int(v) for v in np.asarray(data).reshape(-1))
+        elif piece.shape is not None and tuple(piece.shape) == (1,):
+            out.append(None)
+        else:
+            return None
+    return out
 
 
 def _scalar(ctx: RewriteContext, name: str) -> float | None:
