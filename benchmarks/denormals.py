@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import os
 import subprocess
 import sys
@@ -45,6 +46,7 @@ from peers import (  # noqa: E402
     openvino_version,
     write_results,
 )
+from torch_e2e_engines import run_forward  # noqa: E402 - as torch_e2e runs the ONNX engines
 
 OUT = ROOT / "benchmarks" / "results" / "denormals"
 CONFIGS = ("ours, kept", "ours, flushed", "ORT ALL, kept", "ORT ALL, flushed", "OpenVINO")
@@ -71,12 +73,8 @@ def bench(name: str, seq: int, runs: int) -> dict[str, Any]:
     except Unavailable as exc:
         row["openvino"] = str(exc)
 
-    def call(sess: Any) -> Any:
-        declared = {i.name for i in sess.get_inputs()}
-        return lambda: sess.run(None, {k: v for k, v in feeds.items() if k in declared})
-
-    fns = {k: call(s) for k, s in sessions.items()}
-    outs = {k: np.asarray(f()[0]) for k, f in fns.items()}
+    fns = {k: functools.partial(run_forward, s, feeds) for k, s in sessions.items()}
+    outs = {k: np.asarray(f()) for k, f in fns.items()}
     row["max_diff_flushed_vs_kept"] = {
         who: float(np.max(np.abs(outs[f"{who}, flushed"] - outs[f"{who}, kept"])))
         for who in ("ours", "ORT ALL")

@@ -74,41 +74,46 @@ def denormals_flushed(mode: str) -> bool:
 
 def mxcsr() -> int | None:
     """The calling thread's MXCSR, or ``None`` where unsupported."""
+    got = _modes()
+    return None if got is None else got[1]
+
+
+def _modes() -> tuple[ctypes.Array, int] | None:
+    """The calling thread's floating-point modes (``femode_t``) and the MXCSR word in them."""
     if _LIBM is None:
         return None
     env = ctypes.create_string_buffer(_MODE_BYTES)
     if _LIBM.fegetmode(env) != 0:
         return None
-    return int.from_bytes(env.raw[_MXCSR_AT : _MXCSR_AT + 4], "little")
+    return env, int.from_bytes(env.raw[_MXCSR_AT : _MXCSR_AT + 4], "little")
+
+
+def _set_word(env: ctypes.Array, word: int) -> None:
+    ctypes.memmove(ctypes.addressof(env) + _MXCSR_AT, word.to_bytes(4, "little"), 4)
+    _LIBM.fesetmode(env)
+
+
+def _restore_bits(saved: int) -> None:
+    """FTZ and DAZ as they are in the MXCSR word ``saved``; the other modes as they are now."""
+    got = _modes()
+    if got is not None and got[1] & FTZ_DAZ != saved & FTZ_DAZ:
+        _set_word(got[0], (got[1] & ~FTZ_DAZ) | (saved & FTZ_DAZ))
 
 
 @contextmanager
 def flushing_denormals(on: bool = True) -> Iterator[None]:
     """Flush-to-zero and denormals-are-zero on the calling thread inside the block (``on``),
     the thread's own setting back after it, whatever the block raises."""
-    if not on or _LIBM is None:
+    got = _modes() if on else None
+    if got is None or got[1] & FTZ_DAZ == FTZ_DAZ:  # off, unsupported, or the user's own
         yield
         return
-    env = ctypes.create_string_buffer(_MODE_BYTES)
-    if _LIBM.fegetmode(env) != 0:
-        yield
-        return
-    word = int.from_bytes(env.raw[_MXCSR_AT : _MXCSR_AT + 4], "little")
-    if word & FTZ_DAZ == FTZ_DAZ:  # already flushing (the user's choice): nothing to undo
-        yield
-        return
+    env, word = got
     _set_word(env, word | FTZ_DAZ)
     try:
         yield
     finally:  # the two bits as they were (the modes only: raised flags stay raised)
-        _LIBM.fegetmode(env)
-        now = int.from_bytes(env.raw[_MXCSR_AT : _MXCSR_AT + 4], "little")
-        _set_word(env, (now & ~FTZ_DAZ) | (word & FTZ_DAZ))
-
-
-def _set_word(env: ctypes.Array, word: int) -> None:
-    ctypes.memmove(ctypes.addressof(env) + _MXCSR_AT, word.to_bytes(4, "little"), 4)
-    _LIBM.fesetmode(env)
+        _restore_bits(word)
 
 
 @contextmanager
@@ -121,8 +126,4 @@ def keeping_denormal_mode() -> Iterator[None]:
         yield
     finally:
         if before is not None:
-            env = ctypes.create_string_buffer(_MODE_BYTES)
-            if _LIBM.fegetmode(env) == 0:
-                now = int.from_bytes(env.raw[_MXCSR_AT : _MXCSR_AT + 4], "little")
-                if now & FTZ_DAZ != before & FTZ_DAZ:
-                    _set_word(env, (now & ~FTZ_DAZ) | (before & FTZ_DAZ))
+            _restore_bits(before)

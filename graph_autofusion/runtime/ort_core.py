@@ -75,31 +75,9 @@ def open_session(
     which is read as is and may be modified when ``in_place`` transposes an operand); the
     arguments are :func:`~graph_autofusion.runtime.ort_session.ort_session`'s (``library``:
     the custom-operator library to register)."""
-    flush_denormals = flush_denormals and DENORMALS_PER_CALL  # pool and caller alike, or neither
-    # onnxruntime sets the flush-to-zero bits of the thread that opens a process's first
-    # session, for good, to that session's ``set_denormal_as_zero``: the user's thread keeps
-    # its own; a flushing session sets them on its pool threads and, per run, on the caller's
-    with keeping_denormal_mode():
-        sess = _open(src, level, threads, spinning, library, in_place, log_severity,
-                     profile_prefix, lean, prepack, optimized_model_path, flush_denormals)  # fmt: skip
-    return FlushingSession(sess) if flush_denormals else sess
-
-
-def _open(
-    src: Any,
-    level: str,
-    threads: int,
-    spinning: bool | str,
-    library: str | None,
-    in_place: Mapping[str, np.ndarray] | None,
-    log_severity: int,
-    profile_prefix: str | None,
-    lean: bool,
-    prepack: bool,
-    optimized_model_path: str | None,
-    flush_denormals: bool,
-) -> Any:
     import onnxruntime as ort
+
+    flush_denormals = flush_denormals and DENORMALS_PER_CALL  # pool and caller alike, or neither
 
     so = ort.SessionOptions()
     so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[level])
@@ -126,11 +104,29 @@ def _open(
         src = os.fspath(src)
     if library:
         so.register_custom_ops_library(library)
-    if in_place:
-        return _session_in_place(src, so, in_place, level)
-    if not isinstance(src, str | bytes):
+    if not in_place and not isinstance(src, str | bytes):
         src = src.SerializeToString()
-    return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+    # onnxruntime sets the flush-to-zero bits of the thread that opens a process's first
+    # session, for good, to that session's ``set_denormal_as_zero``: the user's thread keeps
+    # its own; a flushing session sets them on its pool threads and, per run, on the caller's
+    with keeping_denormal_mode():
+        if in_place:
+            sess = _session_in_place(src, so, in_place, level)
+        else:
+            sess = ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+    return FlushingSession(sess) if flush_denormals else sess
+
+
+def _flushing(method: str) -> Any:
+    """``FlushingSession``'s ``method``: the session's own, run with denormals flushed on the
+    calling thread."""
+
+    def call(self: FlushingSession, *args: Any, **kwargs: Any) -> Any:
+        with flushing_denormals():
+            return getattr(self.session, method)(*args, **kwargs)
+
+    call.__name__ = method
+    return call
 
 
 class FlushingSession:
@@ -142,23 +138,11 @@ class FlushingSession:
 
     def __init__(self, session: Any) -> None:
         self.session = session
-        self.flush_denormals = True
 
-    def run(self, *args: Any, **kwargs: Any) -> Any:
-        with flushing_denormals():
-            return self.session.run(*args, **kwargs)
-
-    def run_with_iobinding(self, *args: Any, **kwargs: Any) -> Any:
-        with flushing_denormals():
-            return self.session.run_with_iobinding(*args, **kwargs)
-
-    def run_with_ort_values(self, *args: Any, **kwargs: Any) -> Any:
-        with flushing_denormals():
-            return self.session.run_with_ort_values(*args, **kwargs)
-
-    def run_with_ortvaluevector(self, *args: Any, **kwargs: Any) -> Any:
-        with flushing_denormals():
-            return self.session.run_with_ortvaluevector(*args, **kwargs)
+    run = _flushing("run")
+    run_with_iobinding = _flushing("run_with_iobinding")
+    run_with_ort_values = _flushing("run_with_ort_values")
+    run_with_ortvaluevector = _flushing("run_with_ortvaluevector")
 
     def __getattr__(self, name: str) -> Any:
         if name == "session":  # not set yet (a copy or an unpickling): no recursion
