@@ -13,7 +13,11 @@ provider, the user's thread setting) whose large fp32/fp64 initializers are onnx
 over the parameters (``ort_session(in_place=...)``): the weights are not copied (a linear
 weight's transpose is read from the parameter through ``transB``), beyond what onnxruntime's
 GEMM packs: none for a decode step's few rows, and none until the graph is called a second
-time (``torch_compile.PACK_AFTER_CALLS``). Symbolic sizes stay symbolic in the ONNX graph, so
+time (``torch_compile.PACK_AFTER_CALLS``). Nor are they written to disk while the session is
+made: the placeholder file onnxruntime's optimizer reads holds only the weights it may rewrite
+(``placeholder="rewritable"``); a session that came out wrong that way is made again with
+every weight written (:meth:`OrtGraphProgram.write_weights`, after the first call's check).
+Symbolic sizes stay symbolic in the ONNX graph, so
 one session serves every sequence, batch and cache length.
 
 Inputs cross without copies (numpy views of the tensors); outputs come back as torch tensors
@@ -61,6 +65,7 @@ class OrtGraphProgram:
         prepack: bool = True,
         spinning: bool | str = SERVING_SPINNING,
         flush_denormals: bool = True,
+        placeholder: str = "rewritable",
     ) -> None:
         self.model = model
         self.user_inputs = tuple(user_inputs)
@@ -71,6 +76,10 @@ class OrtGraphProgram:
         self.prepack = prepack
         self.spinning = spinning  # the session's mode (FuseOptions.spinning)
         self.flush_denormals = flush_denormals  # FuseOptions.denormals == "flush"
+        # "rewritable": the weights the optimizer reads as given are not written out while a
+        # session is created; the caller checks the outputs and calls write_weights() if they
+        # differ (ort_session's placeholder)
+        self.placeholder = placeholder
         self.session = self._open(prepack)
 
     def _open(self, prepack: bool) -> Any:
@@ -82,7 +91,18 @@ class OrtGraphProgram:
             in_place=model_weights(self.model),
             prepack=prepack,
             flush_denormals=self.flush_denormals,
+            placeholder=self.placeholder,
         )
+
+    def write_weights(self) -> bool:
+        """Open the session again with every weight in the placeholder file its optimizer reads
+        (``placeholder="full"``); False when it already was (nothing to try)."""
+        if self.placeholder == "full":
+            return False
+        self.placeholder = "full"
+        self.session = None
+        self.session = self._open(self.prepack)
+        return True
 
     def set_packing(self, prepack: bool) -> None:
         """Open the session again with (or without) onnxruntime's packed copy of the constant

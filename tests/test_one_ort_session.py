@@ -153,3 +153,112 @@ graph g(%x: f32[4,128]) -> (%y) {
     (init,) = proto.graph.initializer
     assert weights == {}
     assert init.data_type == onnx.TensorProto.BFLOAT16 and init.raw_data
+
+
+def _proto(text: str, arrays: dict):
+    from graph_autofusion.frontend.onnx_frontend import to_onnx
+    from graph_autofusion.ir.text import parse_model
+
+    model = parse_model(text)
+    for name, a in arrays.items():
+        model.graph.initializers[name].const = a
+    return model, to_onnx(model)
+
+
+def test_only_weights_the_optimizer_reads_as_given_may_stay_out_of_the_placeholder():
+    """``kept_as_given``: a contraction's right operand and a Gather's table are read as given;
+    a weight that also feeds another operator, a convolution's weight (onnxruntime folds a
+    BatchNormalization into it) and a graph output are not."""
+    import numpy as np
+
+    from graph_autofusion.runtime.ort_core import kept_as_given
+
+    w = np.ones((8, 8), np.float32)
+    _, proto = _proto(
+        """
+model opset {"": 18}
+graph g(%x: f32[8,8], %i: i64[2], %img: f32[1,8,4,4]) -> (%y, %e, %c, %t) {
+  init %wb: f32[8,8] = zeros
+  init %emb: f32[8,8] = zeros
+  init %shared: f32[8,8] = zeros
+  init %cw: f32[8,8,1,1] = zeros
+  init %t: f32[8,8] = zeros
+  %a = MatMul(%x, %wb) @mm
+  %b = MatMul(%a, %shared) @mm2
+  %y = Add(%b, %shared) @add
+  %e = Gather(%emb, %i) @gather
+  %c = Conv(%img, %cw) @conv
+}
+""",
+        {n: w for n in ("wb", "emb", "shared", "t")} | {"cw": np.ones((8, 8, 1, 1), np.float32)},
+    )
+    arrays = {n: w for n in ("wb", "emb", "shared", "t")} | {"cw": w}
+    assert kept_as_given(proto, arrays) == {"wb", "emb"}
+
+
+def test_a_session_without_its_contraction_weights_in_the_placeholder_computes_with_them():
+    """``placeholder="rewritable"`` at the ALL level: a MatMul's weight left out of the file
+    (read in place) and a convolution's written (onnxruntime folds the BatchNormalization into
+    it from the file's bytes) give the reference's answer; a MatMul folded with a following
+    BatchNormalization by onnxruntime reads zeros (why a caller must check, and open the session
+    again with ``"full"``, which then gives the right answer)."""
+    import numpy as np
+
+    from graph_autofusion.runtime.ort_session import ort_session
+    from graph_autofusion.verify.subgraph import run_session
+
+    rng = np.random.default_rng(0)
+    bn = {n: (rng.random(16) + (0.5 if n == "v" else 0)).astype(np.float32) for n in "sbmv"}
+    w = rng.standard_normal((64, 16)).astype(np.float32)
+    cw = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    model, _ = _proto(
+        """
+model opset {"": 18}
+graph g(%x: f32[4,64], %img: f32[1,8,6,6]) -> (%y, %z) {
+  init %w: f32[64,16] = zeros
+  init %cw: f32[16,8,3,3] = zeros
+  init %s: f32[16] = zeros
+  init %b: f32[16] = zeros
+  init %m: f32[16] = zeros
+  init %v: f32[16] = zeros
+  %h = MatMul(%x, %w) @mm
+  %y = Relu(%h) @relu
+  %c = Conv(%img, %cw) @conv
+  %z = BatchNormalization(%c, %s, %b, %m, %v) @bn
+}
+""",
+        {"w": w, "cw": cw} | bn,
+    )
+    feeds = {
+        "x": rng.standard_normal((4, 64)).astype(np.float32),
+        "img": rng.standard_normal((1, 8, 6, 6)).astype(np.float32),
+    }
+    assert w.nbytes < (1 << 16)  # below in_place_weights' floor: give them in place by hand
+    in_place = {"w": w, "cw": cw}
+    want = run_session(ort_session(model, "disable"), feeds)
+    got = run_session(ort_session(model, "all", in_place=in_place, placeholder="rewritable"), feeds)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4)
+
+    folded, _ = _proto(
+        """
+model opset {"": 18}
+graph g(%x: f32[4,64]) -> (%y) {
+  init %w: f32[64,16] = zeros
+  init %s: f32[16] = zeros
+  init %b: f32[16] = zeros
+  init %m: f32[16] = zeros
+  init %v: f32[16] = zeros
+  %h = MatMul(%x, %w) @mm
+  %y = BatchNormalization(%h, %s, %b, %m, %v) @bn
+}
+""",
+        {"w": w} | bn,
+    )
+    want = run_session(ort_session(folded, "disable"), feeds)["y"]
+    holes = run_session(
+        ort_session(folded, "all", in_place={"w": w}, placeholder="rewritable"), feeds
+    )["y"]
+    full = run_session(ort_session(folded, "all", in_place={"w": w}, placeholder="full"), feeds)
+    assert not np.allclose(holes, want, atol=1e-2)  # onnxruntime folded zeros into MatMul
+    np.testing.assert_allclose(full["y"], want, rtol=1e-4, atol=1e-4)

@@ -97,6 +97,49 @@ def test_onnxruntime_engine_matches_eager_and_reads_the_parameters_in_place():
         torch.testing.assert_close(c(ids), m(ids), rtol=1e-4, atol=1e-5)
 
 
+class _MatMulBatchNorm(torch.nn.Module):
+    """``x @ W`` then an eval BatchNorm: onnxruntime's optimizer folds the norm into ``W``,
+    reading ``W``'s bytes from the model's placeholder file while the session is made."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.w = torch.nn.Parameter(torch.randn(256, 128))
+        self.bn = torch.nn.BatchNorm1d(128).eval()
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.running_var.uniform_(0.5, 2)
+            self.bn.weight.uniform_(0.5, 2)
+            self.bn.bias.uniform_(-1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.bn(x @ self.w))
+
+
+def test_a_session_made_without_its_contraction_weights_is_made_again_when_they_were_read():
+    """The serving session's placeholder file leaves out the weights the optimizer reads as
+    given (a 600 MB GPT-2 is not written to disk for each session); a graph whose session came
+    out wrong that way (the optimizer folded a BatchNorm into a contraction's weight, reading
+    zeros) is opened again with every weight written, and gives eager's answer on
+    onnxruntime. A plain text model keeps the short file."""
+    assert 256 * 128 * 4 >= IN_PLACE_MIN_BYTES  # W is read in place
+    for module, x, placeholder in (
+        (_MatMulBatchNorm(), torch.randn(32, 256), "full"),
+        (_TextModel(), _ids(16), "rewritable"),
+    ):
+        m = module.eval()
+        backend = make_backend(engine="onnxruntime", check_speed=False)
+        c = torch.compile(m, backend=backend)
+        with torch.no_grad():
+            got, want = c(x), m(x)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        (g,) = backend.config.graphs
+        assert g.engine == "onnxruntime" and g.fallback is None, g.summary()
+        (ort,) = _sessions([g])
+        assert ort.placeholder == placeholder, type(module).__name__
+        torch._dynamo.reset()
+
+
 def test_the_session_spins_inside_a_run_and_briefly_after_it():
     """The torch route's session: workers spin between operators (no wake-up per parallel
     operator) and for a bounded tail after the run (onnxruntime's default spins on for tens of

@@ -70,6 +70,7 @@ def open_session(
     prepack: bool = True,
     optimized_model_path: str | None = None,
     flush_denormals: bool = False,
+    placeholder: str = "full",
 ) -> Any:
     """An onnxruntime CPU session of ``src`` (serialized bytes, a path or a ``ModelProto``,
     which is read as is and may be modified when ``in_place`` transposes an operand); the
@@ -111,7 +112,7 @@ def open_session(
     # its own; a flushing session sets them on its pool threads and, per run, on the caller's
     with keeping_denormal_mode():
         if in_place:
-            sess = _session_in_place(src, so, in_place, level)
+            sess = _session_in_place(src, so, in_place, level, placeholder)
         else:
             sess = ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
     return FlushingSession(sess) if flush_denormals else sess
@@ -171,7 +172,11 @@ def in_place_weights(arrays: Mapping[str, Any]) -> dict[str, np.ndarray]:
 
 
 def _session_in_place(
-    src: Any, so: Any, arrays: Mapping[str, np.ndarray], level: str = "all"
+    src: Any,
+    so: Any,
+    arrays: Mapping[str, np.ndarray],
+    level: str = "all",
+    placeholder: str = "full",
 ) -> Any:
     """A session whose initializers ``arrays`` are onnxruntime values over the arrays' memory
     (``SessionOptions.add_initializer``). The model declares them as external data in a
@@ -181,7 +186,12 @@ def _session_in_place(
     Cast to float32 it makes at every level), so the placeholder must hold the real bytes, not
     zeros. With the optimizer off (``level="disable"``: safe mode's whole-model sessions),
     nothing reads a float32 initializer there: those stay a hole in a sparse file (no copy of
-    the weights written)."""
+    the weights written). ``placeholder="rewritable"`` (:data:`PLACEHOLDERS`): at the other
+    levels too, only the float32 weights the optimizer may rewrite are written
+    (:func:`kept_as_given`); the caller checks the session's outputs and opens it again with
+    ``"full"`` when they differ (an optimizer that read a hole as zeros)."""
+    if placeholder not in PLACEHOLDERS:
+        raise ValueError(f"placeholder must be one of {PLACEHOLDERS}, got {placeholder!r}")
     import onnx
     import onnxruntime as ort
 
@@ -191,6 +201,12 @@ def _session_in_place(
         proto = onnx.load_from_string(src) if isinstance(src, bytes) else onnx.load(src)
     present = {init.name for init in proto.graph.initializer}
     arrays = _transposed_operands(proto, {n: a for n, a in arrays.items() if n in present})
+    if level == "disable":  # nothing reads a float32 weight there
+        holes = {n for n, a in arrays.items() if a.dtype == np.float32}
+    elif placeholder == "rewritable":
+        holes = {n for n in kept_as_given(proto, arrays) if arrays[n].dtype == np.float32}
+    else:
+        holes = set()
     values = {}
     offsets: dict[str, int] = {}
     end = 0
@@ -215,7 +231,7 @@ def _session_in_place(
         with open(os.path.join(d, "weights.bin"), "wb") as f:
             for name, offset in offsets.items():
                 a = arrays[name]
-                if level == "disable" and a.dtype == np.float32:
+                if name in holes:
                     continue  # read from the given values only (see above)
                 f.seek(offset)
                 f.write(memoryview(a).cast("B"))
@@ -226,6 +242,46 @@ def _session_in_place(
     # onnxruntime keeps raw pointers: the values (and the arrays under them) must outlive it
     sess._autofusion_in_place = (values, dict(arrays))
     return sess
+
+
+#: ``open_session``'s ``placeholder`` modes: ``"full"`` writes every weight read in place to the
+#: placeholder file while a session is created (the optimizer may read any); ``"rewritable"``
+#: writes only those :func:`kept_as_given` does not name. A 618 MB GPT-2 written for each of a
+#: compile's two serving sessions took 0.7-6.7 s of a 17 s first call (the disk's write-back).
+PLACEHOLDERS = ("full", "rewritable")
+
+#: Operand positions the optimizer reads as given (it may fuse the node, but keeps the operand
+#: as its own input): a contraction's right operand, a table ``Gather`` reads.
+_AS_GIVEN = {("MatMul", 1), ("FusedMatMul", 1), ("Gemm", 1), ("Gather", 0)}
+#: Operator domains the optimizer never rewrites (graph-autofusion's own operators).
+_OPAQUE_DOMAINS = ("ai.graph_autofusion",)
+
+
+def kept_as_given(proto: Any, arrays: Mapping[str, np.ndarray]) -> set[str]:
+    """The initializers of ``arrays`` whose every use is an operand the optimizer reads as given
+    (:data:`_AS_GIVEN`, or an operator of :data:`_OPAQUE_DOMAINS`): no graph output, no use
+    inside a subgraph. A heuristic: some onnxruntime fusions do read a contraction's weight (a
+    ``MatMul`` followed by ``BatchNormalization``, BERT's attention), which is why a session
+    opened with ``placeholder="rewritable"`` must have its outputs checked."""
+    import onnx
+
+    subgraphs = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+    uses: dict[str, list[tuple[str, str, int]]] = {n: [] for n in arrays}
+    for node in proto.graph.node:
+        for i, name in enumerate(node.input):
+            if name in uses:
+                uses[name].append((node.domain, node.op_type, i))
+        if any(a.type in subgraphs for a in node.attribute):
+            for name in _subgraph_names(node) & uses.keys():
+                uses[name].append(("", "", -1))
+    outputs = {o.name for o in proto.graph.output}
+    return {
+        name
+        for name, used in uses.items()
+        if used
+        and name not in outputs
+        and all(d in _OPAQUE_DOMAINS or (op, i) in _AS_GIVEN for d, op, i in used)
+    }
 
 
 #: The contractions whose right operand may be given transposed (``transB``), by operator.

@@ -87,6 +87,11 @@ def ort_session(
     flush denormal floats to zero on every thread that computes them, the caller's only for
     the length of a run (:class:`~graph_autofusion.runtime.ort_core.FlushingSession`,
     ``FuseOptions.denormals``); the opening thread's own setting is kept either way.
+    ``placeholder``: with ``in_place`` at a level other than ``disable``, ``"full"`` (the
+    default) writes every weight to the placeholder file onnxruntime's optimizer may read while
+    the session is created; ``"rewritable"`` only those it may rewrite
+    (:func:`~graph_autofusion.runtime.ort_core.kept_as_given`): for a caller that checks the
+    session's outputs, and opens it again with ``"full"`` when they differ.
     """
     if options.get("lean") and isinstance(model, Model) and not in_place:
         in_place = model_weights(model)
