@@ -249,28 +249,26 @@ class FusedResults:
             NotFusedYetError: ``fuse()`` has not run.
             GraphAutoFusionError: the last fuse used a target without generated kernels.
         """
-        from graph_autofusion.codegen.manifest import write_kernel_dir
-
         if self.torch_module is not None:  # every compiled graph's kernels, one folder each
-            info = self._module_fusion().autofusion
-            return {
-                f"graph{i}": write_kernel_dir(r, os.path.join(os.fspath(directory), f"graph{i}"))
-                for i, r in enumerate(info.results())
-            }
+            out = {}
+            for i, g in enumerate(self._module_fusion().autofusion.graphs):
+                # the kernels of the engine that runs the graph, else the other engine's
+                ort_first = g.engine == "onnxruntime"
+                for res in (g.ort_result, g.result) if ort_first else (g.result, g.ort_result):
+                    where = os.path.join(os.fspath(directory), f"graph{i}")
+                    data = _write_kernels(res, where, empty=False)
+                    if data is not None:
+                        out[f"graph{i}"] = data
+                        break
+            return out
         result = self._need_result()
-        lib = getattr(result, "custom_ops", None)
-        if getattr(result, "kernels", None) is None and lib is not None:
-            # the cpu target's onnxruntime engine: the custom-operator library's folder
-            from graph_autofusion.codegen.ort_customop import write_kernel_dir as write_ops
-
-            groups = [low.payload for low in result.lowered if hasattr(low.payload, "kernel")]
-            return write_ops(lib, os.fspath(directory), groups)
-        if getattr(result, "kernels", None) is None:
+        data = _write_kernels(result, directory)
+        if data is None:
             raise GraphAutoFusionError(
                 f"the {self.target} target generates no kernels (its fused operators are "
                 f"onnxruntime's); use GraphAutoFusion(..., target='cpu')"
             )
-        return write_kernel_dir(result, directory)
+        return data
 
     def profile_fusion_kernel(self, key: str | int = 0, *, runs: int = 20) -> dict[str, Any]:
         """Time one fused kernel of the last ``fuse()`` (by candidate key or index) against its
@@ -349,3 +347,25 @@ def _to_numpy(t: Any) -> np.ndarray:
         t = t.detach()
         return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
     return np.asarray(t)
+
+
+def _write_kernels(
+    result: Any, directory: str | os.PathLike[str], empty: bool = True
+) -> dict[str, Any] | None:
+    """Write ``result``'s generated kernels to ``directory`` (``compile_fused_operators``):
+    the torch runner's kernels, or the onnxruntime custom-operator library's (the cpu target's
+    onnxruntime engine, the PyTorch route's onnxruntime program). ``None`` when it has no
+    library (``empty=False``: or no kernel in it)."""
+    if result is None:
+        return None
+    if getattr(result, "kernels", None) is not None:
+        from graph_autofusion.codegen.manifest import write_kernel_dir
+
+        return write_kernel_dir(result, directory)
+    lib = getattr(result, "custom_ops", None)
+    groups = [low.payload for low in result.lowered if hasattr(low.payload, "kernel")]
+    if lib is None or not (groups or empty):
+        return None
+    from graph_autofusion.codegen.ort_customop import write_kernel_dir as write_ops
+
+    return write_ops(lib, os.fspath(directory), groups)

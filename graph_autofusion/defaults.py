@@ -35,6 +35,15 @@ SPEED_CLEAR = 0.75
 #: ``pipeline/cpu_engines.py``) and the torch backend's on a graph's first call (onnxruntime
 #: program, torch program, eager; ``torch_compile.CompiledGraph._build_and_choose``).
 ENGINE_TIMING_ROUNDS = 5
+#: The torch backend builds its torch program (``CompiledGraph._build_and_choose``) only when
+#: onnxruntime's program, built first, ran at more than this fraction of eager's time on the
+#: first call: chosen only when faster than onnxruntime's by :data:`SPEED_MARGIN`, it would
+#: have to run at under 0.68x eager's. Of 153 graphs timed with both (``torch_e2e``,
+#: ``torch_route_sweep`` and ``generate_sweep`` results, zoo and held-out, 2026-12-04..06) it
+#: never ran faster than onnxruntime, and under 0.75x eager's time on 2 (0.42x and 0.68x,
+#: where onnxruntime ran at 0.29x and 0.12x); building it took 2.6 s and 1.1 GB of a GPT-2 s128
+#: first call, and set the peak memory of a Llama ``generate()``.
+TORCH_PROGRAM_BELOW = 0.75
 #: A side of an engine measurement whose timed call took this long (seconds) or more is not
 #: called untimed again before its next timed call (``SpeedPolicy.engine_times``): the pre-call
 #: settles sub-millisecond effects (another runtime's waking threads, cache contents), which

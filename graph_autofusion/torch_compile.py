@@ -459,14 +459,18 @@ class CompiledGraph:
         measurement. An onnxruntime session that packed its weights lets them go before the
         next engine is built, so the compile never holds two engines' packed copies of the
         weights at once (a prefill's: onnxruntime's and oneDNN's, ~110 MB each on the zoo
-        Llama); the caller opens it again if it is chosen. Without speed checks: onnxruntime
-        when it was built, else the torch program."""
+        Llama); the caller opens it again if it is chosen. The torch program is not built
+        when onnxruntime's already leads eager by more than it has ever been beaten
+        (:meth:`_torch_cannot_win`). Without speed checks: onnxruntime when it was built
+        (the torch program is then not built), else the torch program."""
         check = self.config.options.check_speed
         w = self._writes
         built: dict[str, Any] = {}
         relative: dict[str, float] = {}  # engine -> its median / eager's, where it beat eager
         eager_s: list[float] = []
         for i, engine in enumerate(wanted):
+            if engine == "torch" and self._torch_cannot_win(built, relative, check):
+                continue
             try:
                 program = self._build_engine(engine, imported, args, outs)
             except Exception as exc:  # noqa: BLE001 - the other engine (or eager) runs it
@@ -499,7 +503,12 @@ class CompiledGraph:
             if best == engine:
                 relative[engine] = medians[engine] / medians["eager"]
             ort = getattr(program, "program", None) if engine == "onnxruntime" else None
-            if ort is not None and ort.prepack and i + 1 < len(wanted):
+            later = [
+                e
+                for e in wanted[i + 1 :]
+                if not (e == "torch" and self._torch_cannot_win(built, relative, check))
+            ]
+            if ort is not None and ort.prepack and later:
                 ort.release()
                 give_back_memory(collect=False)
         if not built:
@@ -529,6 +538,29 @@ class CompiledGraph:
             )
             engine = "onnxruntime"
         return engine, built[engine]
+
+    def _torch_cannot_win(
+        self, built: dict[str, Any], relative: dict[str, float], check: bool
+    ) -> bool:
+        """Whether the torch program is not worth building (``engine_notes["not built"]`` says
+        why): onnxruntime's program was built and either nothing is timed (onnxruntime would
+        run the graph anyway) or it ran at :data:`~graph_autofusion.defaults.
+        TORCH_PROGRAM_BELOW` of eager's time or less."""
+        if "onnxruntime" not in built:
+            return False
+        if check:
+            ratio = relative.get("onnxruntime")
+            if ratio is None or ratio > defaults.TORCH_PROGRAM_BELOW:
+                return False
+            margin = self.config.options.speed_margin
+            why = (
+                f"onnxruntime ran at {ratio:.2f}x eager's time; the torch program would have "
+                f"to run at {ratio / margin:.2f}x"
+            )
+        else:
+            why = "no speed check: onnxruntime runs the graph"
+        self.engine_notes["not built"] = f"torch program: {why}"
+        return True
 
     def _against_leader(
         self, leader: str, engine: str, built: dict[str, Any], args: Sequence[Any]

@@ -130,11 +130,14 @@ MODULE_SCRIPT = textwrap.dedent(
     x = torch.randn(2, 8, 64)
     gaf = GraphAutoFusion(model, example_inputs=(x,), hardware=sys.argv[1])
     fused = gaf.fuse(check_speed=False)
-    results = fused.autofusion.results()
+    # the kernels of the engine that runs each graph (onnxruntime's custom operators here)
+    results = fused.autofusion.engine_results()
+    kernels = [[low.payload.kernel for low in r.lowered if hasattr(low.payload, "kernel")]
+               for r in results]
     print(json.dumps({
         "plan": fused.autofusion.plan(),
         "reports": [r.to_dict() for r in gaf.safe_fusion_report()],
-        "kernels": [library_source([k.kernel for k in r.kernels]) for r in results],
+        "kernels": [library_source(ks) for ks in kernels],
     }, sort_keys=True, default=str))
     """
 )

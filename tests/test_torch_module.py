@@ -111,8 +111,17 @@ def test_safe_mode_rolls_back_a_wrong_kernel_alone(monkeypatch):
     torch.manual_seed(0)
     m = Block().eval()
     x = torch.randn(2, 8, 64)
+    # onnxruntime's program not far enough ahead of eager for the torch program to be skipped
+    # (defaults.TORCH_PROGRAM_BELOW); each fusion's own timing: a tie, kept
+    speed = {"onnxruntime": 2.8e-3, "torch": 2.9e-3, "eager": 3e-3}
+
+    def timer(key, side, fn):
+        fn()
+        return speed.get(side, 1e-3)
+
     gaf = GraphAutoFusion(m, example_inputs=(x,))
-    fused = gaf.fuse(check_speed=False)
+    with use_timer(timer):
+        fused = gaf.fuse()
     (result,) = fused.autofusion.results()
     bad = [b for b in result.rolled_back if b.code == "numerics"]
     assert bad, result.rolled_back
@@ -121,11 +130,11 @@ def test_safe_mode_rolls_back_a_wrong_kernel_alone(monkeypatch):
     )
     with torch.no_grad():
         assert torch.allclose(fused(x), m(x), atol=1e-4)
-    # the report is of the engine that runs the graph (onnxruntime, built first, no speed
-    # check); the torch program's rollback is named as the engine not chosen
+    # the report is of the engine that runs the graph (onnxruntime, the faster); the torch
+    # program's rollback is named as the engine not chosen
     text = gaf.safe_fusion_report()[0].to_text()
     assert fused.autofusion.graphs[0].engine == "onnxruntime"
-    assert "engine: onnxruntime (no speed check" in text
+    assert "engine: onnxruntime (measured on the first call" in text
     assert "torch engine (not chosen): " in text and "(numerics)" in text
     assert gaf.result is fused.autofusion.graphs[0].ort_result
 

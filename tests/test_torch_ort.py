@@ -345,7 +345,14 @@ def test_every_engine_returns_row_major_tensors(engine):
         torch.testing.assert_close(out, m(x), rtol=1e-4, atol=1e-5)
 
 
-def test_the_engine_is_chosen_by_timing_and_reported():
+@pytest.fixture
+def both_engines(monkeypatch):
+    """The torch program built whatever onnxruntime's lead over eager (the choice between the
+    two is what is tested)."""
+    monkeypatch.setattr(defaults, "TORCH_PROGRAM_BELOW", 0.0)
+
+
+def test_the_engine_is_chosen_by_timing_and_reported(both_engines):
     m = _TextModel().eval()
     ids = _ids(16)
     for fastest in ("onnxruntime", "torch", "eager"):
@@ -361,6 +368,37 @@ def test_the_engine_is_chosen_by_timing_and_reported():
         assert s["engine"] == fastest
         assert set(s["engine_ms"]) == {"onnxruntime", "torch", "eager"}
         assert s["engine_ms"][fastest] == 1.0
+
+
+@pytest.mark.parametrize(
+    "ort_s, check, built",
+    [(1.5e-3, True, False), (2.7e-3, True, True), (1.5e-3, False, False)],
+)
+def test_the_torch_program_is_built_only_when_it_could_win(ort_s, check, built):
+    """onnxruntime's program is built and timed first; the torch program (which must then beat
+    it by the speed margin) is built only when onnxruntime ran above
+    ``defaults.TORCH_PROGRAM_BELOW`` of eager's time, and never without speed checks (where
+    onnxruntime runs the graph anyway). The notes say why it was not built."""
+    speed = {"onnxruntime": ort_s, "torch": 2.9e-3, "eager": 3e-3}
+
+    def timer(key, side, fn):
+        fn()
+        return speed.get(side, 1e-3)
+
+    m = _TextModel().eval()
+    ids = _ids(16)
+    backend = make_backend(check_speed=check)
+    with use_timer(timer), torch.no_grad():
+        torch.testing.assert_close(
+            torch.compile(m, backend=backend)(ids), m(ids), rtol=1e-4, atol=1e-5
+        )
+    (g,) = backend.config.graphs
+    assert g.engine == "onnxruntime", g.summary()
+    assert (g.result is not None) == built, g.engine_notes
+    assert ("not built" in g.engine_notes) == (not built), g.engine_notes
+    if check and not built:
+        assert "0.50x eager" in g.engine_notes["not built"]
+        assert set(g.summary()["engine_ms"]) == {"onnxruntime", "eager"}
 
 
 @pytest.mark.parametrize("solo_faster", [True, False])
@@ -667,7 +705,7 @@ def _disagreeing_timer(speed: dict, alone: float | None = None):
     return timer
 
 
-def test_two_engines_faster_than_eager_are_timed_head_to_head():
+def test_two_engines_faster_than_eager_are_timed_head_to_head(both_engines):
     """Each engine is first timed against eager on its own; a load change between those two
     measurements (here: eager 4 ms beside onnxruntime, 10 ms beside the torch program) would
     pick the torch program by its ratio to eager, although onnxruntime is the faster of the
@@ -698,7 +736,7 @@ def test_two_engines_faster_than_eager_are_timed_head_to_head():
     ],
 )
 def test_a_let_go_session_keeps_onnxruntime_unless_torch_wins_alone_by_ratio_and_time(
-    torch_s, alone, chosen, why
+    torch_s, alone, chosen, why, both_engines
 ):
     """A packed session is let go before the torch program is built, so the two are not
     timed head to head. The torch program is timed alone first: no faster than
