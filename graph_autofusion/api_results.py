@@ -243,11 +243,17 @@ class FusedResults:
     def compile_fused_operators(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
         """Write the generated kernels of the last ``fuse()`` to ``directory``: ``kernels.c``,
         ``kernels.so`` and ``manifest.json`` (kernel name, fused operators, signature, dtypes,
-        source hash, compile options). Returns the manifest.
+        source hash, compile options) for the torch runner's kernels; the custom-operator
+        library's source, library and ``manifest.json`` for kernels that run inside onnxruntime
+        (the cpu target's onnxruntime engine). Returns the manifest. A fused PyTorch module
+        writes one folder per compiled graph (``graph<i>``), with the kernels of the engine
+        that runs the graph (else of the other engine it built), and returns the manifests by
+        folder.
 
         Raises:
             NotFusedYetError: ``fuse()`` has not run.
-            GraphAutoFusionError: the last fuse used a target without generated kernels.
+            GraphAutoFusionError: the last fuse used a target without generated kernels, or no
+                graph of a fused module has any.
         """
         if self.torch_module is not None:  # every compiled graph's kernels, one folder each
             out = {}
@@ -260,6 +266,11 @@ class FusedResults:
                     if data is not None:
                         out[f"graph{i}"] = data
                         break
+            if not out:
+                raise GraphAutoFusionError(
+                    "no compiled graph of the module has generated kernels (its fusions are "
+                    "onnxruntime's own operators, or nothing was fused)"
+                )
             return out
         result = self._need_result()
         data = _write_kernels(result, directory)
@@ -358,7 +369,10 @@ def _write_kernels(
     library (``empty=False``: or no kernel in it)."""
     if result is None:
         return None
-    if getattr(result, "kernels", None) is not None:
+    kernels = getattr(result, "kernels", None)
+    if kernels is not None and not (kernels or empty):
+        return None
+    if kernels is not None:
         from graph_autofusion.codegen.manifest import write_kernel_dir
 
         return write_kernel_dir(result, directory)

@@ -401,6 +401,10 @@ class CompiledGraph:
             with torch.no_grad():
                 got = program(*args)
             same_as_eager(got, outs, *tolerance(self.config.options))
+            self.engine_notes["weights written"] = (
+                "onnxruntime's optimizer rewrote a weight left out of its placeholder file: "
+                "the session was made again with every weight written"
+            )
         return _OrtCall(program, self) if engine == "onnxruntime" else program
 
     def _torch_program(self, imported: Any, args: Sequence[Any], outs: tuple) -> Any:
@@ -465,6 +469,7 @@ class CompiledGraph:
         (the torch program is then not built), else the torch program."""
         check = self.config.options.check_speed
         w = self._writes
+        self.engine_notes.pop("not built", None)  # an earlier compile's (another weight set)
         built: dict[str, Any] = {}
         relative: dict[str, float] = {}  # engine -> its median / eager's, where it beat eager
         eager_s: list[float] = []
@@ -545,14 +550,16 @@ class CompiledGraph:
         """Whether the torch program is not worth building (``engine_notes["not built"]`` says
         why): onnxruntime's program was built and either nothing is timed (onnxruntime would
         run the graph anyway) or it ran at :data:`~graph_autofusion.defaults.
-        TORCH_PROGRAM_BELOW` of eager's time or less."""
+        TORCH_PROGRAM_BELOW` of eager's time or less (scaled by the user's ``speed_margin``
+        over the default's: the torch program must beat onnxruntime by that margin)."""
         if "onnxruntime" not in built:
             return False
         if check:
             ratio = relative.get("onnxruntime")
-            if ratio is None or ratio > defaults.TORCH_PROGRAM_BELOW:
+            margin = self.config.options.speed_margin  # the threshold moves with the margin
+            below = defaults.TORCH_PROGRAM_BELOW * margin / defaults.SPEED_MARGIN
+            if ratio is None or ratio > below:
                 return False
-            margin = self.config.options.speed_margin
             why = (
                 f"onnxruntime ran at {ratio:.2f}x eager's time; the torch program would have "
                 f"to run at {ratio / margin:.2f}x"
@@ -816,9 +823,11 @@ def make_backend(
     """A ``torch.compile`` backend with these settings; ``backend.config.graphs`` lists what
     it compiled. ``check_speed``: safe mode also times each fusion against its operators on
     the real shapes (rolled back when slower) and plans the close calls the cost model marks
-    ``maybe``. ``engine``: ``auto`` builds the onnxruntime program and the torch program for
-    each graph and keeps the faster on the first call's inputs (eager when both are slower),
-    ``onnxruntime`` or ``torch`` builds only that one."""
+    ``maybe``. ``engine``: ``auto`` builds the onnxruntime program for each graph and, unless
+    it already leads eager too far for the torch program to win (or speed is not checked;
+    ``CompiledGraph._torch_cannot_win``), the torch program, and keeps the faster on the first
+    call's inputs (eager when both are slower); ``onnxruntime`` or ``torch`` builds only that
+    one."""
     opts = options or FuseOptions(target="cpu", safe_mode=safe_mode, check_speed=check_speed)
     if opts.target != "cpu":
         opts = opts.replace(target="cpu")

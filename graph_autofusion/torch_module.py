@@ -145,7 +145,10 @@ class FusionInfo:
         return list(self.backend.config.graphs)
 
     def results(self) -> list[Any]:
-        """The torch program's fuse result of each graph that has one (its kernels)."""
+        """The torch program's fuse result of each graph that has one (its kernels): none for a
+        graph whose torch program was not built (``CompiledGraph._torch_cannot_win``: every
+        graph that onnxruntime runs far ahead of eager, or compiled without speed checks); see
+        :meth:`engine_results` for what runs."""
         return [g.result for g in self.graphs if g.result is not None]
 
     def engine_results(self) -> list[Any]:

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from graph_autofusion import defaults
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.ir.dtypes import DType
 from graph_autofusion.ir.node import from_constants
@@ -96,8 +97,8 @@ class OrtGraphProgram:
 
     def write_weights(self) -> bool:
         """Open the session again with every weight in the placeholder file its optimizer reads
-        (``placeholder="full"``); False when it already was (nothing to try)."""
-        if self.placeholder == "full":
+        (``placeholder="full"``); False when nothing was left out of it (nothing to try)."""
+        if self.placeholder == "full" or not getattr(self.session, "_autofusion_holes", 0):
             return False
         self.placeholder = "full"
         self.session = None
@@ -217,12 +218,22 @@ def build_ort_program(
             prepack=_worth_packing(result),
             spinning=SERVING_MODES[options.spinning],
             flush_denormals=denormals_flushed(options.denormals),
+            placeholder=_placeholder(options),
         )
     except Exception as exc:  # noqa: BLE001 - onnxruntime's own exception types
         raise OrtEngineRefused(
             f"onnxruntime refuses the fused graph: {' '.join(str(exc).split())[:300]}"
         ) from exc
     return program, result
+
+
+def _placeholder(options: Any) -> str:
+    """``"rewritable"`` (weights the optimizer reads as given left out of the file its session
+    is made from) only where the first call's check against eager is the fp32 one, which a
+    weight read as zeros cannot pass; compressed weights, or a looser floor the user set, are
+    checked more loosely: every weight is written."""
+    strict = options.weights == "fp32" and options.e2e_cosine_floor >= defaults.E2E_COSINE
+    return "rewritable" if strict else "full"
 
 
 #: A static graph whose contractions by a constant matrix have at most this many rows (the

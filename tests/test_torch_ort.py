@@ -137,7 +137,23 @@ def test_a_session_made_without_its_contraction_weights_is_made_again_when_they_
         assert g.engine == "onnxruntime" and g.fallback is None, g.summary()
         (ort,) = _sessions([g])
         assert ort.placeholder == placeholder, type(module).__name__
+        assert ("weights written" in g.engine_notes) == (placeholder == "full"), g.engine_notes
+        holes = ort.session._autofusion_holes
+        assert (holes > 0) == (placeholder == "rewritable"), holes  # the short file was used
+        if placeholder == "full":
+            assert not ort.write_weights()  # nothing left to write
         torch._dynamo.reset()
+
+
+def test_only_the_fp32_check_trusts_a_short_placeholder_file():
+    """A weight read as zeros fails the fp32 first-call check, not necessarily the looser ones
+    of compressed weights or of a floor the user lowered: those sessions get every weight."""
+    from graph_autofusion.options import FuseOptions
+    from graph_autofusion.torch_ort import _placeholder
+
+    assert _placeholder(FuseOptions(target="cpu")) == "rewritable"
+    assert _placeholder(FuseOptions(target="cpu", weights="int8")) == "full"
+    assert _placeholder(FuseOptions(target="cpu", e2e_cosine_floor=0.99)) == "full"
 
 
 def test_the_session_spins_inside_a_run_and_briefly_after_it():

@@ -241,6 +241,8 @@ def _session_in_place(
         sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     # onnxruntime keeps raw pointers: the values (and the arrays under them) must outlive it
     sess._autofusion_in_place = (values, dict(arrays))
+    # how many weights the optimizer could not read from the file (it reads zeros there)
+    sess._autofusion_holes = 0 if level == "disable" else len(holes)
     return sess
 
 
