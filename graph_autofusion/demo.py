@@ -10,13 +10,14 @@
    (:mod:`graph_autofusion.runtime.peer_engines`). The summary leads with that result, as
    measured, win or lose. The HTML report of the run is written (``--html``, default
    ``demo-report.html``).
-2. **MiniLM as a PyTorch module**: ``GraphAutoFusion(module).fuse()`` (generated C kernels for
-   the fused groups, every other operator on torch's kernels), forward latency eager against
-   fused.
+2. **MiniLM as a PyTorch module**: ``GraphAutoFusion(module).fuse()`` (each Dynamo graph on
+   the engine its first call measures fastest: the ONNX route in one onnxruntime session over
+   the module's parameters, or generated C kernels with torch for the rest), forward latency
+   eager against fused.
 3. **A Llama-style decoder** (``LlamaForCausalLM``, random weights, 4 layers) through the
-   PyTorch path: ``GraphAutoFusion(module).fuse()`` compiles generated C kernels for the
-   fused groups, checks them, and the demo measures greedy ``generate`` tokens/s eager
-   against fused, and checks the tokens are the same.
+   PyTorch path: ``GraphAutoFusion(module).fuse()`` fuses and checks each graph the same way,
+   and the demo measures greedy ``generate`` tokens/s eager against fused, and checks the
+   tokens are the same.
 
 Then the articles' summary: fusions found and applied by type, rollbacks with their reasons,
 estimated and measured speed-up, precision, and the decoder's tokens/s. Every number printed
