@@ -260,8 +260,8 @@ class FusedResults:
             for i, g in enumerate(self._module_fusion().autofusion.graphs):
                 # the kernels of the engine that runs the graph, else the other engine's
                 ort_first = g.engine == "onnxruntime"
+                where = os.path.join(os.fspath(directory), f"graph{i}")
                 for res in (g.ort_result, g.result) if ort_first else (g.result, g.ort_result):
-                    where = os.path.join(os.fspath(directory), f"graph{i}")
                     data = _write_kernels(res, where, empty=False)
                     if data is not None:
                         out[f"graph{i}"] = data

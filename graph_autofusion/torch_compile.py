@@ -473,9 +473,14 @@ class CompiledGraph:
         built: dict[str, Any] = {}
         relative: dict[str, float] = {}  # engine -> its median / eager's, where it beat eager
         eager_s: list[float] = []
-        for i, engine in enumerate(wanted):
+        for engine in wanted:
             if engine == "torch" and self._torch_cannot_win(built, relative, check):
                 continue
+            ort = getattr(built.get("onnxruntime"), "program", None)
+            if check and ort is not None and ort.prepack:
+                # another engine is built next: the packed session lets its weights go first
+                ort.release()
+                give_back_memory(collect=False)
             try:
                 program = self._build_engine(engine, imported, args, outs)
             except Exception as exc:  # noqa: BLE001 - the other engine (or eager) runs it
@@ -507,15 +512,6 @@ class CompiledGraph:
             eager_s.append(medians["eager"])
             if best == engine:
                 relative[engine] = medians[engine] / medians["eager"]
-            ort = getattr(program, "program", None) if engine == "onnxruntime" else None
-            later = [
-                e
-                for e in wanted[i + 1 :]
-                if not (e == "torch" and self._torch_cannot_win(built, relative, check))
-            ]
-            if ort is not None and ort.prepack and later:
-                ort.release()
-                give_back_memory(collect=False)
         if not built:
             raise GraphAutoFusionError(
                 "; ".join(f"{k}: {v}" for k, v in self.engine_notes.items()) or "no engine"

@@ -66,7 +66,7 @@ class OrtGraphProgram:
         prepack: bool = True,
         spinning: bool | str = SERVING_SPINNING,
         flush_denormals: bool = True,
-        placeholder: str = "rewritable",
+        placeholder: str = "full",
     ) -> None:
         self.model = model
         self.user_inputs = tuple(user_inputs)
@@ -77,9 +77,9 @@ class OrtGraphProgram:
         self.prepack = prepack
         self.spinning = spinning  # the session's mode (FuseOptions.spinning)
         self.flush_denormals = flush_denormals  # FuseOptions.denormals == "flush"
-        # "rewritable": the weights the optimizer reads as given are not written out while a
-        # session is created; the caller checks the outputs and calls write_weights() if they
-        # differ (ort_session's placeholder)
+        # ort_session's placeholder; "rewritable" (build_ort_program's, where the first call
+        # is checked): the weights the optimizer reads as given are not written out while a
+        # session is created, and the caller calls write_weights() if the outputs differ
         self.placeholder = placeholder
         self.session = self._open(prepack)
 

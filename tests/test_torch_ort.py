@@ -73,17 +73,24 @@ def _find_ort(prog):
     return None
 
 
-def test_onnxruntime_engine_matches_eager_and_reads_the_parameters_in_place():
-    m = _TextModel().eval()
+def _on_onnxruntime(m, x, atol: float = 1e-5):
+    """``m`` compiled on the onnxruntime engine (no speed checks) and called on ``x``, checked
+    against eager: the compiled module, its one graph and that graph's onnxruntime program."""
     backend = make_backend(engine="onnxruntime", check_speed=False)
     c = torch.compile(m, backend=backend)
-    ids = _ids(16)
     with torch.no_grad():
-        got, want = c(ids), m(ids)
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        got, want = c(x), m(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=atol)
     (g,) = backend.config.graphs
     assert g.engine == "onnxruntime" and g.fallback is None, g.summary()
     (ort,) = _sessions([g])
+    return c, g, ort
+
+
+def test_onnxruntime_engine_matches_eager_and_reads_the_parameters_in_place():
+    m = _TextModel().eval()
+    ids = _ids(16)
+    c, _, ort = _on_onnxruntime(m, ids)
     arrays = ort.session._autofusion_in_place[1]
     emb = m.emb.weight.detach().numpy()
     # the embedding table is the session's initializer memory, not a copy
@@ -127,15 +134,7 @@ def test_a_session_made_without_its_contraction_weights_is_made_again_when_they_
         (_MatMulBatchNorm(), torch.randn(32, 256), "full"),
         (_TextModel(), _ids(16), "rewritable"),
     ):
-        m = module.eval()
-        backend = make_backend(engine="onnxruntime", check_speed=False)
-        c = torch.compile(m, backend=backend)
-        with torch.no_grad():
-            got, want = c(x), m(x)
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-        (g,) = backend.config.graphs
-        assert g.engine == "onnxruntime" and g.fallback is None, g.summary()
-        (ort,) = _sessions([g])
+        _, g, ort = _on_onnxruntime(module.eval(), x, atol=1e-4)
         assert ort.placeholder == placeholder, type(module).__name__
         assert ("weights written" in g.engine_notes) == (placeholder == "full"), g.engine_notes
         holes = ort.session._autofusion_holes

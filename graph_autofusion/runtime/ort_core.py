@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -265,25 +265,34 @@ def kept_as_given(proto: Any, arrays: Mapping[str, np.ndarray]) -> set[str]:
     inside a subgraph. A heuristic: some onnxruntime fusions do read a contraction's weight (a
     ``MatMul`` followed by ``BatchNormalization``, BERT's attention), which is why a session
     opened with ``placeholder="rewritable"`` must have its outputs checked."""
-    import onnx
-
-    subgraphs = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-    uses: dict[str, list[tuple[str, str, int]]] = {n: [] for n in arrays}
-    for node in proto.graph.node:
-        for i, name in enumerate(node.input):
-            if name in uses:
-                uses[name].append((node.domain, node.op_type, i))
-        if any(a.type in subgraphs for a in node.attribute):
-            for name in _subgraph_names(node) & uses.keys():
-                uses[name].append(("", "", -1))
     outputs = {o.name for o in proto.graph.output}
     return {
         name
-        for name, used in uses.items()
+        for name, used in _uses(proto, arrays).items()
         if used
         and name not in outputs
-        and all(d in _OPAQUE_DOMAINS or (op, i) in _AS_GIVEN for d, op, i in used)
+        and all(
+            i >= 0 and (n.domain in _OPAQUE_DOMAINS or (n.op_type, i) in _AS_GIVEN) for n, i in used
+        )
     }
+
+
+def _uses(proto: Any, names: Iterable[str]) -> dict[str, list[tuple[Any, int]]]:
+    """Each of ``names``'s uses in ``proto``'s graph: ``(node, operand index)``, or
+    ``(node, -1)`` for a read inside one of the node's subgraphs (an ``If`` branch, a ``Loop``
+    body)."""
+    import onnx
+
+    subgraphs = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+    uses: dict[str, list[tuple[Any, int]]] = {n: [] for n in names}
+    for node in proto.graph.node:
+        for i, name in enumerate(node.input):
+            if name in uses:
+                uses[name].append((node, i))
+        if any(a.type in subgraphs for a in node.attribute):
+            for name in _subgraph_names(node) & uses.keys():
+                uses[name].append((node, -1))  # read inside a subgraph
+    return uses
 
 
 #: The contractions whose right operand may be given transposed (``transB``), by operator.
@@ -303,17 +312,7 @@ def _transposed_operands(proto: Any, arrays: Mapping[str, np.ndarray]) -> dict[s
     import onnx
 
     out = dict(arrays)
-    uses: dict[str, list[tuple[Any, int]]] = {n: [] for n in odd}
-    for node in proto.graph.node:
-        for i, name in enumerate(node.input):
-            if name in uses:
-                uses[name].append((node, i))
-        if any(
-            a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-            for a in node.attribute
-        ):
-            for name in _subgraph_names(node) & odd:
-                uses[name].append((node, -1))  # read inside a subgraph: not rewritten
+    uses = _uses(proto, odd)  # a read inside a subgraph (index -1) is not rewritten
     outputs = {o.name for o in proto.graph.output}
     rewritten = False
     for name in odd:
