@@ -19,8 +19,9 @@ check_speed=False)).fuse()`` then ``save()``, each saved file run in onnxruntime
   of :data:`SENTENCES` (padded to 32 tokens) against the fp32 export's, and file sizes.
 
 ``fp32`` rows are ``weights="fp32"`` (the default: our fusions alone, no weight compression);
-a row ``int8`` is ``weights_policy="default"`` (the LM head at a higher precision: fp16 in an
-int model, fp32 in an fp16 one; the embedding tables fp32), ``int8/all`` is
+a row ``int8`` is ``weights_policy="default"`` (the LM head and the embedding tables at a higher
+precision: fp16 in an int8 model, the head int8 and the tables fp16 in an int4 one, fp32 in an
+fp16 one), ``int8/all`` is
 ``weights_policy="all"`` (they are compressed too, each verified).
 Goals (issue 22): perplexity within +1% (int8) / +5% (int4); top-1 >= 98% (int8) / >= 93%
 (int4); MiniLM cosine >= 0.999 (int8); the int8 file at most 0.3x the fp32 export.

@@ -70,7 +70,7 @@ LABELS = {
     "ours_fp16": "our ONNX route, fp16 (head, embeddings fp32)",
     "ours_fp16_all": "our ONNX route, fp16 all (head, embeddings fp16)",
     "ours_int8": "our ONNX route, int8 (head, embeddings fp16)",
-    "ours_int4": "our ONNX route, int4 (head, embeddings fp16)",
+    "ours_int4": "our ONNX route, int4 (head int8, embeddings fp16)",
     "ours_int8_all": "our ONNX route, int8 all (head, embeddings int8)",
     "ours_int4_all": "our ONNX route, int4 all (head, embeddings int8)",
     "dropin_fp32": "drop-in module, fp32",

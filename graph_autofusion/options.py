@@ -30,7 +30,8 @@ TARGETS = TARGET_NAMES
 #: The weight forms of ``FuseOptions.weights`` (:mod:`graph_autofusion.pipeline.weights`).
 WEIGHT_FORMS = ("fp32", "fp16", "int8", "int4")
 #: ``FuseOptions.weights_policy``: ``default`` keeps the LM head and the embedding tables at a
-#: higher precision (fp16 in an int8/int4 model, fp32 in an fp16 one); ``all`` compresses them
+#: higher precision (fp16 in an int8 model; in an int4 one the head int8, the tables fp16; fp32
+#: in an fp16 one); ``all`` compresses them
 #: too (the head at int8 at most, the tables at int8; fp16 in an fp16 model), still verified.
 WEIGHT_POLICIES = ("default", "all")
 #: onnxruntime's idle workers in the sessions that serve a fused model (``FuseOptions.spinning``)
@@ -76,7 +77,8 @@ class FuseOptions:
             each layer verified by safe mode, failures kept fp32. Lossy only when asked for
             (``docs/compressed-weights.md``).
         weights_policy: ``default``: the LM head and the embedding tables stay at a higher
-            precision (fp16 in an int8 or int4 model, fp32 in an fp16 one); ``all``: they are
+            precision (fp16 in an int8 model; in an int4 model the head int8 and the tables
+            fp16; fp32 in an fp16 one); ``all``: they are
             compressed too (head int8 even for int4, fp16 in an fp16 model; tables int8
             ``GatherBlockQuantized`` in int models), each verified like every layer.
         spinning: onnxruntime's worker threads in the sessions that serve the fused model in

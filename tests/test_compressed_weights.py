@@ -599,16 +599,16 @@ def _tiny_lm() -> onnx.ModelProto:
 
 
 @needs_library
-def test_the_default_policy_keeps_head_and_table_at_fp16_and_all_compresses_them_at_int8():
+def test_the_default_policy_keeps_head_and_table_higher_and_all_compresses_them_at_int8():
     src = _tiny_lm()
     feeds = {"ids": np.random.default_rng(1).integers(0, 300, (1, 12)).astype(np.int64)}
-    keep = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="int4", **FAST))
+    keep = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="int8", **FAST))
     kept = keep.fuse()
     layers = {r.name: r for r in keep.result.weights.layers}
     assert layers["lm_head"].form == "fp16" and layers["lm_head"].cosine > 0.99999
     assert layers["emb"].op == "Gather" and layers["emb"].form == "fp16"
     assert layers["emb"].cosine > 0.99999 and layers["emb"].bytes == 300 * 64 * 2
-    assert layers["fc"].form == "int4"
+    assert layers["fc"].form == "int8"
     ops = _ops(kept)
     assert ops.get("GemvF16") == 1 and ops.get("MatMulNBits") == 1 and ops.get("Cast") == 1
     table = [v.const for v in kept.graph.initializers.values() if v.const.shape == (300, 64)]
@@ -616,7 +616,18 @@ def test_the_default_policy_keeps_head_and_table_at_fp16_and_all_compresses_them
     assert "LM head fp16" in " ".join(keep.result.notes)
     assert "1 embedding tables fp16" in " ".join(keep.result.notes)
     np.testing.assert_allclose(_run(kept, feeds), _run(src, feeds), rtol=0.2, atol=0.2)
-    assert _cosine(_run(kept, feeds), _run(src, feeds)) >= 0.98
+    assert _cosine(_run(kept, feeds), _run(src, feeds)) >= 0.99
+    # an int4 model keeps its head at 8 bits (the largest weight a decode step reads) and its
+    # table fp16
+    four = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="int4", **FAST))
+    small = four.fuse()
+    layers = {r.name: r for r in four.result.weights.layers}
+    assert layers["lm_head"].form == "int8" and layers["lm_head"].cosine > 0.999
+    assert layers["emb"].form == "fp16" and layers["fc"].form == "int4"
+    ops = _ops(small)
+    assert ops.get("MatMulNBits") == 2 and "GemvF16" not in ops and ops.get("Cast") == 1
+    assert "LM head int8" in " ".join(four.result.notes)
+    assert _cosine(_run(small, feeds), _run(src, feeds)) >= 0.98
     # an fp16 model keeps its table fp32 (the higher precision), and compresses it under all
     half = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="fp16", **FAST))
     half.fuse()
@@ -674,27 +685,76 @@ def test_the_end_to_end_floor_rolls_back_the_worst_layers(monkeypatch):
     np.testing.assert_allclose(_run(fused, feeds), _run(src, feeds), rtol=1e-5, atol=1e-5)
 
 
-def test_the_end_to_end_check_rolls_back_the_fewest_worst_layers(monkeypatch):
-    """A floor the fully compressed model misses: the layers of largest relative error go
-    back to fp32, as few as make the model pass (one fewer fails), the rest stay int4."""
-    import re
-
+def _int4_and_int8_cosines(monkeypatch) -> tuple[float, float, dict[str, float]]:
+    """The MLP's end-to-end cosine with every layer int4, then every layer int8, and each
+    layer's own int4 relative error."""
     from graph_autofusion import defaults
 
     src, feeds = _mlp(), _feeds()
     monkeypatch.setitem(defaults.WEIGHTS_E2E_COSINE, "int4", 0.0)
     every = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="int4", **FAST))
     every.fuse()
-    full = min(v["cosine"] for v in every.result.weights.end_to_end.values())
+    four = min(v["cosine"] for v in every.result.weights.end_to_end.values())
     errs = {r.name: r.rel_err for r in every.result.weights.layers}
-    assert len(every.result.weights.compressed) == 3 and full < 0.9999
-    floor = (full + 1) / 2
+    assert len(every.result.weights.compressed) == 3
+    eight = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="int8", **FAST))
+    eight.fuse()
+    return four, min(v["cosine"] for v in eight.result.weights.end_to_end.values()), errs
+
+
+def test_the_end_to_end_check_demotes_the_fewest_worst_int4_layers_to_int8(monkeypatch):
+    """A floor the int4 model misses and the int8 one meets: the int4 layers of largest
+    relative error become int8, as few as make the model pass (one fewer fails), the rest
+    stay int4, none goes back to fp32."""
+    import re
+
+    from graph_autofusion import defaults
+
+    four, eight, errs = _int4_and_int8_cosines(monkeypatch)
+    assert four < eight < 1.0
+    floor = (four + eight) / 2
     monkeypatch.setitem(defaults.WEIGHTS_E2E_COSINE, "int4", floor)
+    src, feeds = _mlp(), _feeds()
+    gaf = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="int4", **FAST))
+    fused = gaf.fuse()
+    w = gaf.result.weights
+    low = {r.name for r in w.layers if r.form == "int8"}
+    assert not w.kept and 0 < len(low) <= 3
+    ranked = sorted(errs, key=lambda n: -errs[n])
+    assert low == set(ranked[: len(low)])  # the worst by their own int4 error
+    assert all(v["passed"] and v["cosine"] >= floor for v in w.end_to_end.values())
+    for r in w.layers:
+        if r.name in low:  # checked on its own at int8, its reason quotes the failing count
+            assert r.cosine >= 0.999 and r.rel_err < errs[r.name]
+            m = re.search(rf"with {len(low) - 1} demoted: output cosine ([0-9.]+)", r.reason)
+            assert m and float(m.group(1)) < floor, r.reason
+        else:
+            assert r.form == "int4" and not r.reason
+    assert f"{len(low)} layers int8 (their int4 failed a check)" in " ".join(gaf.result.notes)
+    assert _ops(fused).get("MatMulNBits") == 3
+    assert _cosine(_run(fused, feeds), _run(src, feeds)) >= floor
+
+
+def test_the_end_to_end_check_rolls_back_the_fewest_worst_layers(monkeypatch):
+    """Without the int8 step (an int8 or fp16 model's path, and an int4 model's where demoting
+    every layer does not pass): the layers of largest relative error go back to fp32, as few
+    as make the model pass (one fewer fails), the rest stay int4."""
+    import re
+
+    from graph_autofusion import defaults
+    from graph_autofusion.pipeline import weights
+
+    four, _eight, errs = _int4_and_int8_cosines(monkeypatch)
+    monkeypatch.setattr(weights, "FALLBACK", {})
+    floor = (four + 1) / 2
+    monkeypatch.setitem(defaults.WEIGHTS_E2E_COSINE, "int4", floor)
+    src, feeds = _mlp(), _feeds()
     gaf = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="int4", **FAST))
     fused = gaf.fuse()
     w = gaf.result.weights
     back = {r.name for r in w.kept}
     assert 0 < len(back) < 3 and len(w.compressed) == 3 - len(back)
+    assert all(r.form == "int4" for r in w.compressed)
     ranked = sorted(errs, key=lambda n: -errs[n])
     assert back == set(ranked[: len(back)])  # the worst by their own error
     assert all(v["passed"] and v["cosine"] >= floor for v in w.end_to_end.values())
@@ -703,3 +763,26 @@ def test_the_end_to_end_check_rolls_back_the_fewest_worst_layers(monkeypatch):
         m = re.search(rf"with {len(back) - 1} rolled back: output cosine ([0-9.]+)", r.reason)
         assert m and float(m.group(1)) < floor, r.reason
     assert _ops(fused).get("MatMulNBits") == 3 - len(back)
+
+
+def test_an_int4_layer_failing_its_check_falls_back_to_int8_then_fp32():
+    """The sensitive layer (an outlier that flattens its blocks) misses int4's floors: it is
+    tried at int8, which it passes at this outlier; at int8's own floors a larger outlier
+    fails too and the layer stays fp32, its reason naming both checks."""
+    src, feeds = _mlp(outlier=2.0), _feeds()
+    gaf = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="int4", **FAST))
+    fused = gaf.fuse()
+    layers = {r.name: r for r in gaf.result.weights.layers}
+    assert layers["fc2"].form == "int8" and layers["fc2"].block_size == 32
+    assert layers["fc2"].reason.startswith("int8: its int4 form failed the layer check")
+    assert layers["fc2"].cosine >= 0.999 and layers["fc2"].bytes < 0.3 * layers["fc2"].fp32_bytes
+    assert layers["fc1"].form == "int4" and layers["fc3"].form == "int4"
+    assert _ops(fused).get("MatMulNBits") == 3 and "MatMul" not in _ops(fused)
+    assert _cosine(_run(fused, feeds), _run(src, feeds)) >= 0.98
+    src = _mlp(outlier=50.0)
+    gaf = GraphAutoFusion(src, sample_inputs=feeds, options=FuseOptions(weights="int4", **FAST))
+    fused = gaf.fuse()
+    fc2 = {r.name: r for r in gaf.result.weights.layers}["fc2"]
+    assert fc2.form == "fp32" and fc2.reason.startswith("kept fp32: layer check")
+    assert "(at int8); at int4: layer check" in fc2.reason
+    assert _ops(fused).get("MatMulNBits") == 2 and _ops(fused).get("MatMul") == 1

@@ -17,11 +17,15 @@ After the fusions are verified, every contraction by a constant matrix of the fu
    With ``check_speed`` each layer is also timed against its fp32 ``MatMul`` (kept fp32 when
    slower than ``speed_margin`` x, by safe mode's one speed policy,
    :class:`~graph_autofusion.verify.speed.SpeedPolicy`). A failing layer stays fp32, alone,
-   with its reason.
+   with its reason; in an int4 model a layer whose int4 form fails its check is tried at int8
+   first (checked and timed the same way at int8's floors) and stays fp32 only if that fails.
 2. **End to end**: the whole compressed model against the original on the sample inputs
-   (cosine of every output at least ``WEIGHTS_E2E_COSINE[form]``). When it fails, the fewest
-   of the worst layers (ranked by their own relative error) whose rollback makes it pass go
-   back to fp32, found by bisection on their count (``_roll_back_fewest``).
+   (cosine of every output at least ``WEIGHTS_E2E_COSINE[form]``). When it fails, in an int4
+   model the fewest of the worst int4 layers (ranked by their own relative error) whose
+   demotion to int8 makes it pass become int8 (each checked on its own at int8 first; found by
+   bisection on their count, ``_demote_fewest``); where demoting every one of them does not
+   pass either, and in an int8 or fp16 model, the fewest of the worst layers whose rollback
+   makes it pass go back to fp32, found the same way (``_roll_back_fewest``).
 
 Forms: ``int8``/``int4`` are onnxruntime's ``com.microsoft.MatMulNBits``; ``fp16`` is the
 ``ai.graph_autofusion`` ``GemvF16`` custom operator (:mod:`graph_autofusion.codegen.
@@ -29,15 +33,15 @@ ort_gemv_f16`: the weight stored fp16, widened in registers, fp32 accumulation),
 becomes ``result.custom_ops`` (saved beside the model); where it cannot be built every layer
 is reported "kept fp32" with the reason.
 
-Policy: the LM head and the embedding tables stay at a higher precision than the rest (fp16 in
-an int8 or int4 model, fp32 in an fp16 one); tiny matrices stay fp32. ``all`` compresses them
-too (the head int8 in an int4 model, fp16 in an fp16 one; the tables int8, fp16 in an fp16
-model). Without safe mode the candidates are compressed unchecked (the report says so).
+Policy: the LM head and the embedding tables stay at a higher precision than the rest (in an
+int8 model both fp16; in an int4 model the head int8 and the tables fp16; in an fp16 model both
+fp32); tiny matrices stay fp32. ``all`` compresses them too (the head and the tables int8 in an
+int8 or int4 model, fp16 in an fp16 one). Without safe mode the candidates are compressed
+unchecked (the report says so).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -51,7 +55,6 @@ from graph_autofusion.codegen.weights import (
     KEPT_EMBEDDING,
     KEPT_FP16,
     KEPT_HEAD,
-    Embedding,
     Packed,
     Site,
     compress_embedding,
@@ -61,23 +64,26 @@ from graph_autofusion.codegen.weights import (
     quantize,
     to_half,
 )
-from graph_autofusion.codegen.weights_probe import probe_model, reference_model
 from graph_autofusion.ir.core import Model
 from graph_autofusion.pipeline.ort_kernels import CustomOpsUnavailable, with_gemv
 from graph_autofusion.pipeline.result import clone_model
-from graph_autofusion.runtime.ort_session import model_weights, ort_session
-from graph_autofusion.verify.speed import SpeedPolicy
+from graph_autofusion.pipeline.weights_checks import check_layers, check_tables, end_to_end, passed
 
-#: The form of the sensitive layers, the LM head and the embedding tables, per
-#: ``weights_policy`` and weight form. ``default`` keeps them at a higher precision than the
-#: model's other layers: fp16 in an int8 or int4 model (a head stays fp32 where GemvF16 cannot
-#: be built), fp32 in an fp16 model. ``all`` compresses them: the highest of the compressed
-#: forms (an int4 model keeps them at 8 bits), fp16 in an fp16 model. An fp16 table is a
-#: ``Gather`` of the fp16 table, then ``Cast``; an int8 one ``GatherBlockQuantized``.
+#: The forms of the sensitive layers, ``(LM head, embedding tables)``, per ``weights_policy``
+#: and weight form. ``default`` keeps them at a higher precision than the model's other
+#: layers: in an int8 model both fp16 (a head stays fp32 where GemvF16 cannot be built); in an
+#: int4 model the head at 8 bits (int8: the head is the largest weight a decode step reads,
+#: a third of the zoo Llama's fp32 bytes, and int8 is within 0.02% of fp32's perplexity on the
+#: trained test LM, ``benchmarks/results/compressed_accuracy.md``) and the tables fp16; fp32
+#: in an fp16 model. ``all`` compresses them: the highest of the compressed forms (an int4
+#: model keeps them at 8 bits), fp16 in an fp16 model. An fp16 table is a ``Gather`` of the
+#: fp16 table, then ``Cast``; an int8 one ``GatherBlockQuantized``.
 SENSITIVE_FORM = {
-    "default": {"int8": "fp16", "int4": "fp16", "fp16": "fp32"},
-    "all": {"int8": "int8", "int4": "int8", "fp16": "fp16"},
+    "default": {"int8": ("fp16", "fp16"), "int4": ("int8", "fp16"), "fp16": ("fp32", "fp32")},
+    "all": {"int8": ("int8", "int8"), "int4": ("int8", "int8"), "fp16": ("fp16", "fp16")},
 }
+#: The form an int4 layer falls back to, before fp32, when its int4 form fails a check.
+FALLBACK = {"int4": "int8"}
 #: What each form's contractions become.
 FORM_OPS = {"int8": "MatMulNBits", "int4": "MatMulNBits", "fp16": "GemvF16"}
 
@@ -182,13 +188,13 @@ def compress_weights(
         return None
     model: Model = result.model
     policy = getattr(options, "weights_policy", "default")
-    sensitive = SENSITIVE_FORM[policy][form]  # the LM head's and the embedding tables' form
+    head_form, table_form = SENSITIVE_FORM[policy][form]
     sites = find_sites(model, min_elements=defaults.WEIGHTS_MIN_ELEMENTS, keep_head=False)
     for s in sites:
-        if s.head and not s.reason and sensitive == "fp32":
+        if s.head and not s.reason and head_form == "fp32":
             s.reason = KEPT_HEAD
     block8 = defaults.WEIGHTS_BLOCK_SIZE["int8"]
-    embs = find_embeddings(model, block8 if sensitive == "int8" else 1)
+    embs = find_embeddings(model, block8 if table_form == "int8" else 1)
     report = WeightsReport(form, verified=bool(options.safe_mode))
     records = {s.name: _record(s) for s in sites}
     half = form == "fp16"
@@ -196,7 +202,7 @@ def compress_weights(
         if e.name in records:  # a node of the same name: the table is left alone, unlisted
             continue
         rows, cols = e.table.shape
-        reason = e.reason or (KEPT_EMBEDDING if sensitive == "fp32" else "")
+        reason = e.reason or (KEPT_EMBEDDING if table_form == "fp32" else "")
         records[e.name] = LayerRecord(
             e.name, "Gather", int(cols), int(rows), "fp32", fp32_bytes=e.fp32_bytes,
             bytes=e.fp32_bytes, reason=reason,
@@ -205,7 +211,7 @@ def compress_weights(
     result.weights = report
     library = None
     heads = [s for s in sites if s.head and not s.reason]
-    if half or (heads and sensitive == "fp16"):  # GemvF16: its library must build here
+    if half or (heads and head_form == "fp16"):  # GemvF16: its library must build here
         try:
             library = with_gemv(getattr(result, "custom_ops", None), options.codegen)
         except CustomOpsUnavailable as exc:
@@ -221,18 +227,22 @@ def compress_weights(
             if not r.reason and r.name not in set(only):
                 r.reason = "kept fp32: the saved plan keeps it fp32"
     todo = [s for s in sites if not records[s.name].reason]
-    forms = {s.name: sensitive if s.head else form for s in todo}
+    forms = {s.name: head_form if s.head else form for s in todo}
     packs = {s.name: _quantize(s.weight, forms[s.name]) for s in todo}
     tables = [e for e in embs if records.get(e.name) is not None and not records[e.name].reason]
     tables = [e for e in tables if records[e.name].op == "Gather"]
     for e in tables:  # int8: symmetric (GatherBlockQuantized's default zero point)
-        forms[e.name] = sensitive
+        forms[e.name] = table_form
         t = np.ascontiguousarray(e.table.T)
-        packs[e.name] = to_half(t) if sensitive == "fp16" else quantize(t, 8, block8, False)
+        packs[e.name] = to_half(t) if table_form == "fp16" else quantize(t, 8, block8, False)
     if options.safe_mode and todo:
-        todo = _check_layers(model, result.feeds, todo, packs, records, options, level, forms)
+        first = todo
+        todo = check_layers(model, result.feeds, todo, packs, records, options, level, forms)
+        if form in FALLBACK:  # a layer whose int4 failed its check gets a chance at int8
+            failed = [s for s in first if s not in todo and _failed_accuracy(records[s.name])]
+            todo += _fall_back(model, result.feeds, failed, packs, records, options, level, forms)
     if options.safe_mode and tables:
-        tables = _check_tables(model, result.feeds, tables, packs, records, threads, forms)
+        tables = check_tables(model, result.feeds, tables, packs, records, threads, forms)
     chosen = [s.name for s in todo] + [e.name for e in tables]
     for name in chosen:
         r, p = records[name], packs[name]
@@ -243,9 +253,26 @@ def compress_weights(
         return report
     work = _apply(model, chosen, packs, level)
     if options.safe_mode:
-        e2e = _end_to_end(result.original, work, result.feeds, form, threads)
+        e2e = end_to_end(result.original, work, result.feeds, form, threads)
         report.end_to_end = e2e
-        if not _passed(e2e):
+        if not passed(e2e) and form in FALLBACK and options.safe_mode:
+            done = _demote_fewest(
+                result,
+                model,
+                chosen,
+                sites,
+                packs,
+                records,
+                options,
+                level,
+                forms,
+                e2e,
+                report,
+                threads,
+            )
+            if done is not None:
+                work, e2e = done
+        if not passed(e2e):
             chosen, work = _roll_back_fewest(
                 result, model, chosen, packs, records, level, form, threads, e2e, report
             )
@@ -257,17 +284,21 @@ def compress_weights(
         result.custom_ops = library  # the fused model needs the GemvF16 library (saved with it)
     n_tables = sum(records[n].op == "Gather" for n in chosen)
     head_other_form = any(s.name in chosen and forms[s.name] != form for s in heads)
+    head_names = {s.name for s in heads}
+    fell = [n for n in chosen if n not in head_names and records[n].op != "Gather"]
+    fell = [n for n in fell if records[n].form != form]
     how = (
         "fp16 weights, fp32 accumulation"
         if half
-        else f"{form}{f', LM head {sensitive}' if head_other_form else ''}, "
-        f"block {defaults.WEIGHTS_BLOCK_SIZE[form]}, accuracy_level {level}"
+        else f"{form}{f', LM head {head_form}' if head_other_form else ''}"
+        f"{f', {len(fell)} layers {FALLBACK[form]} (their {form} failed a check)' if fell else ''}"
+        f", block {defaults.WEIGHTS_BLOCK_SIZE[form]}, accuracy_level {level}"
     )
     report.notes.append(
         f"{len(chosen) - n_tables} contractions are {FORM_OPS[form]} ({how})"
         + (
             f", {n_tables} embedding tables "
-            + ("fp16 (Gather, Cast)" if sensitive == "fp16" else "GatherBlockQuantized (int8)")
+            + ("fp16 (Gather, Cast)" if table_form == "fp16" else "GatherBlockQuantized (int8)")
             if n_tables
             else ""
         )
@@ -275,8 +306,115 @@ def compress_weights(
     return report
 
 
-def _passed(e2e: Mapping[str, Mapping[str, Any]]) -> bool:
-    return all(v["passed"] for v in e2e.values())
+#: The start of the reason a layer check writes for a layer whose output missed its floors.
+LAYER_CHECK = "kept fp32: layer check:"
+
+
+def _failed_accuracy(record: LayerRecord) -> bool:
+    return record.reason.startswith(LAYER_CHECK)
+
+
+def _fall_back(
+    model: Model,
+    feeds: Mapping[str, Any],
+    failed: list[Site],
+    packs: dict[str, Packed],
+    records: Mapping[str, LayerRecord],
+    options: Any,
+    level: int,
+    forms: dict[str, str],
+) -> list[Site]:
+    """The layers of ``failed`` (their int4 form missed its layer check) that pass the same
+    check, and the speed check, at :data:`FALLBACK`'s form; their records say why they are
+    not int4. The others keep their fp32 record, its reason naming both checks."""
+    failed = [s for s in failed if forms[s.name] in FALLBACK]
+    if not failed:
+        return []
+    why = {s.name: records[s.name].reason[len("kept fp32: ") :] for s in failed}
+    old = {s.name: (forms[s.name], packs[s.name]) for s in failed}
+    for s in failed:
+        forms[s.name] = FALLBACK[forms[s.name]]
+        packs[s.name] = _quantize(s.weight, forms[s.name])
+        records[s.name].reason = ""
+    kept = check_layers(model, feeds, failed, packs, records, options, level, forms)
+    for s in failed:
+        r = records[s.name]
+        if s in kept:
+            r.reason = f"{forms[s.name]}: its {old[s.name][0]} form failed the {why[s.name]}"
+        else:
+            r.reason = f"{r.reason} (at {forms[s.name]}); at {old[s.name][0]}: {why[s.name]}"
+            forms[s.name], packs[s.name] = old[s.name]
+    return kept
+
+
+def _demote_fewest(
+    result: Any,
+    model: Model,
+    chosen: list[str],
+    sites: list[Site],
+    packs: dict[str, Packed],
+    records: Mapping[str, LayerRecord],
+    options: Any,
+    level: int,
+    forms: dict[str, str],
+    failed: dict[str, Any],
+    report: WeightsReport,
+    threads: int,
+) -> tuple[Model, dict[str, Any]] | None:
+    """The end-to-end check failed: demote the fewest of the worst int4 layers (ranked by their
+    own relative error) to :data:`FALLBACK`'s form, found by bisection on their count, each
+    first checked on its own at that form (not timed: its int4 form passed the speed check).
+    Returns the model and its passing check, or ``None`` (nothing changed) where demoting
+    every such layer does not pass either."""
+    form = options.weights
+    by_name = {s.name: s for s in sites}
+    pool = [n for n in chosen if forms[n] == form and n in by_name]
+    if not pool:
+        return None
+    low = FALLBACK[form]
+    trial = {n: _record(by_name[n]) for n in pool}
+    low_packs = {n: _quantize(by_name[n].weight, low) for n in pool}
+    quiet = options.replace(check_speed=False)
+    ok = check_layers(
+        model, result.feeds, [by_name[n] for n in pool], low_packs, trial, quiet, level,
+        {n: low for n in pool}, threads,
+    )  # fmt: skip
+    ok_names = {s.name for s in ok}
+    ranked = sorted((n for n in pool if n in ok_names), key=lambda n: -(records[n].rel_err or 0.0))
+    if not ranked:
+        return None
+
+    def demoted(count: int) -> tuple[Model, dict[str, Any]]:
+        mixed = {**packs, **{n: low_packs[n] for n in ranked[:count]}}
+        work = _apply(model, chosen, mixed, level)
+        return work, end_to_end(result.original, work, result.feeds, form, threads)
+
+    lo, hi, fail = 0, len(ranked), failed  # lo demoted fails, hi passes
+    best = demoted(hi)
+    if not passed(best[1]):
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        work, e2e = demoted(mid)
+        if passed(e2e):
+            hi, best = mid, (work, e2e)
+        else:
+            lo, fail = mid, e2e
+    cos = min(v["cosine"] for v in fail.values())
+    for n in ranked[:hi]:
+        r, t, p = records[n], trial[n], low_packs[n]
+        forms[n], packs[n] = low, p
+        r.form, r.block_size, r.bytes = low, p.block_size or None, p.nbytes
+        r.zero_point = p.zero_points is not None
+        r.cosine, r.rel_err = t.cosine, t.rel_err
+        r.time_us = r.time_fp32_us = None
+        r.reason = (
+            f"{low}: demoted from {form} by the end-to-end check (the {hi} layers of largest "
+            f"relative error are the fewest whose demotion passes it; with {lo} demoted: output "
+            f"cosine {cos:.6f}, floor {defaults.WEIGHTS_E2E_COSINE[form]}); not timed at {low}"
+        )
+    report.end_to_end = best[1]
+    return best
 
 
 def _roll_back_fewest(
@@ -301,8 +439,8 @@ def _roll_back_fewest(
     while hi - lo > 1:
         mid = (lo + hi) // 2
         work = _apply(model, ranked[mid:], packs, level)
-        e2e = _end_to_end(result.original, work, result.feeds, form, threads)
-        if _passed(e2e):
+        e2e = end_to_end(result.original, work, result.feeds, form, threads)
+        if passed(e2e):
             hi, best = mid, (work, e2e)
         else:
             lo, fail = mid, e2e
@@ -333,42 +471,6 @@ def _quantize(w: np.ndarray, form: str) -> Packed:
     )
 
 
-def _check_tables(
-    model: Model,
-    feeds: Mapping[str, Any],
-    tables: list[Embedding],
-    packs: Mapping[str, Packed],
-    records: Mapping[str, LayerRecord],
-    threads: int,
-    forms: Mapping[str, str],
-) -> list[Embedding]:
-    """Safe mode's check of compressed embedding tables: the rows the sample inputs select
-    (every row when their indices cannot be captured), dequantized, against fp32."""
-    names = {n.inputs[1].name for e in tables for n in e.nodes}
-    acts = _capture(model, feeds, names, threads)
-    passed = []
-    for e in tables:
-        floor = defaults.WEIGHTS_LAYER_COSINE[forms[e.name]]
-        cap = defaults.WEIGHTS_LAYER_REL_ERR[forms[e.name]]
-        idx = [acts.get(n.inputs[1].name) for n in e.nodes]
-        rows = (
-            np.unique(np.concatenate([np.ravel(i) for i in idx]).astype(np.int64))
-            if all(i is not None for i in idx)
-            else np.arange(e.table.shape[0])
-        )
-        rows = rows[(rows >= -e.table.shape[0]) & (rows < e.table.shape[0])]
-        deq = packs[e.name].dequantized.T  # [rows, columns]
-        r = records[e.name]
-        r.cosine, r.rel_err = _stats(deq[rows], e.table[rows])
-        if r.cosine < floor:
-            r.reason = f"kept fp32: table check: cosine {r.cosine:.6f} < {floor}"
-        elif r.rel_err > cap:
-            r.reason = f"kept fp32: table check: relative error {r.rel_err:.3g} > {cap}"
-        else:
-            passed.append(e)
-    return passed
-
-
 def _record(s: Site) -> LayerRecord:
     return LayerRecord(
         s.name,
@@ -396,140 +498,3 @@ def _apply(model: Model, names: list[str], packs: Mapping[str, Packed], level: i
             compress_embedding(work, emb, packs[emb.name])
     drop_dead_initializers(work)
     return work
-
-
-def _capture(model: Model, feeds: Mapping[str, Any], names: set[str], threads: int) -> dict:
-    """The values ``names`` of ``model`` on ``feeds`` (one onnxruntime run)."""
-    import onnx
-
-    from graph_autofusion.frontend.onnx_frontend import to_onnx
-
-    arrays = model_weights(model)
-    proto = to_onnx(model, without_data=set(arrays))
-    taken = {o.name for o in proto.graph.output}
-    inputs = {i.name for i in proto.graph.input}
-    for name in sorted(names - taken - inputs):
-        proto.graph.output.append(onnx.ValueInfoProto(name=name))
-    sess = ort_session(proto, "disable", threads, lean=True, in_place=arrays)
-    given = {i.name for i in sess.get_inputs()}
-    wanted = [o.name for o in sess.get_outputs() if o.name in names]
-    outs = dict(zip(wanted, sess.run(wanted, {k: v for k, v in feeds.items() if k in given})))
-    outs.update({k: np.asarray(v) for k, v in feeds.items() if k in names})
-    return outs
-
-
-def _stats(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
-    """``(cosine, relative L2 error)`` of ``got`` against ``want``."""
-    g = np.asarray(got, np.float64).ravel()
-    w = np.asarray(want, np.float64).ravel()
-    if g.shape != w.shape or not np.all(np.isfinite(g)):
-        return 0.0, math.inf
-    nw, ng = float(np.linalg.norm(w)), float(np.linalg.norm(g))
-    if nw == 0.0:
-        return (1.0, 0.0) if ng == 0.0 else (0.0, math.inf)
-    cos = float(g @ w) / (nw * ng) if ng else 0.0
-    return cos, float(np.linalg.norm(g - w)) / nw
-
-
-def _check_layers(
-    model: Model,
-    feeds: Mapping[str, Any],
-    todo: list[Site],
-    packs: Mapping[str, Packed],
-    records: Mapping[str, LayerRecord],
-    options: Any,
-    level: int,
-    forms: Mapping[str, str],
-    threads: int = 2,
-) -> list[Site]:
-    """Safe mode's per-layer check (each layer against its own form's floors); returns the
-    sites that pass (the others' records carry their reason)."""
-    names = {s.a.name for s in todo} | {s.y.name for s in todo}
-    acts = _capture(model, feeds, names, threads)
-    items = []
-    for s in todo:
-        a = acts.get(s.a.name)
-        if a is None or acts.get(s.y.name) is None:
-            records[s.name].reason = "kept fp32: its activation could not be captured"
-            continue
-        items.append((s, np.ascontiguousarray(a, np.float32)))
-    if not items:
-        return []
-    probe = probe_model([(s.name, a, packs[s.name], s.bias) for s, a in items], level)
-    sess = ort_session(probe, "disable", threads)  # prepacked: the kernel a deployment runs
-    outs = sess.run(None, {f"a{i}": a for i, (_s, a) in enumerate(items)})
-    del sess
-    passed = []
-    for (s, _a), y in zip(items, outs):
-        cos_floor = defaults.WEIGHTS_LAYER_COSINE[forms[s.name]]
-        rel_cap = defaults.WEIGHTS_LAYER_REL_ERR[forms[s.name]]
-        r = records[s.name]
-        r.cosine, r.rel_err = _stats(y, acts[s.y.name])
-        if r.cosine < cos_floor:
-            r.reason = f"kept fp32: layer check: cosine {r.cosine:.6f} < {cos_floor}"
-        elif r.rel_err > rel_cap:
-            r.reason = f"kept fp32: layer check: relative error {r.rel_err:.3g} > {rel_cap}"
-        else:
-            passed.append((s, _a))
-    if options.check_speed and passed:
-        passed = _check_speed(passed, packs, records, options, level, threads)
-    return [s for s, _a in passed]
-
-
-def _check_speed(
-    items: list[tuple[Site, np.ndarray]],
-    packs: Mapping[str, Packed],
-    records: Mapping[str, LayerRecord],
-    options: Any,
-    level: int,
-    threads: int,
-) -> list[tuple[Site, np.ndarray]]:
-    """Time each layer compressed and fp32 on its activation by safe mode's one speed policy
-    (:class:`~graph_autofusion.verify.speed.SpeedPolicy`); a layer slower than
-    ``speed_margin`` x its fp32 form stays fp32."""
-    policy = SpeedPolicy(options.speed_margin)
-    kept = []
-    for s, a in items:
-        fast = ort_session(probe_model([(s.name, a, packs[s.name], s.bias)], level), "all", threads)
-        slow = ort_session(reference_model([(s.name, a, s.weight, s.bias)]), "all", threads)
-        key = f"weights@{s.name}"
-        t_f, t_q, slower = policy.measure(
-            lambda slow=slow, a=a: slow.run(None, {"a0": a}),
-            lambda fast=fast, a=a: fast.run(None, {"a0": a}),
-            key,
-        )
-        r = records[s.name]
-        r.time_us, r.time_fp32_us = t_q, t_f
-        if slower:
-            r.reason = f"kept fp32: slower compressed ({t_q:.0f} us vs {t_f:.0f} us fp32)"
-        else:
-            kept.append((s, a))
-    return kept
-
-
-def _end_to_end(
-    original: Model, work: Model, feeds: Mapping[str, Any], form: str, threads: int
-) -> dict[str, dict[str, Any]]:
-    """Every output of ``original`` against ``work`` (compressed, in a prepacked session):
-    cosine at least ``WEIGHTS_E2E_COSINE[form]``, relative error at most
-    ``WEIGHTS_E2E_REL_ERR[form]``."""
-    floor = defaults.WEIGHTS_E2E_COSINE[form]
-    cap = defaults.WEIGHTS_E2E_REL_ERR[form]
-    a = ort_session(original, "disable", threads, lean=True)
-    b = ort_session(work, "disable", threads, in_place=model_weights(work))
-    names = [o.name for o in a.get_outputs()]
-    given = {i.name for i in a.get_inputs()}
-    fa = {k: v for k, v in feeds.items() if k in given}
-    want = dict(zip(names, a.run(names, fa)))
-    gb = {i.name for i in b.get_inputs()}
-    got = dict(zip(names, b.run(names, {k: v for k, v in feeds.items() if k in gb})))
-    out = {}
-    for name in names:
-        w = np.asarray(want[name])
-        if w.dtype.kind != "f":
-            same = np.array_equal(w, np.asarray(got[name]))
-            out[name] = {"cosine": 1.0 if same else 0.0, "rel_err": 0.0, "passed": same}
-            continue
-        cos, rel = _stats(got[name], w)
-        out[name] = {"cosine": cos, "rel_err": rel, "passed": bool(cos >= floor and rel <= cap)}
-    return out

@@ -1,0 +1,203 @@
+"""Safe mode's checks of compressed weights (:mod:`graph_autofusion.pipeline.weights`):
+each layer on its real activation, the embedding tables on the rows the inputs select, each
+layer's speed against its fp32 form, and the whole model end to end.
+
+    acts = capture(model, feeds, names, threads)            # values of the fp32 model
+    passed = check_layers(model, feeds, sites, packs, records, options, level, forms)
+    e2e = end_to_end(original, compressed, feeds, form, threads); passed(e2e)
+
+Every check writes what it measured (cosine, relative error, times) and, for a layer that
+fails, its "kept fp32: ..." reason into the layer's record.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from graph_autofusion import defaults
+from graph_autofusion.codegen.weights import Embedding, Packed, Site
+from graph_autofusion.codegen.weights_probe import probe_model, reference_model
+from graph_autofusion.ir.core import Model
+from graph_autofusion.runtime.ort_session import model_weights, ort_session
+from graph_autofusion.verify.speed import SpeedPolicy
+
+
+def passed(e2e: Mapping[str, Mapping[str, Any]]) -> bool:
+    return all(v["passed"] for v in e2e.values())
+
+
+def check_tables(
+    model: Model,
+    feeds: Mapping[str, Any],
+    tables: list[Embedding],
+    packs: Mapping[str, Packed],
+    records: Mapping[str, Any],
+    threads: int,
+    forms: Mapping[str, str],
+) -> list[Embedding]:
+    """Safe mode's check of compressed embedding tables: the rows the sample inputs select
+    (every row when their indices cannot be captured), dequantized, against fp32."""
+    names = {n.inputs[1].name for e in tables for n in e.nodes}
+    acts = capture(model, feeds, names, threads)
+    passed = []
+    for e in tables:
+        floor = defaults.WEIGHTS_LAYER_COSINE[forms[e.name]]
+        cap = defaults.WEIGHTS_LAYER_REL_ERR[forms[e.name]]
+        idx = [acts.get(n.inputs[1].name) for n in e.nodes]
+        rows = (
+            np.unique(np.concatenate([np.ravel(i) for i in idx]).astype(np.int64))
+            if all(i is not None for i in idx)
+            else np.arange(e.table.shape[0])
+        )
+        rows = rows[(rows >= -e.table.shape[0]) & (rows < e.table.shape[0])]
+        deq = packs[e.name].dequantized.T  # [rows, columns]
+        r = records[e.name]
+        r.cosine, r.rel_err = stats(deq[rows], e.table[rows])
+        if r.cosine < floor:
+            r.reason = f"kept fp32: table check: cosine {r.cosine:.6f} < {floor}"
+        elif r.rel_err > cap:
+            r.reason = f"kept fp32: table check: relative error {r.rel_err:.3g} > {cap}"
+        else:
+            passed.append(e)
+    return passed
+
+
+def capture(model: Model, feeds: Mapping[str, Any], names: set[str], threads: int) -> dict:
+    """The values ``names`` of ``model`` on ``feeds`` (one onnxruntime run)."""
+    import onnx
+
+    from graph_autofusion.frontend.onnx_frontend import to_onnx
+
+    arrays = model_weights(model)
+    proto = to_onnx(model, without_data=set(arrays))
+    taken = {o.name for o in proto.graph.output}
+    inputs = {i.name for i in proto.graph.input}
+    for name in sorted(names - taken - inputs):
+        proto.graph.output.append(onnx.ValueInfoProto(name=name))
+    sess = ort_session(proto, "disable", threads, lean=True, in_place=arrays)
+    given = {i.name for i in sess.get_inputs()}
+    wanted = [o.name for o in sess.get_outputs() if o.name in names]
+    outs = dict(zip(wanted, sess.run(wanted, {k: v for k, v in feeds.items() if k in given})))
+    outs.update({k: np.asarray(v) for k, v in feeds.items() if k in names})
+    return outs
+
+
+def stats(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
+    """``(cosine, relative L2 error)`` of ``got`` against ``want``."""
+    g = np.asarray(got, np.float64).ravel()
+    w = np.asarray(want, np.float64).ravel()
+    if g.shape != w.shape or not np.all(np.isfinite(g)):
+        return 0.0, math.inf
+    nw, ng = float(np.linalg.norm(w)), float(np.linalg.norm(g))
+    if nw == 0.0:
+        return (1.0, 0.0) if ng == 0.0 else (0.0, math.inf)
+    cos = float(g @ w) / (nw * ng) if ng else 0.0
+    return cos, float(np.linalg.norm(g - w)) / nw
+
+
+def check_layers(
+    model: Model,
+    feeds: Mapping[str, Any],
+    todo: list[Site],
+    packs: Mapping[str, Packed],
+    records: Mapping[str, Any],
+    options: Any,
+    level: int,
+    forms: Mapping[str, str],
+    threads: int = 2,
+) -> list[Site]:
+    """Safe mode's per-layer check (each layer against its own form's floors); returns the
+    sites that pass (the others' records carry their reason)."""
+    names = {s.a.name for s in todo} | {s.y.name for s in todo}
+    acts = capture(model, feeds, names, threads)
+    items = []
+    for s in todo:
+        a = acts.get(s.a.name)
+        if a is None or acts.get(s.y.name) is None:
+            records[s.name].reason = "kept fp32: its activation could not be captured"
+            continue
+        items.append((s, np.ascontiguousarray(a, np.float32)))
+    if not items:
+        return []
+    probe = probe_model([(s.name, a, packs[s.name], s.bias) for s, a in items], level)
+    sess = ort_session(probe, "disable", threads)  # prepacked: the kernel a deployment runs
+    outs = sess.run(None, {f"a{i}": a for i, (_s, a) in enumerate(items)})
+    del sess
+    passed = []
+    for (s, _a), y in zip(items, outs):
+        cos_floor = defaults.WEIGHTS_LAYER_COSINE[forms[s.name]]
+        rel_cap = defaults.WEIGHTS_LAYER_REL_ERR[forms[s.name]]
+        r = records[s.name]
+        r.cosine, r.rel_err = stats(y, acts[s.y.name])
+        if r.cosine < cos_floor:
+            r.reason = f"kept fp32: layer check: cosine {r.cosine:.6f} < {cos_floor}"
+        elif r.rel_err > rel_cap:
+            r.reason = f"kept fp32: layer check: relative error {r.rel_err:.3g} > {rel_cap}"
+        else:
+            passed.append((s, _a))
+    if options.check_speed and passed:
+        passed = check_speed(passed, packs, records, options, level, threads)
+    return [s for s, _a in passed]
+
+
+def check_speed(
+    items: list[tuple[Site, np.ndarray]],
+    packs: Mapping[str, Packed],
+    records: Mapping[str, Any],
+    options: Any,
+    level: int,
+    threads: int,
+) -> list[tuple[Site, np.ndarray]]:
+    """Time each layer compressed and fp32 on its activation by safe mode's one speed policy
+    (:class:`~graph_autofusion.verify.speed.SpeedPolicy`); a layer slower than
+    ``speed_margin`` x its fp32 form stays fp32."""
+    policy = SpeedPolicy(options.speed_margin)
+    kept = []
+    for s, a in items:
+        fast = ort_session(probe_model([(s.name, a, packs[s.name], s.bias)], level), "all", threads)
+        slow = ort_session(reference_model([(s.name, a, s.weight, s.bias)]), "all", threads)
+        key = f"weights@{s.name}"
+        t_f, t_q, slower = policy.measure(
+            lambda slow=slow, a=a: slow.run(None, {"a0": a}),
+            lambda fast=fast, a=a: fast.run(None, {"a0": a}),
+            key,
+        )
+        r = records[s.name]
+        r.time_us, r.time_fp32_us = t_q, t_f
+        if slower:
+            r.reason = f"kept fp32: slower compressed ({t_q:.0f} us vs {t_f:.0f} us fp32)"
+        else:
+            kept.append((s, a))
+    return kept
+
+
+def end_to_end(
+    original: Model, work: Model, feeds: Mapping[str, Any], form: str, threads: int
+) -> dict[str, dict[str, Any]]:
+    """Every output of ``original`` against ``work`` (compressed, in a prepacked session):
+    cosine at least ``WEIGHTS_E2E_COSINE[form]``, relative error at most
+    ``WEIGHTS_E2E_REL_ERR[form]``."""
+    floor = defaults.WEIGHTS_E2E_COSINE[form]
+    cap = defaults.WEIGHTS_E2E_REL_ERR[form]
+    a = ort_session(original, "disable", threads, lean=True)
+    b = ort_session(work, "disable", threads, in_place=model_weights(work))
+    names = [o.name for o in a.get_outputs()]
+    given = {i.name for i in a.get_inputs()}
+    fa = {k: v for k, v in feeds.items() if k in given}
+    want = dict(zip(names, a.run(names, fa)))
+    gb = {i.name for i in b.get_inputs()}
+    got = dict(zip(names, b.run(names, {k: v for k, v in feeds.items() if k in gb})))
+    out = {}
+    for name in names:
+        w = np.asarray(want[name])
+        if w.dtype.kind != "f":
+            same = np.array_equal(w, np.asarray(got[name]))
+            out[name] = {"cosine": 1.0 if same else 0.0, "rel_err": 0.0, "passed": same}
+            continue
+        cos, rel = stats(got[name], w)
+        out[name] = {"cosine": cos, "rel_err": rel, "passed": bool(cos >= floor and rel <= cap)}
+    return out
