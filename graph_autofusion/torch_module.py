@@ -182,7 +182,7 @@ class FusionInfo:
             }
             weights = getattr(res, "weights", None)
             if weights is not None:  # compressed weights: the layers safe mode kept compressed
-                entry["compressed"] = [r.name for r in weights.compressed]
+                entry["compressed"] = {r.name: r.form for r in weights.compressed}
             graphs.append(entry)
         cfg = self.backend.config
         return {
@@ -255,8 +255,8 @@ def fuse_module(
             g["fingerprint"]: g.get("engine", "torch") for g in plan["graphs"]
         }
         if plan.get("weights", "fp32") != "fp32":  # the layers compressed when it was saved
-            backend.config.saved_weights = {
-                g["fingerprint"]: list(g.get("compressed", [])) for g in plan["graphs"]
+            backend.config.saved_weights = {  # {layer: form} (a list of names before 12-06)
+                g["fingerprint"]: _saved_forms(g.get("compressed", [])) for g in plan["graphs"]
             }
     fused = _shallow_copy(module)
     forward = types.MethodType(_own_code(type(module).forward), fused)
@@ -319,6 +319,12 @@ def _generate(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     per-token Python)."""
     info: FusionInfo = self.__dict__["autofusion"]
     return torch_decode.generate(self, info.backend.config, info.decode, *args, **kwargs)
+
+
+def _saved_forms(compressed: Any) -> Any:
+    """A saved graph's compressed layers: ``{name: form}``, or the plain list of names plans
+    saved before 2026-12-06 wrote (each at the model's form)."""
+    return dict(compressed) if isinstance(compressed, Mapping) else list(compressed)
 
 
 def _check_plan(plan: Mapping[str, Any]) -> None:

@@ -17,13 +17,14 @@ After the fusions are verified, every contraction by a constant matrix of the fu
    With ``check_speed`` each layer is also timed against its fp32 ``MatMul`` (kept fp32 when
    slower than ``speed_margin`` x, by safe mode's one speed policy,
    :class:`~graph_autofusion.verify.speed.SpeedPolicy`). A failing layer stays fp32, alone,
-   with its reason; in an int4 model a layer whose int4 form fails its check is tried at int8
-   first (checked and timed the same way at int8's floors) and stays fp32 only if that fails.
+   with its reason; in an int4 model a layer whose int4 output misses its accuracy floors is
+   tried at int8 first (checked and timed the same way at int8's floors) and stays fp32 only
+   if that fails (a layer slower at int4 is not tried at int8: it streams twice the bytes).
 2. **End to end**: the whole compressed model against the original on the sample inputs
    (cosine of every output at least ``WEIGHTS_E2E_COSINE[form]``). When it fails, in an int4
    model the fewest of the worst int4 layers (ranked by their own relative error) whose
-   demotion to int8 makes it pass become int8 (each checked on its own at int8 first; found by
-   bisection on their count, ``_demote_fewest``); where demoting every one of them does not
+   demotion to int8 makes it pass become int8 (each checked and timed on its own at int8
+   first; found by bisection on their count, ``_demote_fewest``); where demoting every one of them does not
    pass either, and in an int8 or fp16 model, the fewest of the worst layers whose rollback
    makes it pass go back to fp32, found the same way (``_roll_back_fewest``).
 
@@ -67,13 +68,19 @@ from graph_autofusion.codegen.weights import (
 from graph_autofusion.ir.core import Model
 from graph_autofusion.pipeline.ort_kernels import CustomOpsUnavailable, with_gemv
 from graph_autofusion.pipeline.result import clone_model
-from graph_autofusion.pipeline.weights_checks import check_layers, check_tables, end_to_end, passed
+from graph_autofusion.pipeline.weights_checks import (
+    LAYER_CHECK,
+    check_layers,
+    check_tables,
+    end_to_end,
+    passed,
+)
 
 #: The forms of the sensitive layers, ``(LM head, embedding tables)``, per ``weights_policy``
 #: and weight form. ``default`` keeps them at a higher precision than the model's other
 #: layers: in an int8 model both fp16 (a head stays fp32 where GemvF16 cannot be built); in an
 #: int4 model the head at 8 bits (int8: the head is the largest weight a decode step reads,
-#: a third of the zoo Llama's fp32 bytes, and int8 is within 0.02% of fp32's perplexity on the
+#: 56% of the zoo Llama's fp32 bytes a token, and int8 is within 0.02% of fp32's perplexity on the
 #: trained test LM, ``benchmarks/results/compressed_accuracy.md``) and the tables fp16; fp32
 #: in an fp16 model. ``all`` compresses them: the highest of the compressed forms (an int4
 #: model keeps them at 8 bits), fp16 in an fp16 model. An fp16 table is a ``Gather`` of the
@@ -82,7 +89,8 @@ SENSITIVE_FORM = {
     "default": {"int8": ("fp16", "fp16"), "int4": ("int8", "fp16"), "fp16": ("fp32", "fp32")},
     "all": {"int8": ("int8", "int8"), "int4": ("int8", "int8"), "fp16": ("fp16", "fp16")},
 }
-#: The form an int4 layer falls back to, before fp32, when its int4 form fails a check.
+#: The form an int4 layer falls back to, before fp32, when its int4 form misses its accuracy
+#: floors (its own, or the end-to-end check's).
 FALLBACK = {"int4": "int8"}
 #: What each form's contractions become.
 FORM_OPS = {"int8": "MatMulNBits", "int4": "MatMulNBits", "fp16": "GemvF16"}
@@ -222,12 +230,16 @@ def compress_weights(
             if half:
                 return report
     level = defaults.WEIGHTS_ACCURACY_LEVEL
+    saved = dict(only) if isinstance(only, Mapping) else {}  # a saved plan's forms
     if only is not None:
         for r in report.layers:
             if not r.reason and r.name not in set(only):
                 r.reason = "kept fp32: the saved plan keeps it fp32"
     todo = [s for s in sites if not records[s.name].reason]
     forms = {s.name: head_form if s.head else form for s in todo}
+    for s in todo:  # a layer the saved plan holds at the fallback form (int8 in an int4 model)
+        if not s.head and form in FALLBACK and saved.get(s.name) == FALLBACK[form]:
+            forms[s.name] = FALLBACK[form]
     packs = {s.name: _quantize(s.weight, forms[s.name]) for s in todo}
     tables = [e for e in embs if records.get(e.name) is not None and not records[e.name].reason]
     tables = [e for e in tables if records[e.name].op == "Gather"]
@@ -284,14 +296,11 @@ def compress_weights(
         result.custom_ops = library  # the fused model needs the GemvF16 library (saved with it)
     n_tables = sum(records[n].op == "Gather" for n in chosen)
     head_other_form = any(s.name in chosen and forms[s.name] != form for s in heads)
-    head_names = {s.name for s in heads}
-    fell = [n for n in chosen if n not in head_names and records[n].op != "Gather"]
-    fell = [n for n in fell if records[n].form != form]
     how = (
         "fp16 weights, fp32 accumulation"
         if half
         else f"{form}{f', LM head {head_form}' if head_other_form else ''}"
-        f"{f', {len(fell)} layers {FALLBACK[form]} (their {form} failed a check)' if fell else ''}"
+        f"{_fallback_note(chosen, heads, records, form)}"
         f", block {defaults.WEIGHTS_BLOCK_SIZE[form]}, accuracy_level {level}"
     )
     report.notes.append(
@@ -306,8 +315,22 @@ def compress_weights(
     return report
 
 
-#: The start of the reason a layer check writes for a layer whose output missed its floors.
-LAYER_CHECK = "kept fp32: layer check:"
+def _fallback_note(chosen: list[str], heads: list[Site], records: Mapping, form: str) -> str:
+    """``, k layers int8 (...)``: the layers at :data:`FALLBACK`'s form, by cause."""
+    head_names = {s.name for s in heads}
+    low = FALLBACK.get(form)
+    fell = [records[n] for n in chosen if n not in head_names and records[n].op != "Gather"]
+    fell = [r for r in fell if r.form == low]
+    if not fell:
+        return ""
+    own = sum(r.reason.startswith(f"{low}: its ") for r in fell)
+    e2e = sum(r.reason.startswith(f"{low}: demoted") for r in fell)
+    causes = [f"{own} after their {form} layer check"] if own else []
+    causes += [f"{e2e} by the end-to-end check"] if e2e else []
+    causes += (
+        [f"{len(fell) - own - e2e} as the saved plan holds them"] if len(fell) > own + e2e else []
+    )
+    return f", {len(fell)} layers {low} ({', '.join(causes)})"
 
 
 def _failed_accuracy(record: LayerRecord) -> bool:
@@ -332,6 +355,7 @@ def _fall_back(
         return []
     why = {s.name: records[s.name].reason[len("kept fp32: ") :] for s in failed}
     old = {s.name: (forms[s.name], packs[s.name]) for s in failed}
+    stats = {s.name: (records[s.name].cosine, records[s.name].rel_err) for s in failed}
     for s in failed:
         forms[s.name] = FALLBACK[forms[s.name]]
         packs[s.name] = _quantize(s.weight, forms[s.name])
@@ -341,9 +365,11 @@ def _fall_back(
         r = records[s.name]
         if s in kept:
             r.reason = f"{forms[s.name]}: its {old[s.name][0]} form failed the {why[s.name]}"
-        else:
+        else:  # the record keeps the first form's figures; the reason quotes both checks
             r.reason = f"{r.reason} (at {forms[s.name]}); at {old[s.name][0]}: {why[s.name]}"
             forms[s.name], packs[s.name] = old[s.name]
+            r.cosine, r.rel_err = stats[s.name]
+            r.time_us = r.time_fp32_us = None
     return kept
 
 
@@ -363,8 +389,8 @@ def _demote_fewest(
 ) -> tuple[Model, dict[str, Any]] | None:
     """The end-to-end check failed: demote the fewest of the worst int4 layers (ranked by their
     own relative error) to :data:`FALLBACK`'s form, found by bisection on their count, each
-    first checked on its own at that form (not timed: its int4 form passed the speed check).
-    Returns the model and its passing check, or ``None`` (nothing changed) where demoting
+    first checked on its own at that form, accuracy and (``check_speed``) speed: a layer
+    slower than fp32 there is no candidate. Returns the model and its passing check, or ``None`` (nothing changed) where demoting
     every such layer does not pass either."""
     form = options.weights
     by_name = {s.name: s for s in sites}
@@ -374,9 +400,8 @@ def _demote_fewest(
     low = FALLBACK[form]
     trial = {n: _record(by_name[n]) for n in pool}
     low_packs = {n: _quantize(by_name[n].weight, low) for n in pool}
-    quiet = options.replace(check_speed=False)
     ok = check_layers(
-        model, result.feeds, [by_name[n] for n in pool], low_packs, trial, quiet, level,
+        model, result.feeds, [by_name[n] for n in pool], low_packs, trial, options, level,
         {n: low for n in pool}, threads,
     )  # fmt: skip
     ok_names = {s.name for s in ok}
@@ -407,11 +432,11 @@ def _demote_fewest(
         r.form, r.block_size, r.bytes = low, p.block_size or None, p.nbytes
         r.zero_point = p.zero_points is not None
         r.cosine, r.rel_err = t.cosine, t.rel_err
-        r.time_us = r.time_fp32_us = None
+        r.time_us, r.time_fp32_us = t.time_us, t.time_fp32_us
         r.reason = (
             f"{low}: demoted from {form} by the end-to-end check (the {hi} layers of largest "
             f"relative error are the fewest whose demotion passes it; with {lo} demoted: output "
-            f"cosine {cos:.6f}, floor {defaults.WEIGHTS_E2E_COSINE[form]}); not timed at {low}"
+            f"cosine {cos:.6f}, floor {defaults.WEIGHTS_E2E_COSINE[form]})"
         )
     report.end_to_end = best[1]
     return best

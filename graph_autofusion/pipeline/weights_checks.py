@@ -25,6 +25,9 @@ from graph_autofusion.ir.core import Model
 from graph_autofusion.runtime.ort_session import model_weights, ort_session
 from graph_autofusion.verify.speed import SpeedPolicy
 
+#: The start of the reason the layer check writes for a layer whose output missed its floors.
+LAYER_CHECK = "kept fp32: layer check:"
+
 
 def passed(e2e: Mapping[str, Mapping[str, Any]]) -> bool:
     return all(v["passed"] for v in e2e.values())
@@ -134,9 +137,9 @@ def check_layers(
         r = records[s.name]
         r.cosine, r.rel_err = stats(y, acts[s.y.name])
         if r.cosine < cos_floor:
-            r.reason = f"kept fp32: layer check: cosine {r.cosine:.6f} < {cos_floor}"
+            r.reason = f"{LAYER_CHECK} cosine {r.cosine:.6f} < {cos_floor}"
         elif r.rel_err > rel_cap:
-            r.reason = f"kept fp32: layer check: relative error {r.rel_err:.3g} > {rel_cap}"
+            r.reason = f"{LAYER_CHECK} relative error {r.rel_err:.3g} > {rel_cap}"
         else:
             passed.append((s, _a))
     if options.check_speed and passed:
