@@ -14,10 +14,18 @@ sessions spin for up to 1 ms after a run, torch's OpenMP workers for millisecond
 and Inductor), which widened every configuration's p90 2-3x and made ours bimodal in about a
 third of the processes on the tiniest models.
 
+``--hidden N`` (e.g. 512) runs the Hugging Face models of the set at width ``N`` instead of
+their tiny sizes: each model's config with every width (hidden size, intermediate and
+expert sizes, head and rank dimensions: :data:`WIDTHS`) multiplied by ``N // hidden``, the
+numbers of layers and heads kept, rebuilt with random weights (:func:`widen`); plain torch
+modules and the image models whose width is not one hidden size are left out. It writes
+``torch_heldout_speed_h<N>.{json,md}``.
+
 Run on a quiet machine (one timing job at a time)::
 
     .venv/bin/python benchmarks/torch_heldout_speed.py                  # every model
     .venv/bin/python benchmarks/torch_heldout_speed.py --models qwen2,vit --runs 20
+    .venv/bin/python benchmarks/torch_heldout_speed.py --hidden 512     # text models, wide
 
 Writes ``benchmarks/results/torch_heldout_speed.{json,md}`` (CPU model and ISA recorded) and
 prints the table and the shares of models where ours beats eager and Inductor.
@@ -40,13 +48,54 @@ RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 THREADS = 2
 CONFIGS = ("eager", "inductor", "ours")
+#: Config entries that are widths, scaled together by ``--hidden`` (heads and layers kept).
+WIDTHS = (
+    "hidden_size", "n_embd", "d_model", "dim", "hidden_dim", "intermediate_size", "ffn_dim",
+    "n_inner", "d_ff",
+    "d_kv", "head_dim", "word_embed_proj_dim", "embedding_size", "moe_intermediate_size",
+    "shared_expert_intermediate_size", "encoder_ffn_dim", "decoder_ffn_dim", "kv_lora_rank",
+    "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
+)  # fmt: skip
+
+
+def widen(model: Any, hidden: int) -> Any:
+    """``model`` (a Hugging Face model) rebuilt at width ``hidden``: every :data:`WIDTHS` entry
+    of its config multiplied by ``hidden // <its hidden size>``, random weights (seeded).
+
+    Raises:
+        ValueError: the model has no config with one integer hidden size.
+    """
+    import torch
+
+    config = getattr(model, "config", None)
+    d = config.to_dict() if config is not None else {}
+    base = next(
+        (d[k] for k in ("hidden_size", "n_embd", "d_model", "dim") if isinstance(d.get(k), int)), 0
+    )
+    if not base:
+        raise ValueError("no config with one integer hidden size")
+    f = max(1, hidden // base)
+    for k in WIDTHS:
+        if isinstance(d.get(k), int) and not isinstance(d[k], bool):
+            d[k] *= f
+    torch.manual_seed(0)
+    return type(model)(type(config).from_dict(d)).eval()
+
+
+def wide_models() -> list[str]:
+    """The set's models ``--hidden`` applies to: the Hugging Face sequence models."""
+    import torch_route_sweep as sweep
+
+    return [
+        n for n, (src, _b, _m, kind) in sweep.MODELS.items() if src != "torch" and kind != "fixed"
+    ]
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def worker(name: str, seq: int, runs: int) -> dict[str, Any]:
+def worker(name: str, seq: int, runs: int, hidden: int = 0) -> dict[str, Any]:
     import torch
     import torch_route_sweep as sweep
 
@@ -56,8 +105,11 @@ def worker(name: str, seq: int, runs: int) -> dict[str, Any]:
     torch.set_num_threads(THREADS)
     source, build, make_inputs, kind = sweep.MODELS[name]
     model = build().eval()
+    if hidden:
+        model = widen(model, hidden)
     inputs = make_inputs(seq if kind != "fixed" else 0, 0)
     row: dict[str, Any] = {"model": name, "source": source, "kind": kind, "configs": {}}
+    row["params_m"] = round(sum(p.numel() for p in model.parameters()) / 1e6, 2)
     with torch.no_grad():
         want = sweep._tensors(model(**inputs))
     fns = {}
@@ -97,11 +149,11 @@ def worker(name: str, seq: int, runs: int) -> dict[str, Any]:
     return row
 
 
-def run_worker(name: str, seq: int, runs: int, timeout: float) -> dict[str, Any]:
+def run_worker(name: str, seq: int, runs: int, timeout: float, hidden: int = 0) -> dict[str, Any]:
     tmp = tempfile.mkdtemp(prefix=f"heldout_{name}_")
     out = os.path.join(tmp, "row.json")
     cmd = [sys.executable, __file__, "--worker", name, "--json", out]
-    cmd += ["--seq", str(seq), "--runs", str(runs)]
+    cmd += ["--seq", str(seq), "--runs", str(runs), "--hidden", str(hidden)]
     env = dict(os.environ, OMP_NUM_THREADS=str(THREADS))
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
@@ -130,7 +182,14 @@ def markdown(data: dict) -> str:
         f"{', '.join(m['isa'])}), {THREADS} threads; torch {m['torch']}, onnxruntime "
         f"{m['onnxruntime']}. Load average at start {m['load']}. Sequence models at length "
         f"{data['seq']}, image models at the sweep's size; median ms of {data['runs']} rounds "
-        f"(p10-p90), each round in a shuffled order. The models' tiny sizes (hidden 64-256).",
+        f"(p10-p90), each round in a shuffled order. "
+        + (
+            f"The Hugging Face sequence models widened to hidden {data['hidden']} (every width "
+            f"of the config scaled together, layers and heads kept: `--hidden`; parameters in "
+            f"millions in the model column)."
+            if data.get("hidden")
+            else "The models' tiny sizes (hidden 64-256)."
+        ),
         "",
         "| model | source | eager | Inductor | ours | ours / eager | ours / Inductor | engines "
         "| ours matches eager |",
@@ -157,8 +216,9 @@ def markdown(data: dict) -> str:
             beat_e += o < e
             beat_i += bool(i) and o < i
         ok = c.get("ours", {}).get("compare")
+        size = f" ({r['params_m']} M)" if data.get("hidden") and "params_m" in r else ""
         lines.append(
-            f"| {r['model']} | {r['source']} | {cell('eager')} | {cell('inductor')} | "
+            f"| {r['model']}{size} | {r['source']} | {cell('eager')} | {cell('inductor')} | "
             f"{cell('ours')} | {re_} | {ri} | {' '.join(e or '-' for e in r['engines'])} | "
             f"{'yes' if ok and sweep._call_ok(ok) else 'NO' if ok else '-'} |"
         )
@@ -171,27 +231,32 @@ def main(argv: list[str] | None = None) -> int:
     import torch_route_sweep as sweep
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=",".join(sweep.MODELS))
+    ap.add_argument("--models", default=None, help="default: the set (--hidden: its text models)")
     ap.add_argument("--seq", type=int, default=32)
+    ap.add_argument("--hidden", type=int, default=0, help="widen the HF models to this width")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--json", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        row = worker(args.worker, args.seq, args.runs)
+        row = worker(args.worker, args.seq, args.runs, args.hidden)
         Path(args.json).write_text(json.dumps(row, default=str))
         return 0
     from torch_e2e_engines import machine
 
+    models = args.models.split(",") if args.models else None
+    models = models or (wide_models() if args.hidden else list(sweep.MODELS))
     data = {"machine": machine(), "seq": args.seq, "runs": args.runs, "rows": []}
-    for name in args.models.split(","):
+    data["hidden"] = args.hidden
+    for name in models:
         log(f"{name}")
-        data["rows"].append(run_worker(name, args.seq, args.runs, args.timeout))
+        data["rows"].append(run_worker(name, args.seq, args.runs, args.timeout, args.hidden))
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "torch_heldout_speed.json").write_text(json.dumps(data, indent=1, default=str))
+    stem = f"torch_heldout_speed_h{args.hidden}" if args.hidden else "torch_heldout_speed"
+    (RESULTS / f"{stem}.json").write_text(json.dumps(data, indent=1, default=str))
     text = markdown(data)
-    (RESULTS / "torch_heldout_speed.md").write_text(text)
+    (RESULTS / f"{stem}.md").write_text(text)
     print(text)
     return 0
 
