@@ -4,7 +4,8 @@
 model (the cached zoo export, dynamo exporter), on one input shape:
 
 * ``ours``: ``GraphAutoFusion(export).fuse()`` with the defaults ``vs_ort_optimizer.py`` uses,
-  run in onnxruntime ALL (2 intra-op threads, spinning workers);
+  run in onnxruntime ALL (2 intra-op threads, spinning workers), opened as graph-autofusion
+  serves it (``fused_session``: denormal floats flushed; since 2026-12-06);
 * ``ORT ALL``: the export itself in onnxruntime ALL;
 * ``OpenVINO``: the export on OpenVINO's CPU plugin (f32 precision hint, 2 threads, latency
   hint: ``peers.OV_CONFIG``).
@@ -161,16 +162,27 @@ def matmul_flops(path: str, feeds: dict[str, np.ndarray]) -> float:
     return flops
 
 
-def ort_profile(path: str, feeds: dict[str, np.ndarray], runs: int) -> dict[str, float]:
-    """Milliseconds per run by onnxruntime op type (kernel time of its nodes)."""
-    from graph_autofusion.runtime.ort_session import ort_session
+def _session(path: str, ours: bool, **kw: Any) -> Any:
+    """onnxruntime ALL, 2 threads, spinning; ``ours`` as graph-autofusion serves a fused model
+    (``fused_session``: denormal floats flushed, ``FuseOptions.denormals``' default), the
+    export with onnxruntime's defaults."""
+    from graph_autofusion.runtime.ort_session import fused_session, ort_session
 
+    if ours:
+        return fused_session(path, "all", 2, spinning=True, **kw)
+    return ort_session(path, "all", 2, spinning=True, **kw)
+
+
+def ort_profile(
+    path: str, feeds: dict[str, np.ndarray], runs: int, ours: bool = False
+) -> dict[str, float]:
+    """Milliseconds per run by onnxruntime op type (kernel time of its nodes)."""
     with tempfile.TemporaryDirectory(prefix="gaf_opprof_") as d:
-        s = ort_session(path, "all", 2, spinning=True, profile_prefix=os.path.join(d, "p"))
+        s = _session(path, ours, profile_prefix=os.path.join(d, "p"))
         for _ in range(3):
             s.run(None, feeds)
         s.end_profiling()  # the warm-up's events go with the first file
-        s = ort_session(path, "all", 2, spinning=True, profile_prefix=os.path.join(d, "q"))
+        s = _session(path, ours, profile_prefix=os.path.join(d, "q"))
         for _ in range(3):
             s.run(None, feeds)
         for _ in range(runs):
@@ -226,7 +238,6 @@ def classes(by_type: dict[str, float]) -> dict[str, float]:
 
 def profile_model(name: str, shape: str, preset: str, runs: int) -> dict[str, Any]:
     from graph_autofusion.api import GraphAutoFusion
-    from graph_autofusion.runtime.ort_session import ort_session
     from graph_autofusion.testing import example_feeds, export_onnx
 
     batch, seq = (int(x) for x in shape.split("x"))
@@ -242,7 +253,7 @@ def profile_model(name: str, shape: str, preset: str, runs: int) -> dict[str, An
         row["fuse_s"] = time.perf_counter() - t
         paths = {"ours": ours, "ORT ALL": path}
         log(f"{name} {shape}: plain timing")
-        sessions = {k: ort_session(p, "all", 2, spinning=True) for k, p in paths.items()}
+        sessions = {k: _session(p, k == "ours") for k, p in paths.items()}
         try:
             sessions["OpenVINO"] = OpenVINOSession(path)
         except Exception as exc:  # noqa: BLE001 - a peer failure is a result
@@ -250,7 +261,7 @@ def profile_model(name: str, shape: str, preset: str, runs: int) -> dict[str, An
         row["plain"] = plain_times(sessions, feeds, runs)
         del sessions
         log(f"{name} {shape}: profiles")
-        row["by_type"] = {k: ort_profile(p, feeds, runs) for k, p in paths.items()}
+        row["by_type"] = {k: ort_profile(p, feeds, runs, k == "ours") for k, p in paths.items()}
         if "openvino_error" not in row:
             row["by_type"]["OpenVINO"] = ov_profile(path, feeds, runs)
     row["classes"] = {k: classes(v) for k, v in row["by_type"].items()}

@@ -10,7 +10,8 @@ script builds three models and times them in one process, interleaved round-robi
 * ``peer``: ``optimize_model(path, model_type, num_heads, hidden_size)`` with its defaults
   (a failure is recorded with its error, never hidden);
 * ``ours``: ``GraphAutoFusion(path, preset, sample_inputs=feeds).fuse()`` with its defaults
-  (safe mode on), decided on the same inputs that are timed, then ``save()``.
+  (safe mode on), decided on the same inputs that are timed, then ``save()``; opened as
+  graph-autofusion serves it (``fused_session``: denormal floats flushed, the default).
 
 Each is run in onnxruntime (CPU, ``intra_op_num_threads=2``, ``inter_op_num_threads=1``) at
 ``ORT_ENABLE_BASIC`` and ``ORT_ENABLE_ALL``; at ``ORT_ENABLE_ALL`` a fourth variant,
@@ -175,8 +176,17 @@ SESSIONS_PER_VARIANT = 2
 
 
 def open_variant(name: str, path: str, level: str) -> Any:
-    """A session of variant ``name`` (``openvino``: OpenVINO on the export, any level)."""
-    return OpenVINOSession(path) if name == "openvino" else session(path, level)
+    """A session of variant ``name`` (``openvino``: OpenVINO on the export, any level; ``ours``
+    as graph-autofusion serves a fused model: ``fused_session``, denormal floats flushed,
+    ``FuseOptions.denormals``' default, as ``vs_ort_decode.py`` and ``torch_e2e.py`` open it;
+    the peers with onnxruntime's defaults)."""
+    if name == "openvino":
+        return OpenVINOSession(path)
+    if name == "ours":
+        from graph_autofusion.runtime.ort_session import fused_session
+
+        return fused_session(path, level, 2, spinning=True)
+    return session(path, level)
 
 
 def time_side_by_side(
@@ -712,7 +722,10 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         "Fused counts are the operator types each tool's output file has that the export did "
         "not (contrib ops and SimplifiedLayerNormalization), before onnxruntime's own session "
-        "fusions. Ours: safe mode on, default settings, decided on the timed shape.",
+        "fusions. Ours: safe mode on, default settings, decided on the timed shape, opened as "
+        "graph-autofusion serves a fused model (`fused_session`: denormal floats flushed, "
+        "`FuseOptions.denormals`' default, since 2026-12-06; `benchmarks/results/denormals.md` "
+        "shows what the flag alone gives); the peers with onnxruntime's defaults.",
         "",
         "Ratios are of the medians (the JSON also has ratios of the minimums; on a shared "
         "machine single fast outliers make those unreliable).",
