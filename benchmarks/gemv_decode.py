@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 from vs_ort_decode import decode_feeds, SAMPLE_PAST, PROMPT
-from vs_ort_optimizer import session
+from peers import timed_session
 from graph_autofusion.api import GraphAutoFusion
 from graph_autofusion.runtime.ort_session import fused_session
 from graph_autofusion.testing.kv_cache import export_decoder, greedy_decode_ort, empty_past
@@ -41,7 +41,11 @@ def main() -> None:
         kept[v] = sum(1 for low in gaf.result.lowered if low.rule == "gemv_matmul")
         print(v, "gemv kept:", kept[v], flush=True)
     sess = {
-        k: (fused_session(p, "all", 2, denormals="keep") if "kernels" in k else session(p, "all"))
+        k: (
+            fused_session(p, "all", 2, denormals="keep")
+            if "kernels" in k
+            else timed_session(p, "all")
+        )
         for k, p in paths.items()
     }
     names = list(sess)

@@ -51,6 +51,7 @@ from peers import (  # noqa: E402
     OpenVINOSession,
     cpu_facts,
     openvino_version,
+    timed_session,
     write_results,
 )
 
@@ -162,27 +163,16 @@ def matmul_flops(path: str, feeds: dict[str, np.ndarray]) -> float:
     return flops
 
 
-def _session(path: str, ours: bool, **kw: Any) -> Any:
-    """onnxruntime ALL, 2 threads, spinning; ``ours`` as graph-autofusion serves a fused model
-    (``fused_session``: denormal floats flushed, ``FuseOptions.denormals``' default), the
-    export with onnxruntime's defaults."""
-    from graph_autofusion.runtime.ort_session import fused_session, ort_session
-
-    if ours:
-        return fused_session(path, "all", 2, spinning=True, **kw)
-    return ort_session(path, "all", 2, spinning=True, **kw)
-
-
 def ort_profile(
     path: str, feeds: dict[str, np.ndarray], runs: int, ours: bool = False
 ) -> dict[str, float]:
     """Milliseconds per run by onnxruntime op type (kernel time of its nodes)."""
     with tempfile.TemporaryDirectory(prefix="gaf_opprof_") as d:
-        s = _session(path, ours, profile_prefix=os.path.join(d, "p"))
+        s = timed_session(path, "all", ours=ours, profile_prefix=os.path.join(d, "p"))
         for _ in range(3):
             s.run(None, feeds)
         s.end_profiling()  # the warm-up's events go with the first file
-        s = _session(path, ours, profile_prefix=os.path.join(d, "q"))
+        s = timed_session(path, "all", ours=ours, profile_prefix=os.path.join(d, "q"))
         for _ in range(3):
             s.run(None, feeds)
         for _ in range(runs):
@@ -253,7 +243,7 @@ def profile_model(name: str, shape: str, preset: str, runs: int) -> dict[str, An
         row["fuse_s"] = time.perf_counter() - t
         paths = {"ours": ours, "ORT ALL": path}
         log(f"{name} {shape}: plain timing")
-        sessions = {k: _session(p, k == "ours") for k, p in paths.items()}
+        sessions = {k: timed_session(p, "all", ours=k == "ours") for k, p in paths.items()}
         try:
             sessions["OpenVINO"] = OpenVINOSession(path)
         except Exception as exc:  # noqa: BLE001 - a peer failure is a result

@@ -47,6 +47,18 @@ SPIN_SETTLE_S = 0.05
 PRE_CALLS = 1
 
 
+def timed_session(path: Any, level: str, threads: int = 2, *, ours: bool = False, **kw: Any) -> Any:
+    """An onnxruntime session as the benchmarks time it: onnxruntime's default spinning
+    workers (each timed call after ``SPIN_SETTLE_S``); ``ours``: a fused model opened as
+    graph-autofusion serves it (``fused_session``: denormal floats flushed, the
+    ``FuseOptions.denormals`` its metadata records), a peer's file with onnxruntime's defaults.
+    ``kw``: more of ``ort_session``'s options (``profile_prefix``)."""
+    from graph_autofusion.runtime.ort_session import fused_session, ort_session
+
+    open_ = fused_session if ours else ort_session
+    return open_(path, level, threads, spinning=True, **kw)
+
+
 def write_results(stem: str | Path, data: Any, markdown: Callable[[Any], str]) -> str:
     """``stem``.json (``data``, everything) and ``stem``.md (``markdown(data)``, the table),
     the folder made if needed; returns the markdown text."""

@@ -78,8 +78,9 @@ from peers import (  # noqa: E402
     Unavailable,
     cpu_facts,
     openvino_version,
+    timed_session,
 )
-from vs_ort_optimizer import fused_counts, log, op_counts, session  # noqa: E402
+from vs_ort_optimizer import fused_counts, log, op_counts  # noqa: E402
 
 # decoder -> (peer num_heads, hidden_size, our preset)
 DECODERS: dict[str, tuple[int, int, str]] = {
@@ -215,15 +216,11 @@ def worker(name: str, exporter: str, args: argparse.Namespace) -> dict[str, Any]
     res["ours+kernels"] = run_ours(path, name, os.path.join(tmp, "ours_k.onnx"), orig, True)
     paths["ours+kernels"] = os.path.join(tmp, "ours_k.onnx")
 
-    from graph_autofusion.runtime.ort_session import fused_session
     from graph_autofusion.runtime.timing import round_robin
 
-    # ours as graph-autofusion serves a fused model (fused_session: denormals flushed, the
-    # FuseOptions default its metadata records); every peer with its own defaults
-    sessions = {
-        k: fused_session(p, "all", 2, spinning=True) if k.startswith("ours") else session(p, "all")
-        for k, p in paths.items()
-    }
+    # ours as graph-autofusion serves a fused model (denormals flushed, the FuseOptions default
+    # its metadata records); every peer with its own defaults
+    sessions = {k: timed_session(p, "all", ours=k.startswith("ours")) for k, p in paths.items()}
     try:  # OpenVINO on the export
         sessions["openvino"] = OpenVINOSession(str(path))
         res["openvino"] = {"ok": True, "version": openvino_version()}

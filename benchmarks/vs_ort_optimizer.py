@@ -75,6 +75,7 @@ from peers import (  # noqa: E402
     Unavailable,
     cpu_facts,
     openvino_version,
+    timed_session,
 )
 
 # model -> (peer model_type, num_heads, hidden_size, our preset); no model type for a CNN: the
@@ -151,13 +152,6 @@ def fused_counts(counts: dict[str, int], original: dict[str, int]) -> dict[str, 
     return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def session(path: str, level: str, threads: int = 2):
-    from graph_autofusion.runtime.ort_session import ort_session
-
-    # onnxruntime's default spinning workers, each timed call after a pause (SPIN_SETTLE_S)
-    return ort_session(path, level, threads, spinning=True)
-
-
 def stats_ms(ts: list[float]) -> dict[str, float]:
     a = np.asarray(ts) * 1e3
     return {
@@ -182,11 +176,7 @@ def open_variant(name: str, path: str, level: str) -> Any:
     the peers with onnxruntime's defaults)."""
     if name == "openvino":
         return OpenVINOSession(path)
-    if name == "ours":
-        from graph_autofusion.runtime.ort_session import fused_session
-
-        return fused_session(path, level, 2, spinning=True)
-    return session(path, level)
+    return timed_session(path, level, ours=name == "ours")
 
 
 def time_side_by_side(

@@ -24,9 +24,10 @@ After the fusions are verified, every contraction by a constant matrix of the fu
    (cosine of every output at least ``WEIGHTS_E2E_COSINE[form]``). When it fails, in an int4
    model the fewest of the worst int4 layers (ranked by their own relative error) whose
    demotion to int8 makes it pass become int8 (each checked and timed on its own at int8
-   first; found by bisection on their count, ``_demote_fewest``); where demoting every one of them does not
-   pass either, and in an int8 or fp16 model, the fewest of the worst layers whose rollback
-   makes it pass go back to fp32, found the same way (``_roll_back_fewest``).
+   first; found by bisection on their count, ``_demote_fewest``); where demoting every one
+   of them does not pass either, and in an int8 or fp16 model, the fewest of the worst layers
+   whose rollback makes it pass go back to fp32, found the same way (``_roll_back_fewest``;
+   both bisect with ``_fewest``).
 
 Forms: ``int8``/``int4`` are onnxruntime's ``com.microsoft.MatMulNBits``; ``fp16`` is the
 ``ai.graph_autofusion`` ``GemvF16`` custom operator (:mod:`graph_autofusion.codegen.
@@ -43,7 +44,7 @@ unchecked (the report says so).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -251,7 +252,8 @@ def compress_weights(
         first = todo
         todo = check_layers(model, result.feeds, todo, packs, records, options, level, forms)
         if form in FALLBACK:  # a layer whose int4 failed its check gets a chance at int8
-            failed = [s for s in first if s not in todo and _failed_accuracy(records[s.name])]
+            ok = {s.name for s in todo}
+            failed = [s for s in first if s.name not in ok and _failed_accuracy(records[s.name])]
             todo += _fall_back(model, result.feeds, failed, packs, records, options, level, forms)
     if options.safe_mode and tables:
         tables = check_tables(model, result.feeds, tables, packs, records, threads, forms)
@@ -361,9 +363,10 @@ def _fall_back(
         packs[s.name] = _quantize(s.weight, forms[s.name])
         records[s.name].reason = ""
     kept = check_layers(model, feeds, failed, packs, records, options, level, forms)
+    passed_now = {s.name for s in kept}
     for s in failed:
         r = records[s.name]
-        if s in kept:
+        if s.name in passed_now:
             r.reason = f"{forms[s.name]}: its {old[s.name][0]} form failed the {why[s.name]}"
         else:  # the record keeps the first form's figures; the reason quotes both checks
             r.reason = f"{r.reason} (at {forms[s.name]}); at {old[s.name][0]}: {why[s.name]}"
@@ -390,8 +393,8 @@ def _demote_fewest(
     """The end-to-end check failed: demote the fewest of the worst int4 layers (ranked by their
     own relative error) to :data:`FALLBACK`'s form, found by bisection on their count, each
     first checked on its own at that form, accuracy and (``check_speed``) speed: a layer
-    slower than fp32 there is no candidate. Returns the model and its passing check, or ``None`` (nothing changed) where demoting
-    every such layer does not pass either."""
+    slower than fp32 there is no candidate. Returns the model and its passing check, or
+    ``None`` (nothing changed) where demoting every such layer does not pass either."""
     form = options.weights
     by_name = {s.name: s for s in sites}
     pool = [n for n in chosen if forms[n] == form and n in by_name]
@@ -414,17 +417,10 @@ def _demote_fewest(
         work = _apply(model, chosen, mixed, level)
         return work, end_to_end(result.original, work, result.feeds, form, threads)
 
-    lo, hi, fail = 0, len(ranked), failed  # lo demoted fails, hi passes
-    best = demoted(hi)
-    if not passed(best[1]):
+    every = demoted(len(ranked))
+    if not passed(every[1]):
         return None
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        work, e2e = demoted(mid)
-        if passed(e2e):
-            hi, best = mid, (work, e2e)
-        else:
-            lo, fail = mid, e2e
+    lo, hi, best, fail = _fewest(len(ranked), demoted, failed, every)
     cos = min(v["cosine"] for v in fail.values())
     for n in ranked[:hi]:
         r, t, p = records[n], trial[n], low_packs[n]
@@ -459,16 +455,13 @@ def _roll_back_fewest(
     by bisection on that count (about log2(len(chosen)) checks; with all of them rolled back
     the model is the original, which passes). Returns the layers kept and their model."""
     ranked = sorted(chosen, key=lambda n: -(records[n].rel_err or 0.0))
-    lo, hi, fail = 0, len(ranked), failed  # lo rolled back fails, hi passes
-    best: tuple[Model, dict[str, Any]] | None = None
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        work = _apply(model, ranked[mid:], packs, level)
-        e2e = end_to_end(result.original, work, result.feeds, form, threads)
-        if passed(e2e):
-            hi, best = mid, (work, e2e)
-        else:
-            lo, fail = mid, e2e
+
+    def rolled_back(count: int) -> tuple[Model, dict[str, Any]]:
+        work = _apply(model, ranked[count:], packs, level)
+        return work, end_to_end(result.original, work, result.feeds, form, threads)
+
+    # all of them rolled back is the original, which passes: not built
+    lo, hi, best, fail = _fewest(len(ranked), rolled_back, failed, None)
     cos = min(v["cosine"] for v in fail.values())
     rel = max(v["rel_err"] for v in fail.values())
     floor = defaults.WEIGHTS_E2E_COSINE[form]
@@ -486,6 +479,28 @@ def _roll_back_fewest(
         return [], None
     report.end_to_end = best[1]
     return ranked[hi:], best[0]
+
+
+def _fewest(
+    count: int,
+    trial: Callable[[int], tuple[Model, dict[str, Any]]],
+    failed: dict[str, Any],
+    best: tuple[Model, dict[str, Any]] | None,
+) -> tuple[int, int, tuple[Model, dict[str, Any]] | None, dict[str, Any]]:
+    """Bisection on how many of the worst layers change (``trial(k)``: the model with the
+    ``k`` worst changed, and its end-to-end check): none changed fails (``failed``, its
+    check), all ``count`` pass (``best``: that model and check, ``None`` when not built).
+    Returns ``(lo, hi, best, fail)``: ``hi`` the fewest that pass, ``lo = hi - 1`` the most
+    that fail, ``best`` the model and check at ``hi``, ``fail`` the check at ``lo``."""
+    lo, hi, fail = 0, count, failed
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        work, e2e = trial(mid)
+        if passed(e2e):
+            hi, best = mid, (work, e2e)
+        else:
+            lo, fail = mid, e2e
+    return lo, hi, best, fail
 
 
 def _quantize(w: np.ndarray, form: str) -> Packed:
