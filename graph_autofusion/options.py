@@ -84,7 +84,9 @@ class FuseOptions:
         spinning: onnxruntime's worker threads in the sessions that serve the fused model in
             this process (the PyTorch route's graphs, the cpu target's onnxruntime engine):
             ``auto`` (the default: ``run``, but ``on`` for a graph once it serves the drop-in
-            module's decode loop, whose calls come back to back), ``run`` (they spin between
+            module's decode loop, whose calls come back to back, and for a graph whose last
+            few gaps between calls were quiet, until one is not:
+            ``runtime.call_gaps``), ``run`` (they spin between
             the operators of a call and for at most a millisecond after it returns,
             so little of a core is taken from the work that follows), ``on`` (onnxruntime's
             own default: they also spin for tens of milliseconds after each call; the lowest

@@ -41,6 +41,8 @@ from graph_autofusion import defaults
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.options import FuseOptions, OptionsError
 from graph_autofusion.patterns.library import builtin_rules
+from graph_autofusion.runtime.call_gaps import CallGaps
+from graph_autofusion.runtime.ort_session import SERVING_MODES
 from graph_autofusion.torch_outputs import (
     SizeOutputs,
     Writes,
@@ -147,6 +149,7 @@ class CompiledGraph:
         self.ort_failures = 0  # calls onnxruntime failed (run in eager instead)
         self._unpacked: list[Any] = []  # onnxruntime programs to pack once the graph is hot
         self._orts: list[Any] = []  # the graph's onnxruntime programs (one per weight set)
+        self._gaps: CallGaps | None = None  # spinning="auto": what the process does between calls
         self._writes: Writes | None = None  # the arguments the graph writes into
         self._live: set[int] = set()  # buffers read as inputs (assigned anew between calls)
 
@@ -180,9 +183,16 @@ class CompiledGraph:
                 and (not scalars or all(args[i].item() == v for i, v in scalars))
                 and (not sizes or all(_size(args[i], axis) == v for i, axis, v in sizes))
             ):
+                gaps = self._gaps
+                if gaps is not None:
+                    spin = gaps.start()
+                    if spin is not None:
+                        self._spin(spin, gaps.why)
                 out = program(*args)
                 if self._unpacked and self.calls >= PACK_AFTER_CALLS:
                     self._pack()
+                if gaps is not None:
+                    gaps.stop()
                 return out
         with self._lock:
             return self._build(args)
@@ -194,8 +204,18 @@ class CompiledGraph:
         if self.config.options.spinning != "auto":
             return
         with self._lock:
+            self._gaps = None  # the loop's calls keep them spinning whatever the gaps
             for ort in self._orts:
                 ort.set_spinning(True)
+
+    def _spin(self, spin: bool, why: str) -> None:
+        """Open the graph's onnxruntime sessions again spinning on after each call (``spin``)
+        or with the short tail (``spinning="auto"``'s :class:`~graph_autofusion.runtime.
+        call_gaps.CallGaps` decided it; ``engine_notes["spinning"]`` says why)."""
+        with self._lock:
+            for ort in self._orts:
+                ort.set_spinning(True if spin else SERVING_MODES["auto"])
+            self.engine_notes["spinning"] = why
 
     def _pack(self) -> None:
         """The graph is hot: its onnxruntime sessions pack their weights from now on."""
@@ -325,6 +345,8 @@ class CompiledGraph:
         ort = getattr(functional, "program", None) if engine == "onnxruntime" else None
         if ort is not None:
             self._orts.append(ort)
+            if self.config.options.spinning == "auto" and self._gaps is None:
+                self._gaps = CallGaps()
         if ort is not None and ort.session is None and not ort.can_defer_packing():
             ort.reopen()  # let go while the next engine was built and timed
         if ort is not None and ort.can_defer_packing():

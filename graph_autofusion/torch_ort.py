@@ -112,16 +112,17 @@ class OrtGraphProgram:
             self._reopen(prepack, self.spinning)
 
     def set_spinning(self, spinning: bool | str) -> None:
-        """Open the session again with another spinning mode (``ort_session``'s)."""
+        """Open the session again with another spinning mode (``ort_session``'s); no garbage
+        collection first (a serving call waits for it, and the old session goes by its count)."""
         if spinning != self.spinning:
-            self._reopen(self.prepack, spinning)
+            self._reopen(self.prepack, spinning, collect=False)
 
-    def _reopen(self, prepack: bool, spinning: bool | str) -> None:
+    def _reopen(self, prepack: bool, spinning: bool | str, collect: bool = True) -> None:
         old = self.prepack, self.spinning
         self.session = None
         from graph_autofusion.torch_outputs import give_back_memory
 
-        give_back_memory()
+        give_back_memory(collect=collect)
         try:
             self.prepack, self.spinning = prepack, spinning
             self.session = self._open(prepack)

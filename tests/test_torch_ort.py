@@ -5,6 +5,7 @@ on the first call's inputs; symbolic sizes kept, so new lengths compile nothing.
 from __future__ import annotations
 
 import json
+import time
 import warnings
 
 import numpy as np
@@ -171,6 +172,50 @@ def test_the_session_spins_inside_a_run_and_briefly_after_it():
     assert opts.get_session_config_entry("session.intra_op.allow_spinning") == "1"
     tail = opts.get_session_config_entry("session.intra_op.spin_duration_us")
     assert tail == str(SPIN_TAIL_US) and 0 < SPIN_TAIL_US <= 2000
+
+
+def _burn(cpu_s: float) -> None:
+    """Work on this thread for ``cpu_s`` seconds of its CPU time."""
+    start = time.thread_time()
+    while time.thread_time() - start < cpu_s:
+        pass
+
+
+@pytest.mark.parametrize("mode", ["auto", "run"])
+def test_a_graph_called_after_quiet_pauses_spins_on_until_work_follows_a_call(mode):
+    """spinning="auto": after ``call_gaps.WINDOW`` quiet gaps between calls (the calling
+    thread sleeping) the graph's session is opened again with onnxruntime's default spinning,
+    and its engine note says why; the first gap in which the thread works opens it again with
+    the short tail. ``run`` keeps the tail whatever the gaps. Outputs stay eager's."""
+    from graph_autofusion.options import FuseOptions
+    from graph_autofusion.runtime import call_gaps
+    from graph_autofusion.runtime.ort_core import SPIN_TAIL_US
+
+    m = _TextModel().eval()
+    opts = FuseOptions(target="cpu", check_speed=False, spinning=mode)
+    backend = make_backend(engine="onnxruntime", options=opts)
+    c = torch.compile(m, backend=backend)
+    x = _ids(16)
+    with torch.no_grad():
+        want = m(x)
+        c(x)  # the compile
+        for _ in range(call_gaps.WINDOW + 1):
+            time.sleep(0.01)
+            torch.testing.assert_close(c(x), want, rtol=1e-4, atol=1e-5)
+    (graph,) = backend.config.graphs
+    (ort,) = _sessions([graph])
+    tail = _config(ort.session.get_session_options(), "session.intra_op.spin_duration_us")
+    if mode == "run":
+        assert tail == str(SPIN_TAIL_US) and "spinning" not in graph.engine_notes
+        return
+    assert tail is None  # onnxruntime's own spinning, on after each call
+    assert "quiet" in graph.engine_notes["spinning"]
+    with torch.no_grad():
+        _burn(3 * call_gaps.QUIET_CPU_S)
+        torch.testing.assert_close(c(x), want, rtol=1e-4, atol=1e-5)
+    got = ort.session.get_session_options()
+    assert _config(got, "session.intra_op.spin_duration_us") == str(SPIN_TAIL_US)
+    assert graph.engine_notes["spinning"].startswith("back to a short spinning tail")
 
 
 def _config(opts, key):
