@@ -75,3 +75,22 @@ def test_a_call_from_another_thread_is_not_a_gap():
     t.start()
     t.join()
     assert got == [None] and not gaps.gaps
+
+
+def test_work_long_after_a_call_does_not_count_but_work_right_after_does():
+    """A gap longer than ``LOOK_S`` counts the calling thread's CPU in the ``LOOK_S`` after the
+    call (read by the process's watcher thread): work that starts later (another engine timed
+    after a pause) leaves the gap quiet; work right after the call makes it busy."""
+    gaps = CallGaps()
+    said = []
+    for _ in range(call_gaps.WINDOW):
+        gaps.stop()
+        time.sleep(call_gaps.LOOK_S * 3)
+        _burn(3 * call_gaps.QUIET_CPU_S)
+        said.append(gaps.start())
+    assert said[-1] is True and gaps.spinning
+    gaps.stop()
+    _burn(3 * call_gaps.QUIET_CPU_S)
+    time.sleep(call_gaps.LOOK_S * 2)
+    assert gaps.start() is False and not gaps.spinning
+    assert "right after a call" in gaps.why
