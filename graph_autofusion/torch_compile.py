@@ -150,6 +150,7 @@ class CompiledGraph:
         self._unpacked: list[Any] = []  # onnxruntime programs to pack once the graph is hot
         self._orts: list[Any] = []  # the graph's onnxruntime programs (one per weight set)
         self._gaps: CallGaps | None = None  # spinning="auto": what the process does between calls
+        self._looping = False  # serves the drop-in module's decode loop (sessions spin)
         self._writes: Writes | None = None  # the arguments the graph writes into
         self._live: set[int] = set()  # buffers read as inputs (assigned anew between calls)
 
@@ -204,6 +205,7 @@ class CompiledGraph:
         if self.config.options.spinning != "auto":
             return
         with self._lock:
+            self._looping = True
             self._gaps = None  # the loop's calls keep them spinning whatever the gaps
             for ort in self._orts:
                 ort.set_spinning(True)
@@ -213,8 +215,14 @@ class CompiledGraph:
         or with the short tail (``spinning="auto"``'s :class:`~graph_autofusion.runtime.
         call_gaps.CallGaps` decided it; ``engine_notes["spinning"]`` says why)."""
         with self._lock:
-            for ort in self._orts:
-                ort.set_spinning(True if spin else SERVING_MODES["auto"])
+            if self._gaps is None:  # the decode loop took the graph over meanwhile
+                return
+            try:
+                for ort in self._orts:
+                    ort.set_spinning(True if spin else SERVING_MODES["auto"])
+            except Exception as exc:  # noqa: BLE001 - the call goes on; the watch stops
+                self._gaps = None
+                why = f"not switched ({type(exc).__name__}: {exc})".splitlines()[0][:300]
             self.engine_notes["spinning"] = why
 
     def _pack(self) -> None:
@@ -345,8 +353,6 @@ class CompiledGraph:
         ort = getattr(functional, "program", None) if engine == "onnxruntime" else None
         if ort is not None:
             self._orts.append(ort)
-            if self.config.options.spinning == "auto" and self._gaps is None:
-                self._gaps = CallGaps()
         if ort is not None and ort.session is None and not ort.can_defer_packing():
             ort.reopen()  # let go while the next engine was built and timed
         if ort is not None and ort.can_defer_packing():
@@ -357,6 +363,11 @@ class CompiledGraph:
             give_back_memory(collect=False)  # what opening it freed: no second full collection
         else:
             give_back_memory()
+        if ort is not None:
+            if self._looping or (self._gaps is not None and self._gaps.spinning):
+                ort.set_spinning(True)  # as the graph's other sessions run now
+            elif self.config.options.spinning == "auto" and self._gaps is None:
+                self._gaps = CallGaps()
         if "onnxruntime" in self.engine_notes and engine != "onnxruntime":
             warnings.warn(
                 f"autofusion: graph {self.index} runs on the {engine} engine, not onnxruntime "
@@ -536,7 +547,8 @@ class CompiledGraph:
                 relative[engine] = medians[engine] / medians["eager"]
         if not built:
             raise GraphAutoFusionError(
-                "; ".join(f"{k}: {v}" for k, v in self.engine_notes.items()) or "no engine"
+                "; ".join(f"{k}: {v}" for k, v in self.engine_notes.items() if k != "spinning")
+                or "no engine"
             )
         if not check:
             engine = "onnxruntime" if "onnxruntime" in built else next(iter(built))

@@ -27,6 +27,7 @@ bfloat16) raises :class:`OrtEngineRefused`; the caller keeps the torch program.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -81,6 +82,9 @@ class OrtGraphProgram:
         # is checked): the weights the optimizer reads as given are not written out while a
         # session is created, and the caller calls write_weights() if the outputs differ
         self.placeholder = placeholder
+        # held while the session is opened again: a call from another thread that finds no
+        # session waits for the new one instead of failing
+        self._reopening = threading.Lock()
         self.session = self._open(prepack)
 
     def _open(self, prepack: bool) -> Any:
@@ -113,22 +117,24 @@ class OrtGraphProgram:
 
     def set_spinning(self, spinning: bool | str) -> None:
         """Open the session again with another spinning mode (``ort_session``'s); no garbage
-        collection first (a serving call waits for it, and the old session goes by its count)."""
+        collection first (a serving call waits for it; the old session goes when its count
+        drops, after any call still inside it on another thread)."""
         if spinning != self.spinning:
             self._reopen(self.prepack, spinning, collect=False)
 
     def _reopen(self, prepack: bool, spinning: bool | str, collect: bool = True) -> None:
-        old = self.prepack, self.spinning
-        self.session = None
         from graph_autofusion.torch_outputs import give_back_memory
 
-        give_back_memory(collect=collect)
-        try:
-            self.prepack, self.spinning = prepack, spinning
-            self.session = self._open(prepack)
-        except Exception:  # noqa: BLE001 - the session it had opens again
-            self.prepack, self.spinning = old
-            self.session = self._open(self.prepack)
+        with self._reopening:
+            old = self.prepack, self.spinning
+            self.session = None  # (a call still inside the old one keeps it until it returns)
+            give_back_memory(collect=collect)
+            try:
+                self.prepack, self.spinning = prepack, spinning
+                self.session = self._open(prepack)
+            except Exception:  # noqa: BLE001 - the session it had opens again
+                self.prepack, self.spinning = old
+                self.session = self._open(self.prepack)
 
     def release(self) -> None:
         """Let the session (and its packed weights) go; :meth:`reopen` opens it again."""
@@ -146,7 +152,13 @@ class OrtGraphProgram:
 
     def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
         feeds = {n: _as_numpy(args[i]) for n, i in zip(self.input_names, self.user_inputs)}
-        outs = self.session.run(self.output_names, feeds)
+        session = self.session
+        if session is None:  # opened again on another thread: wait for it
+            with self._reopening:
+                session = self.session
+            if session is None:
+                raise GraphAutoFusionError("the onnxruntime session is not open")
+        outs = session.run(self.output_names, feeds)
         return tuple(torch.from_numpy(np.asarray(o)) for o in outs)
 
 

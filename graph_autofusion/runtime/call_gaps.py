@@ -17,9 +17,10 @@ says when to switch:
   a Dynamo frame's return and its next call's guards took 0.7-1.6 ms of it on the zoo's text
   models), or in the whole gap when it is shorter: the work that spinning workers would share
   the cores with. One process-wide daemon thread (:class:`_Look`) reads the calling thread's
-  CPU clock :data:`LOOK_S` after a call that no other call followed (woken at most once per
-  :data:`LOOK_S`; a call only sets an event). Other threads' work is not seen (the process's
-  CPU clock counts our own workers' spinning);
+  CPU clock :data:`LOOK_S` (or, when it is delayed, a little more) after a call that no other
+  call followed; a call only sets an event, and the thread wakes at most once per call and
+  sleeps while calls come closer together than :data:`LOOK_S`. Other threads' work is not
+  seen (the process's CPU clock counts our own workers' spinning);
 * :data:`WINDOW` quiet gaps in a row: the sessions spin on after each call (onnxruntime's
   default, ``True``); from then on one gap that is not quiet switches back to the tail. A
   session's spinning is fixed when it is made, so each switch opens the sessions again, and a graph switches to
@@ -32,6 +33,7 @@ after a pause) finds the workers asleep again and does not count. ``FuseOptions(
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -51,8 +53,9 @@ MAX_SPIN_SWITCHES = 2
 
 class CallGaps:
     """The gaps between one graph's calls (:meth:`start` at a call's start, :meth:`stop` at its
-    end, on the same thread) and the spinning mode they call for. Calls from another thread
-    reset the watch (its CPU clock is another thread's)."""
+    end, on the same thread) and the spinning mode they call for. A call from another thread
+    (by its kernel thread id: a new thread may reuse an ended one's ``pthread_t``) starts the
+    count of quiet gaps again: its CPU clock is another thread's."""
 
     def __init__(self) -> None:
         self.spinning = False  # the mode the caller's sessions have now (True: spin on)
@@ -61,7 +64,7 @@ class CallGaps:
         self.why = ""  # the last switch's reason
         self._end: float | None = None
         self._cpu = 0.0
-        self._thread = 0
+        self._thread = 0  # the calling thread's kernel id (threading.get_native_id)
         self._clock: int | None = None  # the calling thread's CPU clock (for _Look)
         self._seq = 0  # calls ended
         self._early: tuple[int, float] | None = None  # (seq, CPU in the LOOK_S after it)
@@ -70,7 +73,7 @@ class CallGaps:
         """At a call's start: the mode to switch to (``True``: spin on after each call,
         ``False``: the short tail), or ``None`` to keep the current one."""
         end, self._end = self._end, None
-        if end is None or threading.get_ident() != self._thread:
+        if end is None or threading.get_native_id() != self._thread:
             return None
         gap = time.perf_counter() - end
         if gap < MIN_GAP_S:
@@ -107,10 +110,11 @@ class CallGaps:
 
     def stop(self) -> None:
         """At a call's end."""
-        ident = threading.get_ident()
-        if ident != self._thread or self._clock is None:
-            self._thread = ident
-            self._clock = _thread_clock(ident)
+        native = threading.get_native_id()
+        if native != self._thread:
+            self._thread = native
+            self.gaps.clear()  # another thread's gaps: counted afresh
+        self._clock = _thread_clock(threading.get_ident())  # this thread's, even if reused
         self._seq += 1
         self._cpu = time.thread_time()
         self._end = time.perf_counter()
@@ -155,10 +159,15 @@ class _Look:
         with self._lock:
             self._due[id(gaps)] = gaps
             if self._thread is None:
-                self._thread = threading.Thread(
+                thread = threading.Thread(
                     target=self._run, name="autofusion-call-gaps", daemon=True
                 )
-                self._thread.start()
+                try:
+                    thread.start()
+                except RuntimeError:  # no thread to be had: gaps are judged whole
+                    self._due.clear()
+                    return
+                self._thread = thread
         self._event.set()
 
     def _run(self) -> None:
@@ -187,3 +196,13 @@ class _Look:
 
 
 _LOOK = _Look()
+
+
+def _after_fork() -> None:
+    """A forked child has no watcher thread (and maybe a lock held by it): a fresh one."""
+    global _LOOK
+    _LOOK = _Look()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
