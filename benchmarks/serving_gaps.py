@@ -124,8 +124,8 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         "| model | idle: auto | idle: run | idle: on | busy: auto | busy: run | busy: on | "
         "eager right after: auto | eager right after: run | eager right after: on | "
-        "auto's note (idle) |",
-        "|---|" + "---|" * 10,
+        "auto's note (idle), per process | engines other than onnxruntime |",
+        "|---|" + "---|" * 11,
     ]
 
     def cell(s: dict) -> str:
@@ -136,8 +136,15 @@ def markdown(data: dict[str, Any]) -> str:
         cells = [cell(c[f"idle {m}"]["ours"]) for m in MODES]
         cells += [cell(c[f"busy {m}"]["ours"]) for m in MODES]
         cells += [cell(c[f"busy {m}"]["after"]) for m in MODES]
-        note = "; ".join(sorted({n for n in c["idle auto"]["notes"] if n})) or "no switch"
-        lines.append(f"| {r['model']} ({r['source']}) | " + " | ".join(cells) + f" | {note} |")
+        notes = c["idle auto"]["notes"]
+        note = "; ".join(n or "no switch" for n in notes)
+        odd = [
+            f"{k}: {e}" for k in c for e in c[k].get("engines", []) if e != "onnxruntime"
+        ]  # processes whose graph chose another engine on its first call
+        engines = ", ".join(odd) or "onnxruntime in every process"
+        lines.append(
+            f"| {r['model']} ({r['source']}) | " + " | ".join(cells) + f" | {note} | {engines} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -184,14 +191,20 @@ def main() -> None:
                         raise RuntimeError(f"{cmd} failed: {proc.stderr[-1000:]}")
                     got = json.loads(line[len("RESULT ") :])
                     acc = raw.setdefault(
-                        f"{pattern} {mode}", {"ours": [], "after": [], "notes": []}
+                        f"{pattern} {mode}", {"ours": [], "after": [], "notes": [], "engines": []}
                     )
                     acc["ours"] += got["ours"]
                     acc["after"] += got["after"]
                     acc["notes"] += got["notes"]
+                    acc["engines"] += got["engines"]
                     print(f"{name} {pattern} {mode}: {_stats(got['ours'])}", file=sys.stderr)
         configs = {
-            k: {"ours": _stats(v["ours"]), "after": _stats(v["after"]), "notes": v["notes"]}
+            k: {
+                "ours": _stats(v["ours"]),
+                "after": _stats(v["after"]),
+                "notes": v["notes"],
+                "engines": v["engines"],
+            }
             for k, v in raw.items()
         }
         data["rows"].append({"model": name, "source": MODELS.get(name, ""), "configs": configs})
