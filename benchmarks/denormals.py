@@ -21,10 +21,8 @@ in the header).
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,8 +40,8 @@ from peers import (  # noqa: E402
     THREADS,
     OpenVINOSession,
     Unavailable,
-    cpu_facts,
     openvino_version,
+    run_facts,
     write_results,
 )
 from torch_e2e_engines import run_forward  # noqa: E402 - as torch_e2e runs the ONNX engines
@@ -140,13 +138,8 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(THREADS)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short=10", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
     data: dict[str, Any] = {
-        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-        "commit": commit,
-        "machine": cpu_facts(),
+        **run_facts(),
         "onnxruntime": onnxruntime.__version__,
         "openvino": openvino_version(),
         "runs": args.runs,

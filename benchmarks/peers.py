@@ -15,7 +15,9 @@ OpenVINO is a benchmark dependency only.
 
 from __future__ import annotations
 
+import datetime
 import json
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -57,6 +59,29 @@ def timed_session(path: Any, level: str, threads: int = 2, *, ours: bool = False
 
     open_ = fused_session if ours else ort_session
     return open_(path, level, threads, spinning=True, **kw)
+
+
+def head_commit() -> str:
+    """The checkout's commit, 10 hex digits ("" outside a git checkout)."""
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short=10", "HEAD"],
+            cwd=Path(__file__).resolve().parents[1],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return ""
+
+
+def run_facts() -> dict[str, Any]:
+    """What a results file records of its run: ``date`` (to the minute), ``commit``
+    (:func:`head_commit`) and ``machine`` (:func:`cpu_facts`)."""
+    return {
+        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "commit": head_commit(),
+        "machine": cpu_facts(),
+    }
 
 
 def write_results(stem: str | Path, data: Any, markdown: Callable[[Any], str]) -> str:

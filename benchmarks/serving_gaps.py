@@ -27,7 +27,6 @@ Writes ``benchmarks/results/serving_gaps.json`` and ``.md`` (CPU model and ISA i
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import subprocess
 import sys
@@ -41,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers import THREADS, cpu_facts, write_results  # noqa: E402
+from peers import THREADS, run_facts, write_results  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "serving_gaps"
 MODES = ("auto", "run", "on")
@@ -161,13 +160,8 @@ def main() -> None:
         got = one(*args.one, args.calls, args.warm, args.pause)
         print("RESULT " + json.dumps(got))
         return
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short=10", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
     data: dict[str, Any] = {
-        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-        "commit": commit,
-        "machine": cpu_facts(),
+        **run_facts(),
         "repeats": args.repeats,
         "calls": args.calls,
         "warm": args.warm,

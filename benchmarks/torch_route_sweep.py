@@ -760,13 +760,9 @@ def _versions() -> dict:
 
 def _commit() -> str:
     """The checkout's commit (``SWEEP_COMMIT`` for a run from an exported snapshot)."""
-    try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "--short=10", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        rev = ""
-    return os.environ.get("SWEEP_COMMIT") or rev
+    from peers import head_commit
+
+    return os.environ.get("SWEEP_COMMIT") or head_commit()
 
 
 def _write(out: Path, rows: list[dict], start: float, argv: list[str] | None) -> None:

@@ -23,8 +23,8 @@ says when to switch:
   seen (the process's CPU clock counts our own workers' spinning);
 * :data:`WINDOW` quiet gaps in a row: the sessions spin on after each call (onnxruntime's
   default, ``True``); from then on one gap that is not quiet switches back to the tail. A
-  session's spinning is fixed when it is made, so each switch opens the sessions again, and a graph switches to
-  spinning at most :data:`MAX_SPIN_SWITCHES` times.
+  session's spinning is fixed when it is made, so each switch opens the sessions again, and
+  a graph switches to spinning at most :data:`MAX_SPIN_SWITCHES` times.
 
 Work that starts later than :data:`LOOK_S` after a call (a benchmark that times other engines
 after a pause) finds the workers asleep again and does not count. ``FuseOptions(spinning=
@@ -111,10 +111,10 @@ class CallGaps:
     def stop(self) -> None:
         """At a call's end."""
         native = threading.get_native_id()
-        if native != self._thread:
+        if native != self._thread:  # (a reused pthread_t comes with a new kernel id)
             self._thread = native
             self.gaps.clear()  # another thread's gaps: counted afresh
-        self._clock = _thread_clock(threading.get_ident())  # this thread's, even if reused
+            self._clock = _thread_clock(threading.get_ident())
         self._seq += 1
         self._cpu = time.thread_time()
         self._end = time.perf_counter()
@@ -146,8 +146,8 @@ def _thread_clock(ident: int) -> int | None:
 class _Look:
     """The process's one watcher: :data:`LOOK_S` after a call, reads the calling thread's CPU
     clock for each :class:`CallGaps` that no call has touched since (a daemon thread, started
-    with the first call; a call sets an event, and the thread wakes at most once per
-    :data:`LOOK_S`)."""
+    with the first call; a call sets an event, and the thread wakes at most once per call,
+    sleeping while calls come closer together than :data:`LOOK_S`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
