@@ -44,6 +44,16 @@ ENGINE_TIMING_ROUNDS = 5
 #: where onnxruntime ran at 0.29x and 0.12x); building it took 2.6 s and 1.1 GB of a GPT-2 s128
 #: first call, and set the peak memory of a Llama ``generate()``.
 TORCH_PROGRAM_BELOW = 0.75
+#: An onnxruntime session without its packed GEMM weights runs at least this much slower than
+#: packed (1.14-2.12x on the zoo's Llama, MiniLM, BERT and GPT-2 graphs at s16 and s128,
+#: 2026-12-06). A graph whose onnxruntime program, timed unpacked, already runs at
+#: :data:`TORCH_PROGRAM_BELOW` times this of eager's time or less is chosen without the packed
+#: session (``CompiledGraph._build_and_choose``): packed, it would have run at
+#: :data:`TORCH_PROGRAM_BELOW` or less, where the torch program is not built either. The packed
+#: copy of the weights is then made only once the graph is hot, never during its first call
+#: (it set the peak memory of a compiled ``generate()``: the prefill graph's packed session,
+#: ~47 MB on the zoo Llama, opened only to time it).
+UNPACKED_SLOWER = 1.13
 #: A side of an engine measurement whose timed call took this long (seconds) or more is not
 #: called untimed again before its next timed call (``SpeedPolicy.engine_times``): the pre-call
 #: settles sub-millisecond effects (another runtime's waking threads, cache contents), which

@@ -498,11 +498,14 @@ class CompiledGraph:
         weights at once (a prefill's: onnxruntime's and oneDNN's, ~110 MB each on the zoo
         Llama); the caller opens it again if it is chosen. The torch program is not built
         when onnxruntime's already leads eager by more than it has ever been beaten
-        (:meth:`_torch_cannot_win`). Without speed checks: onnxruntime when it was built
-        (the torch program is then not built), else the torch program."""
+        (:meth:`_torch_cannot_win`). onnxruntime's program is opened, and first timed,
+        without its packed weights (:meth:`_unpacked_leads`); only when that measurement
+        does not settle the choice is it packed and timed again. Without speed checks:
+        onnxruntime when it was built (the torch program is then not built), else the torch
+        program."""
         check = self.config.options.check_speed
-        w = self._writes
-        self.engine_notes.pop("not built", None)  # an earlier compile's (another weight set)
+        for stale in ("not built", "packing"):  # an earlier compile's (another weight set)
+            self.engine_notes.pop(stale, None)
         built: dict[str, Any] = {}
         relative: dict[str, float] = {}  # engine -> its median / eager's, where it beat eager
         eager_s: list[float] = []
@@ -529,17 +532,11 @@ class CompiledGraph:
                 decided = self._against_leader(leader, engine, built, args)
                 if decided is not None:
                     return decided, built[decided]
-            eager = self.core_gm.forward
-            sides = {engine: program, "eager": eager if w is None else w.on_scratch(eager)}
-            calls = {name: functools.partial(fn, *args) for name, fn in sides.items()}
-            policy = SpeedPolicy(self.config.options.speed_margin)
-            with torch.no_grad():
-                best, medians = policy.choose(
-                    calls,
-                    "eager",
-                    f"engine@graph{self.index}",
-                    rounds=defaults.ENGINE_TIMING_ROUNDS,
-                )
+            best, medians = self._against_eager(engine, program, args)
+            ort = getattr(program, "program", None)
+            if ort is not None and ort.timed_unpacked() and not self._unpacked_leads(best, medians):
+                ort.set_packing(True)  # timed as it would serve once hot
+                best, medians = self._against_eager(engine, program, args)
             self.engine_times[engine] = medians[engine]
             self.engine_times["eager"] = medians["eager"]  # a later engine may decide
             eager_s.append(medians["eager"])
@@ -574,6 +571,44 @@ class CompiledGraph:
             engine = "onnxruntime"
         return engine, built[engine]
 
+    def _against_eager(
+        self, engine: str, program: Any, args: Sequence[Any]
+    ) -> tuple[str, dict[str, float]]:
+        """``engine``'s program timed against eager by safe mode's speed policy: the winner
+        and each side's median."""
+        w = self._writes
+        eager = self.core_gm.forward
+        sides = {engine: program, "eager": eager if w is None else w.on_scratch(eager)}
+        calls = {name: functools.partial(fn, *args) for name, fn in sides.items()}
+        policy = SpeedPolicy(self.config.options.speed_margin)
+        with torch.no_grad():
+            return policy.choose(
+                calls, "eager", f"engine@graph{self.index}", rounds=defaults.ENGINE_TIMING_ROUNDS
+            )
+
+    def _unpacked_leads(self, best: str, medians: dict[str, float]) -> bool:
+        """Whether onnxruntime's program, timed without its packed weights, is chosen as it is
+        (``engine_notes["packing"]`` says so): it beat eager and ran at
+        :data:`~graph_autofusion.defaults.TORCH_PROGRAM_BELOW` x
+        :data:`~graph_autofusion.defaults.UNPACKED_SLOWER` of eager's time or less (scaled
+        as :meth:`_torch_cannot_win` scales it), where packed it would not have been slower
+        and the torch program would not have been built. Its weights are packed once the
+        graph is hot (:data:`PACK_AFTER_CALLS`), never for the first call alone."""
+        ratio = medians["onnxruntime"] / medians["eager"]
+        if best != "onnxruntime" or ratio > self._torch_below() * defaults.UNPACKED_SLOWER:
+            return False
+        self.engine_notes["packing"] = (
+            f"timed without its packed weights at {ratio:.2f}x eager's time: chosen as it "
+            f"is, packed once the graph is hot"
+        )
+        return True
+
+    def _torch_below(self) -> float:
+        """:data:`~graph_autofusion.defaults.TORCH_PROGRAM_BELOW`, moved with the user's
+        ``speed_margin`` over the default's."""
+        margin = self.config.options.speed_margin
+        return defaults.TORCH_PROGRAM_BELOW * margin / defaults.SPEED_MARGIN
+
     def _torch_cannot_win(
         self, built: dict[str, Any], relative: dict[str, float], check: bool
     ) -> bool:
@@ -586,13 +621,18 @@ class CompiledGraph:
             return False
         if check:
             ratio = relative.get("onnxruntime")
-            margin = self.config.options.speed_margin  # the threshold moves with the margin
-            below = defaults.TORCH_PROGRAM_BELOW * margin / defaults.SPEED_MARGIN
+            margin = self.config.options.speed_margin
+            below = self._torch_below()
+            ort = getattr(built["onnxruntime"], "program", None)
+            unpacked = ort is not None and ort.timed_unpacked()
+            if unpacked:  # packed, it runs at least UNPACKED_SLOWER faster
+                below *= defaults.UNPACKED_SLOWER
             if ratio is None or ratio > below:
                 return False
             why = (
-                f"onnxruntime ran at {ratio:.2f}x eager's time; the torch program would have "
-                f"to run at {ratio / margin:.2f}x"
+                f"onnxruntime ran at {ratio:.2f}x eager's time"
+                + (" without its packed weights" if unpacked else "")
+                + f"; the torch program would have to run at {ratio / margin:.2f}x"
             )
         else:
             why = "no speed check: onnxruntime runs the graph"
@@ -669,7 +709,8 @@ class CompiledGraph:
                 ort.model,
                 ort.user_inputs,
                 1,
-                prepack=ort.prepack,
+                prepack=ort.packs,
+                pack_later=not ort.prepack,
                 spinning=ort.spinning,
                 flush_denormals=ort.flush_denormals,
                 placeholder=ort.placeholder,  # what the checked session needed

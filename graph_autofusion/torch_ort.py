@@ -68,6 +68,7 @@ class OrtGraphProgram:
         spinning: bool | str = SERVING_SPINNING,
         flush_denormals: bool = True,
         placeholder: str = "full",
+        pack_later: bool = False,
     ) -> None:
         self.model = model
         self.user_inputs = tuple(user_inputs)
@@ -75,7 +76,10 @@ class OrtGraphProgram:
         self.output_names = [v.name for v in model.graph.outputs]
         self.in_place_bytes = sum(a.nbytes for a in model_weights(model).values())
         self.threads = threads or torch.get_num_threads()
-        self.prepack = prepack
+        # ``packs``: the form the graph serves once hot; ``prepack``: the open session's.
+        # ``pack_later``: opened without the packed weights, packed when the caller decides
+        self.packs = prepack
+        self.prepack = prepack and not (pack_later and self._deferrable())
         self.spinning = spinning  # the session's mode (FuseOptions.spinning)
         self.flush_denormals = flush_denormals  # FuseOptions.denormals == "flush"
         # ort_session's placeholder; "rewritable" (build_ort_program's, where the first call
@@ -85,7 +89,15 @@ class OrtGraphProgram:
         # held while the session is opened again: a call from another thread that finds no
         # session waits for the new one instead of failing
         self._reopening = threading.Lock()
-        self.session = self._open(prepack)
+        self.session = self._open(self.prepack)
+
+    def _deferrable(self) -> bool:
+        """No ``MatMulNBits`` (which, unpacked, dequantizes its whole weight on every call)."""
+        return not any(n.op_type == "MatMulNBits" for n in self.model.graph.nodes)
+
+    def timed_unpacked(self) -> bool:
+        """Whether the open session lacks the packed weights its graph serves with once hot."""
+        return self.packs and not self.prepack
 
     def _open(self, prepack: bool) -> Any:
         return ort_session(
@@ -146,9 +158,9 @@ class OrtGraphProgram:
             self.session = self._open(self.prepack)
 
     def can_defer_packing(self) -> bool:
-        """Whether the session may run unpacked until the graph proves hot: packed, and no
-        ``MatMulNBits`` (which, unpacked, dequantizes its whole weight on every call)."""
-        return self.prepack and not any(n.op_type == "MatMulNBits" for n in self.model.graph.nodes)
+        """Whether the session may run unpacked until the graph proves hot: it packs (or will),
+        and no ``MatMulNBits`` (which, unpacked, dequantizes its whole weight on every call)."""
+        return self.packs and self._deferrable()
 
     def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
         feeds = {n: _as_numpy(args[i]) for n, i in zip(self.input_names, self.user_inputs)}
@@ -232,6 +244,7 @@ def build_ort_program(
             spinning=SERVING_MODES[options.spinning],
             flush_denormals=denormals_flushed(options.denormals),
             placeholder=_placeholder(options),
+            pack_later=True,  # packed once the caller decides (timed, or hot)
         )
     except Exception as exc:  # noqa: BLE001 - onnxruntime's own exception types
         raise OrtEngineRefused(

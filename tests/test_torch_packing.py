@@ -1,0 +1,124 @@
+"""The first call of a compiled graph times its onnxruntime program without the packed GEMM
+weights, and packs them for that timing only when the unpacked measurement does not settle the
+engine (``CompiledGraph._unpacked_leads``): a graph far ahead of eager unpacked is chosen as it
+is and packed once hot, so no first call holds a packed copy of the weights it may never use
+again (a ``generate()``'s prefill)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from graph_autofusion import defaults  # noqa: E402
+from graph_autofusion.runtime.timing import use_timer  # noqa: E402
+from graph_autofusion.torch_compile import make_backend  # noqa: E402
+from graph_autofusion.torch_ort import OrtGraphProgram  # noqa: E402
+
+
+class _TextModel(torch.nn.Module):
+    """Embedding, two linears worth packing at 16 rows, a softmax over the sequence."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(500, 128)
+        self.up = torch.nn.Linear(128, 256)
+        self.down = torch.nn.Linear(256, 128)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.emb(ids)
+        h = self.down(torch.nn.functional.gelu(self.up(h))) + h
+        return torch.softmax(h @ h.transpose(-1, -2), dim=-1) @ h
+
+
+def _ids(n: int) -> torch.Tensor:
+    return torch.randint(0, 500, (1, n), generator=torch.Generator().manual_seed(0))
+
+
+def _timer(speed: dict[str, float], timed: list[tuple[str, bool]]):
+    """Engines at ``speed`` (seconds) in the engine measurements, recording for each timed
+    onnxruntime call whether its session was packed; safe mode's own timings equal."""
+
+    def t(key, side, fn):
+        fn()
+        if key.startswith("engine@") and side == "onnxruntime":
+            timed.append((side, _packed[-1] if _packed else None))
+        return speed.get(side, 1e-3) if key.startswith("engine@") else 1e-3
+
+    return t
+
+
+_packed: list[bool] = []  # the packing of each session opened, in order
+
+
+@pytest.fixture
+def opens(monkeypatch):
+    """Every onnxruntime session the torch route opens, as ``True`` (packed) or ``False``."""
+    _packed.clear()
+    real = OrtGraphProgram._open
+
+    def record(self, prepack):
+        _packed.append(bool(prepack))
+        return real(self, prepack)
+
+    monkeypatch.setattr(OrtGraphProgram, "_open", record)
+    yield _packed
+    _packed.clear()
+
+
+def _compile_and_call(speed: dict[str, float], calls: int = 1):
+    m = _TextModel().eval()
+    backend = make_backend()
+    c = torch.compile(m, backend=backend)
+    ids = _ids(16)
+    timed: list[tuple[str, bool]] = []
+    with use_timer(_timer(speed, timed)), torch.no_grad():
+        outs = [c(ids) for _ in range(calls)]
+        want = m(ids)
+    for out in outs:
+        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    (g,) = backend.config.graphs
+    return g, timed
+
+
+def test_a_graph_far_ahead_of_eager_unpacked_is_chosen_without_packing(opens):
+    """onnxruntime at 0.25x eager's time without its packed weights: chosen on that
+    measurement, the torch program not built, no packed session opened during the first call;
+    the graph's later calls pack the weights (the session opened again) with the same
+    answers."""
+    g, timed = _compile_and_call({"onnxruntime": 1e-3, "eager": 4e-3, "torch": 0.5e-3})
+    assert g.engine == "onnxruntime", g.summary()
+    assert timed and all(packed is False for _, packed in timed), timed
+    assert True not in opens, opens  # not even for the timing
+    assert "packing" in g.engine_notes, g.engine_notes
+    assert "without its packed weights" in g.engine_notes["not built"], g.engine_notes
+    assert g.engine_times["onnxruntime"] == pytest.approx(1e-3)
+    torch._dynamo.reset()
+
+    g, _ = _compile_and_call({"onnxruntime": 1e-3, "eager": 4e-3}, calls=3)
+    assert opens[-1] is True  # hot: packed from the second call on
+
+
+@pytest.mark.parametrize(("ort_s", "chosen"), [(3.6e-3, "onnxruntime"), (5e-3, "eager")])
+def test_a_graph_not_far_enough_ahead_unpacked_is_packed_and_timed_again(opens, ort_s, chosen):
+    """onnxruntime at 0.9x eager's time unpacked (ahead, but where packing may decide whether
+    the torch program is worth building), or behind eager by more than the speed margin: the
+    session is packed and timed again, the torch program is built and timed, and the faster
+    engine is chosen."""
+    g, timed = _compile_and_call({"onnxruntime": ort_s, "eager": 4e-3, "torch": 6e-3})
+    packed = [p for _, p in timed]
+    assert False in packed and True in packed, timed  # unpacked first, then packed
+    assert packed.index(True) > packed.index(False)
+    assert "packing" not in g.engine_notes, g.engine_notes
+    assert "not built" not in g.engine_notes and "torch" in g.engine_times, g.engine_notes
+    assert g.engine == chosen, g.summary()
+
+
+def test_the_threshold_moves_with_the_speed_margin(opens, monkeypatch):
+    """The unpacked measurement decides only where the packed one would not have built the
+    torch program: ``TORCH_PROGRAM_BELOW`` x ``UNPACKED_SLOWER`` of eager's time."""
+    monkeypatch.setattr(defaults, "TORCH_PROGRAM_BELOW", 0.2)  # 0.226 unpacked
+    g, timed = _compile_and_call({"onnxruntime": 1e-3, "eager": 4e-3, "torch": 5e-3})
+    assert True in [p for _, p in timed], timed  # 0.25 > 0.226: packed and timed again
+    assert g.engine == "onnxruntime" and "packing" not in g.engine_notes, g.engine_notes
