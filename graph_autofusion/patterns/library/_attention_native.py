@@ -20,9 +20,15 @@
   give the same probabilities; the safe-mode comparison checks every instance anyway.
 
 The ``Where(IsNaN(.), 0, .)`` guards only change rows whose every key is masked by ``-inf``;
-onnxruntime's kernel gives such rows zeros as well when the mask is finite, which is what the
-exporters emit. Nodes the lowering no longer reads (the repeat, the dynamo transpose chain) are
-removed afterwards as dead code.
+onnxruntime's kernel gives such rows zeros as well. A row whose every key is masked by the
+exporters' finite fill, float32's lowest value, is another matter: the scores vanish in the
+fill, so the matched operators average every value (uniform probabilities), but onnxruntime's
+kernel reads that exact value as ``-inf`` and gives zeros (padding positions of a left-padded
+batch: 0.2-0.3 apart in a Qwen3's logits). A float32 mask's lowest value is therefore passed as
+``-3e38`` (:data:`FINITE_FILL`), which every score vanishes in as well and which the kernel
+takes as given: the same probabilities in every row (a constant fill is replaced; a mask
+computed at run time gets ``Where(Equal(mask, lowest), -3e38, mask)``). Nodes the lowering no
+longer reads (the repeat, the dynamo transpose chain) are removed afterwards as dead code.
 """
 
 from __future__ import annotations
@@ -171,19 +177,49 @@ def attention_scale(ctx: RewriteContext) -> float:
     return scale
 
 
+#: What a float32 attention mask's lowest value (the exporters' fill) is passed to
+#: onnxruntime's ``Attention`` as: onnxruntime takes that exact value for ``-inf`` (a row masked
+#: everywhere gives zeros, where the matched operators average the values), and takes this one
+#: as given; every score vanishes in either (|score| << ulp(3e38) / 2).
+FINITE_FILL = -3e38
+_LOWEST = float(np.finfo(np.float32).min)
+
+
 def _additive_mask(ctx: RewriteContext, dtype) -> Value | None:
     labels = ctx.match.labels
     mask = ctx.value("mask") if "mask_add" in labels else None
+    if mask is not None:
+        mask = _finite_fill(ctx, mask)
     if "mask_where" not in labels:
         return mask
     cond, fill = ctx.value("mask_cond"), ctx.value("mask_fill")
     if cond.dtype != DType.BOOL:
         raise RewriteError("the attention mask condition is not boolean")
     zero = ctx.add_constant("attention_mask_zero", np.zeros((), dtype=dtype.to_numpy()))
-    where = ctx.make_node("Where", [cond, zero, fill]).outputs[0]
+    where = ctx.make_node("Where", [cond, zero, _finite_fill(ctx, fill)]).outputs[0]
     if mask is None:
         return where
     return ctx.make_node("Add", [where, mask]).outputs[0]
+
+
+def _finite_fill(ctx: RewriteContext, mask: Value) -> Value:
+    """``mask`` (float32) with its lowest value as :data:`FINITE_FILL`: a constant's data
+    replaced, else ``Where(Equal(mask, lowest), FINITE_FILL, mask)`` (``-inf`` stays)."""
+    if mask.dtype != DType.FLOAT:
+        return mask
+    data = const_value(mask)
+    if data is not None:
+        if not np.any(data == _LOWEST):
+            return mask
+        fixed = np.where(data == _LOWEST, np.float32(FINITE_FILL), data).astype(np.float32)
+        return ctx.add_constant("attention_mask_fill", fixed)
+    lowest = ctx.add_constant("attention_mask_lowest", np.array(_LOWEST, np.float32))
+    fill = ctx.add_constant("attention_mask_finite", np.array(FINITE_FILL, np.float32))
+    hit = ctx.make_node("Equal", [mask, lowest]).outputs[0]
+    hit.dtype, hit.shape = DType.BOOL, mask.shape
+    out = ctx.make_node("Where", [hit, fill, mask]).outputs[0]
+    out.dtype, out.shape = mask.dtype, mask.shape
+    return out
 
 
 def _query_rows(ctx: RewriteContext, mask: Value, q: Value) -> Value:
