@@ -74,8 +74,11 @@ class FusedResults:
             return to_onnx(model)
         if isinstance(model, str | os.PathLike):  # a bad file: ModelLoadError naming it
             from graph_autofusion.frontend.onnx_read import read_model
+            from graph_autofusion.runtime.ort_session import saved_library
 
-            return read_model(model)[0]
+            proto = read_model(model)[0]
+            saved_library(proto, model)  # a fused file's kernels (target cpu, custom ops)
+            return proto
         return model
 
     def verify_precision(self, fused: Any = None, original: Any = None) -> dict[str, Any]:
@@ -98,7 +101,7 @@ class FusedResults:
         fused_p = self._proto(fused)
         orig_p = self._proto(original if original is not None else self.model)
         feeds = self.feeds()
-        with _onnxruntime_errors(self.model, feeds, "verify_precision"):
+        with _onnxruntime_errors(self.model, feeds, _naming("verify_precision", fused)):
             a = capture_activations(load_onnx(orig_p), feeds)
             b = capture_activations(load_onnx(fused_p), feeds)
         outs = [o.name for o in orig_p.graph.output]
@@ -155,10 +158,12 @@ class FusedResults:
         feeds = self.feeds()
         # both as the fused model serves (FuseOptions.denormals): the improvement is the fusion's
         flush = denormals_flushed(self.options.denormals)
-        sessions = {
-            "baseline": ort_session(orig_p, level, threads, flush_denormals=flush),
-            "fused": ort_session(fused_p, level, threads, flush_denormals=flush),
-        }
+        what = _naming("verify_performance", fused)
+        with _onnxruntime_errors(self.model, feeds, what):
+            sessions = {
+                "baseline": ort_session(orig_p, level, threads, flush_denormals=flush),
+                "fused": ort_session(fused_p, level, threads, flush_denormals=flush),
+            }
 
         def inputs(sess):
             names = {i.name for i in sess.get_inputs()}
@@ -167,7 +172,7 @@ class FusedResults:
         from graph_autofusion.report import progress
 
         times: dict[str, list[float]] = {k: [] for k in sessions}
-        guard = _onnxruntime_errors(self.model, feeds, "verify_performance")
+        guard = _onnxruntime_errors(self.model, feeds, what)
         with (
             guard,
             progress.task("bench: original and fused, alternating", total=warmup + runs) as tick,
@@ -326,6 +331,13 @@ class FusedResults:
             return
         self.kernel_dir = ""
         save_onnx(result.model, dest)
+
+
+def _naming(what: str, fused: Any) -> str:
+    """``what``, with the fused model's file when one was given (an error names both)."""
+    if isinstance(fused, str | os.PathLike):
+        return f"{what} (fused model {os.fspath(fused)})"
+    return what
 
 
 @contextlib.contextmanager

@@ -4,6 +4,9 @@ loaded for real, checked against the unfused model in real onnxruntime sessions.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -175,6 +178,35 @@ def test_a_plain_session_without_the_library_fails_naming_the_domain(fused):
         _plain(path)
     # with the library registered by its path, as a user registers it, it runs
     _plain(path, library=path + ".kernels/libgaf_custom_ops.so").run(None, _feeds(1, 5))
+
+
+@needs_header
+def test_the_cli_verifies_and_benches_a_fused_file_with_its_kernels_in_a_new_process(
+    fused, tmp_path
+):
+    """``verify`` and ``bench`` of a file written with custom operators, in a process that did
+    not fuse it: the library its metadata names is registered (they failed with "not a
+    registered function/op", bench with a traceback); without the kernel folder, one line
+    naming the missing library."""
+    _gaf, model, path = fused
+    orig = str(tmp_path / "orig.onnx")
+    onnx.save(to_onnx(model), orig)
+    copy = str(tmp_path / "fused.onnx")
+    shutil.copy(path, copy)
+    shutil.copytree(path + ".kernels", copy + ".kernels")
+
+    def cli(*args):
+        cmd = [sys.executable, "-m", "graph_autofusion", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+    verify = cli("verify", orig, copy)
+    assert verify.returncode == 0 and "PASS" in verify.stdout, verify.stdout + verify.stderr
+    bench = cli("bench", orig, copy, "--runs", "3")
+    assert bench.returncode == 0 and "improvement" in bench.stdout, bench.stdout + bench.stderr
+    shutil.rmtree(copy + ".kernels")
+    gone = cli("verify", orig, copy)
+    assert gone.returncode == 2 and "Traceback" not in gone.stderr, gone.stderr
+    assert "custom-operator library" in gone.stderr and "missing" in gone.stderr, gone.stderr
 
 
 @needs_header

@@ -143,6 +143,26 @@ def _custom_ops_library(model: Any) -> str | None:
     return co.library_for(ops)
 
 
+def saved_library(proto: Any, path: str | os.PathLike) -> str | None:
+    """The custom-operator library a fused model saved at ``path`` names in its metadata
+    (resolved next to the file), registered for its operators in this process, so every
+    session of the model (or of its parts) made here finds it; ``None`` when it names none.
+
+    Raises:
+        MissingFileError: the metadata names a library that is not there.
+    """
+    lib = co.library_path_from_metadata(proto, os.fspath(path))
+    if lib is None:
+        return None
+    if not os.path.exists(lib):
+        raise MissingFileError(
+            f"{path} needs its custom-operator library {lib}, which is missing (the kernel "
+            f"folder written next to the model must stay next to it)"
+        )
+    co.register_library(lib, co.custom_ops_of(proto))
+    return lib
+
+
 def fused_session(
     path: str | Path,
     level: str = "all",
@@ -163,12 +183,7 @@ def fused_session(
     import onnx
 
     proto = onnx.load(str(path), load_external_data=False)
-    lib = co.library_path_from_metadata(proto, str(path))
-    if lib is not None and not os.path.exists(lib):
-        raise MissingFileError(
-            f"{path} needs its custom-operator library {lib}, which is missing (the kernel "
-            f"folder written next to the model must stay next to it)"
-        )
+    lib = saved_library(proto, path)
     meta = {p.key: p.value for p in proto.metadata_props}
     flush = denormals_flushed(denormals or meta.get(DENORMALS_METADATA_KEY, "flush"))
     return ort_session(path, level, threads, custom_ops_library=lib, flush_denormals=flush, **kw)
