@@ -43,6 +43,7 @@ from graph_autofusion.options import FuseOptions, OptionsError
 from graph_autofusion.patterns.library import builtin_rules
 from graph_autofusion.runtime.call_gaps import CallGaps
 from graph_autofusion.runtime.ort_session import SERVING_MODES
+from graph_autofusion.runtime.timing import current_timer
 from graph_autofusion.torch_outputs import (
     SizeOutputs,
     Writes,
@@ -532,10 +533,16 @@ class CompiledGraph:
                 decided = self._against_leader(leader, engine, built, args)
                 if decided is not None:
                     return decided, built[decided]
-            best, medians = self._against_eager(engine, program, args)
             ort = getattr(program, "program", None)
-            if ort is not None and ort.timed_unpacked() and not self._unpacked_leads(best, medians):
+            if (
+                ort is not None
+                and ort.timed_unpacked()
+                and not self._unpacked_may_lead(program, args)
+            ):
                 ort.set_packing(True)  # timed as it would serve once hot
+            best, medians = self._against_eager(engine, program, args)
+            if ort is not None and ort.timed_unpacked() and not self._unpacked_leads(best, medians):
+                ort.set_packing(True)
                 best, medians = self._against_eager(engine, program, args)
             self.engine_times[engine] = medians[engine]
             self.engine_times["eager"] = medians["eager"]  # a later engine may decide
@@ -571,14 +578,31 @@ class CompiledGraph:
             engine = "onnxruntime"
         return engine, built[engine]
 
+    def _eager_side(self) -> Callable[..., Any]:
+        w = self._writes
+        eager = self.core_gm.forward
+        return eager if w is None else w.on_scratch(eager)
+
+    def _unpacked_may_lead(self, program: Any, args: Sequence[Any]) -> bool:
+        """One call of onnxruntime's unpacked program and one of eager (each called before):
+        whether the unpacked program may run at :meth:`_unpacked_leads`'s threshold, with
+        :data:`~graph_autofusion.defaults.UNPACKED_PROBE_SLACK` for one call's noise. A graph
+        far from it (BERT and GPT-2 at s16: 0.8-1.3x eager's time unpacked) is packed before
+        its measurement instead of measured twice."""
+        timer = current_timer()
+        key = f"probe@graph{self.index}"
+        with torch.no_grad():
+            ort_s = timer(key, "onnxruntime", functools.partial(program, *args))
+            eager_s = timer(key, "eager", functools.partial(self._eager_side(), *args))
+        limit = self._torch_below() * defaults.UNPACKED_SLOWER * defaults.UNPACKED_PROBE_SLACK
+        return eager_s > 0 and ort_s / eager_s <= limit
+
     def _against_eager(
         self, engine: str, program: Any, args: Sequence[Any]
     ) -> tuple[str, dict[str, float]]:
         """``engine``'s program timed against eager by safe mode's speed policy: the winner
         and each side's median."""
-        w = self._writes
-        eager = self.core_gm.forward
-        sides = {engine: program, "eager": eager if w is None else w.on_scratch(eager)}
+        sides = {engine: program, "eager": self._eager_side()}
         calls = {name: functools.partial(fn, *args) for name, fn in sides.items()}
         policy = SpeedPolicy(self.config.options.speed_margin)
         with torch.no_grad():
