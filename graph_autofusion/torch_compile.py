@@ -585,10 +585,10 @@ class CompiledGraph:
 
     def _unpacked_may_lead(self, program: Any, args: Sequence[Any]) -> bool:
         """One call of onnxruntime's unpacked program and one of eager (each called before):
-        whether the unpacked program may run at :meth:`_unpacked_leads`'s threshold, with
-        :data:`~graph_autofusion.defaults.UNPACKED_PROBE_SLACK` for one call's noise. A graph
-        far from it (BERT and GPT-2 at s16: 0.8-1.3x eager's time unpacked) is packed before
-        its measurement instead of measured twice."""
+        whether the unpacked program may run at :meth:`_unpacked_leads`'s threshold (times
+        :data:`~graph_autofusion.defaults.UNPACKED_PROBE_SLACK`). A graph above it (BERT and
+        GPT-2 at s16: 0.86-1.3x eager's time unpacked) is packed before its measurement
+        instead of measured twice."""
         timer = current_timer()
         key = f"probe@graph{self.index}"
         with torch.no_grad():
