@@ -61,8 +61,9 @@ MAX_WEIGHT_SETS = 4
 #: A graph's onnxruntime session packs its GEMM weights (onnxruntime's own copy of each) once
 #: the graph has been called this many times; until then it runs them unpacked. A
 #: ``generate()`` calls its prefill graph and its first decode graph once each: only the
-#: decode graph that serves every later step holds a packed copy (the engine is still chosen
-#: on packed timings).
+#: decode graph that serves every later step holds a packed copy (the engine is chosen on
+#: packed timings, or on unpacked ones where those already settle it:
+#: ``CompiledGraph._unpacked_leads``).
 PACK_AFTER_CALLS = 2
 
 
@@ -499,9 +500,10 @@ class CompiledGraph:
         weights at once (a prefill's: onnxruntime's and oneDNN's, ~110 MB each on the zoo
         Llama); the caller opens it again if it is chosen. The torch program is not built
         when onnxruntime's already leads eager by more than it has ever been beaten
-        (:meth:`_torch_cannot_win`). onnxruntime's program is opened, and first timed,
-        without its packed weights (:meth:`_unpacked_leads`); only when that measurement
-        does not settle the choice is it packed and timed again. Without speed checks:
+        (:meth:`_torch_cannot_win`). onnxruntime's program is opened without its packed
+        weights; a one-call probe (:meth:`_unpacked_may_lead`) decides whether it is measured
+        so first (:meth:`_unpacked_leads`: chosen on that measurement when it settles the
+        choice) or packed before its measurement. Without speed checks:
         onnxruntime when it was built (the torch program is then not built), else the torch
         program."""
         check = self.config.options.check_speed
@@ -534,14 +536,20 @@ class CompiledGraph:
                 if decided is not None:
                     return decided, built[decided]
             ort = getattr(program, "program", None)
+            alone = "torch" not in wanted  # onnxruntime or eager: nothing else to build
             if (
                 ort is not None
                 and ort.timed_unpacked()
+                and not alone
                 and not self._unpacked_may_lead(program, args)
             ):
                 ort.set_packing(True)  # timed as it would serve once hot
             best, medians = self._against_eager(engine, program, args)
-            if ort is not None and ort.timed_unpacked() and not self._unpacked_leads(best, medians):
+            if (
+                ort is not None
+                and ort.timed_unpacked()
+                and not self._unpacked_leads(best, medians, alone)
+            ):
                 ort.set_packing(True)
                 best, medians = self._against_eager(engine, program, args)
             self.engine_times[engine] = medians[engine]
@@ -591,9 +599,14 @@ class CompiledGraph:
         instead of measured twice."""
         timer = current_timer()
         key = f"probe@graph{self.index}"
+        times = {}
         with torch.no_grad():
-            ort_s = timer(key, "onnxruntime", functools.partial(program, *args))
-            eager_s = timer(key, "eager", functools.partial(self._eager_side(), *args))
+            for side, fn in (("onnxruntime", program), ("eager", self._eager_side())):
+                call = functools.partial(fn, *args)
+                time.sleep(defaults.ENGINE_SETTLE_S)  # as the measurement: settled, warm
+                call()
+                times[side] = timer(key, side, call)
+        ort_s, eager_s = times["onnxruntime"], times["eager"]
         limit = self._torch_below() * defaults.UNPACKED_SLOWER * defaults.UNPACKED_PROBE_SLACK
         return eager_s > 0 and ort_s / eager_s <= limit
 
@@ -610,16 +623,19 @@ class CompiledGraph:
                 calls, "eager", f"engine@graph{self.index}", rounds=defaults.ENGINE_TIMING_ROUNDS
             )
 
-    def _unpacked_leads(self, best: str, medians: dict[str, float]) -> bool:
+    def _unpacked_leads(self, best: str, medians: dict[str, float], alone: bool = False) -> bool:
         """Whether onnxruntime's program, timed without its packed weights, is chosen as it is
         (``engine_notes["packing"]`` says so): it beat eager and ran at
         :data:`~graph_autofusion.defaults.TORCH_PROGRAM_BELOW` x
         :data:`~graph_autofusion.defaults.UNPACKED_SLOWER` of eager's time or less (scaled
         as :meth:`_torch_cannot_win` scales it), where packed it would not have been slower
         and the torch program would not have been built. Its weights are packed once the
-        graph is hot (:data:`PACK_AFTER_CALLS`), never for the first call alone."""
+        graph is hot (:data:`PACK_AFTER_CALLS`), never for the first call alone. ``alone``:
+        no torch program is to be built (``engine="onnxruntime"``, compressed weights, a
+        saved plan's engine): beating eager unpacked settles it whatever the ratio."""
         ratio = medians["onnxruntime"] / medians["eager"]
-        if best != "onnxruntime" or ratio > self._torch_below() * defaults.UNPACKED_SLOWER:
+        limit = float("inf") if alone else self._torch_below() * defaults.UNPACKED_SLOWER
+        if best != "onnxruntime" or ratio > limit:
             return False
         self.engine_notes["packing"] = (
             f"timed without its packed weights at {ratio:.2f}x eager's time: chosen as it "
@@ -640,7 +656,9 @@ class CompiledGraph:
         why): onnxruntime's program was built and either nothing is timed (onnxruntime would
         run the graph anyway) or it ran at :data:`~graph_autofusion.defaults.
         TORCH_PROGRAM_BELOW` of eager's time or less (scaled by the user's ``speed_margin``
-        over the default's: the torch program must beat onnxruntime by that margin)."""
+        over the default's: the torch program must beat onnxruntime by that margin; times
+        :data:`~graph_autofusion.defaults.UNPACKED_SLOWER` for a ratio measured without the
+        packed weights)."""
         if "onnxruntime" not in built:
             return False
         if check:
@@ -725,7 +743,9 @@ class CompiledGraph:
                     t = time.perf_counter()
                     program(*args)
                     quick.append(time.perf_counter() - t)
-            small = min(quick) < defaults.FEW_THREADS_BELOW_S
+            # an unpacked session runs at least UNPACKED_SLOWER slower than it serves packed
+            slower = defaults.UNPACKED_SLOWER if ort.timed_unpacked() else 1.0
+            small = min(quick) < defaults.FEW_THREADS_BELOW_S * slower
         if not small:
             return program
         solo = _OrtCall(

@@ -91,3 +91,57 @@ def test_rows_masked_everywhere_keep_the_originals_answer(kind, tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     masked = want[1, :, 0] if kind != "constant" else want[:, :, 0]
     assert np.abs(masked).max() > 0.05  # the original averages the values there: not zeros
+
+
+def test_a_mask_a_feed_may_override_stays_an_input_and_a_constant_one_is_made_once(tmp_path):
+    """An initializer also listed as a graph input (IR >= 4) is a default a feed may replace:
+    the rewrite reads it at run time (``Where(Equal(...))``), so a fed mask still masks. A
+    constant mask read by two attentions gets one finite-fill copy, not one per layer."""
+    model = _model("constant")
+    mask = next(i for i in model.graph.initializer if i.name == "cmask")
+    model.graph.input.append(
+        helper.make_tensor_value_info("cmask", TensorProto.FLOAT, [1, 1, S, S])
+    )
+    path = tmp_path / "overridable.onnx"
+    onnx.save(model, str(path))
+    feeds = _feeds("constant", padded=False)
+    gaf = GraphAutoFusion(str(path), sample_inputs=feeds)
+    with use_timer(_fused_is_faster):
+        gaf.fuse()
+    fused = tmp_path / "fused.onnx"
+    gaf.save(str(fused))
+    assert any(n.op_type == "Attention" for n in onnx.load(str(fused)).graph.node)
+    other = np.zeros((1, 1, S, S), np.float32)
+    other[..., :, 3:] = LOWEST  # a different mask, fed
+    fed = dict(feeds, cmask=other)
+    want = ort_session(str(path), "disable", 1).run(None, fed)[0]
+    got = ort_session(str(fused), "all", 1).run(None, fed)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert numpy_helper.to_array(mask).shape == (1, 1, S, S)
+
+    two = _model("constant")  # a second attention reading the same constant mask
+    g = two.graph
+    extra = [
+        helper.make_node("MatMul", ["q", "kt"], ["s_b"]),
+        helper.make_node("Mul", ["s_b", "scale"], ["s2_b"]),
+        helper.make_node("Add", ["s2_b", "cmask"], ["a_b"]),
+        helper.make_node("Softmax", ["a_b"], ["p_b"], axis=-1),
+        helper.make_node("MatMul", ["p_b", "v"], ["y_b"]),
+    ]
+    g.node.extend(extra)
+    g.output.append(helper.make_tensor_value_info("y_b", TensorProto.FLOAT, [B, H, S, D]))
+    path2 = tmp_path / "two.onnx"
+    onnx.save(two, str(path2))
+    gaf = GraphAutoFusion(str(path2), sample_inputs=_feeds("constant", padded=False))
+    with use_timer(_fused_is_faster):
+        gaf.fuse()
+    out = tmp_path / "two_fused.onnx"
+    gaf.save(str(out))
+    proto = onnx.load(str(out))
+    assert sum(n.op_type == "Attention" for n in proto.graph.node) == 2
+    masks = [i for i in proto.graph.initializer if list(i.dims) == [1, 1, S, S]]
+    assert len(masks) == 1, [i.name for i in masks]
+    want = ort_session(str(path2), "disable", 1).run(None, _feeds("constant", padded=False))
+    got = ort_session(str(out), "all", 1).run(None, _feeds("constant", padded=False))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

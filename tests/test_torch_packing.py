@@ -126,10 +126,25 @@ def test_a_graph_not_far_enough_ahead_unpacked_is_packed_and_timed_again(
     assert g.engine == chosen, g.summary()
 
 
-def test_the_threshold_moves_with_the_speed_margin(opens, monkeypatch):
+def test_the_threshold_moves_with_torch_program_below(opens, monkeypatch):
     """The unpacked measurement decides only where the packed one would not have built the
     torch program: ``TORCH_PROGRAM_BELOW`` x ``UNPACKED_SLOWER`` of eager's time."""
     monkeypatch.setattr(defaults, "TORCH_PROGRAM_BELOW", 0.2)  # 0.226 unpacked
     g, timed = _compile_and_call({"onnxruntime": 1e-3, "eager": 4e-3, "torch": 5e-3})
     assert True in [p for _, p in timed], timed  # 0.25 > 0.226: packed and timed again
     assert g.engine == "onnxruntime" and "packing" not in g.engine_notes, g.engine_notes
+
+
+def test_with_no_torch_program_to_build_the_unpacked_measurement_settles_it(opens):
+    """``engine="onnxruntime"``: onnxruntime against eager is the only choice, so beating
+    eager unpacked (0.9x) settles it; no packed session during the first call."""
+    m = _TextModel().eval()
+    backend = make_backend(engine="onnxruntime")
+    timed: list[tuple[str, bool]] = []
+    speed = {"onnxruntime": 3.6e-3, "eager": 4e-3}
+    with use_timer(_timer(speed, timed)), torch.no_grad():
+        out = torch.compile(m, backend=backend)(_ids(16))
+        torch.testing.assert_close(out, m(_ids(16)), rtol=1e-4, atol=1e-5)
+    (g,) = backend.config.graphs
+    assert g.engine == "onnxruntime" and "packing" in g.engine_notes, g.engine_notes
+    assert True not in opens and all(p is False for _, p in timed), (opens, timed)

@@ -138,7 +138,9 @@ def _custom_ops_library(model: Any) -> str | None:
         return None
     if proto is not None:
         named = co.library_path_from_metadata(proto, path)
-        if named and os.path.exists(named):
+        # a relative name without the model's own path would be read in the working
+        # directory (another model's kernel folder of the same name): not trusted
+        if named and (path is not None or os.path.isabs(named)) and os.path.exists(named):
             return named
     return co.library_for(ops)
 

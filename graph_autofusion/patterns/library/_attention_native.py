@@ -204,15 +204,26 @@ def _additive_mask(ctx: RewriteContext, dtype) -> Value | None:
 
 def _finite_fill(ctx: RewriteContext, mask: Value) -> Value:
     """``mask`` (float32) with its lowest value as :data:`FINITE_FILL`: a constant's data
-    replaced, else ``Where(Equal(mask, lowest), FINITE_FILL, mask)`` (``-inf`` stays)."""
+    replaced (one new constant per mask, shared by every layer reading it), else
+    ``Where(Equal(mask, lowest), FINITE_FILL, mask)`` (``-inf`` stays), also for an
+    initializer a feed may override (listed as a graph input)."""
     if mask.dtype != DType.FLOAT:
         return mask
-    data = const_value(mask)
+    graph = ctx.model.graph
+    overridable = ctx.model.ir_version >= 4 and mask.name in graph.meta.get(
+        "onnx_initializer_inputs", {}
+    )
+    data = None if overridable else const_value(mask)
     if data is not None:
         if not np.any(data == _LOWEST):
             return mask
         fixed = np.where(data == _LOWEST, np.float32(FINITE_FILL), data).astype(np.float32)
-        return ctx.add_constant("attention_mask_fill", fixed)
+        name = f"{mask.name}_finite_fill"
+        made = graph.initializers.get(name)  # another layer's rewrite made it
+        if made is not None and np.array_equal(const_value(made), fixed):
+            return made
+        free = made is None and name not in graph._names
+        return graph.add_initializer(name if free else graph.fresh_name(name), fixed)
     lowest = ctx.add_constant("attention_mask_lowest", np.array(_LOWEST, np.float32))
     fill = ctx.add_constant("attention_mask_finite", np.array(FINITE_FILL, np.float32))
     hit = ctx.make_node("Equal", [mask, lowest]).outputs[0]
