@@ -299,9 +299,13 @@ def test_grouped_query_repeat_and_the_dynamo_transpose_chain_are_not_computed():
 
     model = check_rule(RULE, GQA, matches=1, native=True, rtol=1e-4)
     prune_dead_feeders(model, [v for v in model.graph.values() if v.producer is not None])
-    (att,) = model.graph.nodes
-    assert att.op_type == "Attention"
-    assert [v.name for v in att.inputs] == ["q", "k0", "v0", "mask"]
+    (att,) = [n for n in model.graph.nodes if n.op_type == "Attention"]
+    assert [v.name for v in att.inputs[:3]] == ["q", "k0", "v0"]
+    # the run-time mask, its float32 lowest value passed as the finite fill (Equal, Where):
+    # nothing else is left
+    fill = att.inputs[3].producer
+    assert fill.op_type == "Where" and fill.inputs[2].name == "mask"
+    assert sorted(n.op_type for n in model.graph.nodes) == ["Attention", "Equal", "Where"]
     _ort_matches_reference(parse_model(GQA), model)
 
 
