@@ -595,7 +595,7 @@ class CompiledGraph:
         """One call of onnxruntime's unpacked program and one of eager (each called before):
         whether the unpacked program may run at :meth:`_unpacked_leads`'s threshold (times
         :data:`~graph_autofusion.defaults.UNPACKED_PROBE_SLACK`). A graph above it (BERT and
-        GPT-2 at s16: 0.86-1.3x eager's time unpacked) is packed before its measurement
+        GPT-2 at s16: 0.92-1.32x eager's time unpacked) is packed before its measurement
         instead of measured twice."""
         timer = current_timer()
         key = f"probe@graph{self.index}"
