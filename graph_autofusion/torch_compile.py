@@ -43,7 +43,6 @@ from graph_autofusion.options import FuseOptions, OptionsError
 from graph_autofusion.patterns.library import builtin_rules
 from graph_autofusion.runtime.call_gaps import CallGaps
 from graph_autofusion.runtime.ort_session import SERVING_MODES
-from graph_autofusion.runtime.timing import current_timer
 from graph_autofusion.torch_outputs import (
     SizeOutputs,
     Writes,
@@ -597,17 +596,13 @@ class CompiledGraph:
         :data:`~graph_autofusion.defaults.UNPACKED_PROBE_SLACK`). A graph above it (BERT and
         GPT-2 at s16: 0.92-1.32x eager's time unpacked) is packed before its measurement
         instead of measured twice."""
-        timer = current_timer()
-        key = f"probe@graph{self.index}"
-        times = {}
-        with torch.no_grad():
-            for side, fn in (("onnxruntime", program), ("eager", self._eager_side())):
-                call = functools.partial(fn, *args)
-                time.sleep(defaults.ENGINE_SETTLE_S)  # as the measurement: settled, warm
-                call()
-                times[side] = timer(key, side, call)
-        ort_s, eager_s = times["onnxruntime"], times["eager"]
-        limit = self._torch_below() * defaults.UNPACKED_SLOWER * defaults.UNPACKED_PROBE_SLACK
+        sides = {"onnxruntime": program, "eager": self._eager_side()}
+        calls = {name: functools.partial(fn, *args) for name, fn in sides.items()}
+        policy = SpeedPolicy(self.config.options.speed_margin)
+        with torch.no_grad():  # one round, each side settled and warm, as the measurement
+            times = policy.engine_times(calls, f"probe@graph{self.index}", rounds=1, warmup=False)
+        ort_s, eager_s = times["onnxruntime"][0], times["eager"][0]
+        limit = self._torch_below(unpacked=True) * defaults.UNPACKED_PROBE_SLACK
         return eager_s > 0 and ort_s / eager_s <= limit
 
     def _against_eager(
@@ -634,7 +629,7 @@ class CompiledGraph:
         no torch program is to be built (``engine="onnxruntime"``, compressed weights, a
         saved plan's engine): beating eager unpacked settles it whatever the ratio."""
         ratio = medians["onnxruntime"] / medians["eager"]
-        limit = float("inf") if alone else self._torch_below() * defaults.UNPACKED_SLOWER
+        limit = float("inf") if alone else self._torch_below(unpacked=True)
         if best != "onnxruntime" or ratio > limit:
             return False
         self.engine_notes["packing"] = (
@@ -643,11 +638,14 @@ class CompiledGraph:
         )
         return True
 
-    def _torch_below(self) -> float:
+    def _torch_below(self, unpacked: bool = False) -> float:
         """:data:`~graph_autofusion.defaults.TORCH_PROGRAM_BELOW`, moved with the user's
-        ``speed_margin`` over the default's."""
+        ``speed_margin`` over the default's; ``unpacked``: for a ratio measured without the
+        packed weights (times :data:`~graph_autofusion.defaults.UNPACKED_SLOWER`: packed,
+        the session runs at least that much faster)."""
         margin = self.config.options.speed_margin
-        return defaults.TORCH_PROGRAM_BELOW * margin / defaults.SPEED_MARGIN
+        below = defaults.TORCH_PROGRAM_BELOW * margin / defaults.SPEED_MARGIN
+        return below * defaults.UNPACKED_SLOWER if unpacked else below
 
     def _torch_cannot_win(
         self, built: dict[str, Any], relative: dict[str, float], check: bool
@@ -664,12 +662,9 @@ class CompiledGraph:
         if check:
             ratio = relative.get("onnxruntime")
             margin = self.config.options.speed_margin
-            below = self._torch_below()
             ort = getattr(built["onnxruntime"], "program", None)
             unpacked = ort is not None and ort.timed_unpacked()
-            if unpacked:  # packed, it runs at least UNPACKED_SLOWER faster
-                below *= defaults.UNPACKED_SLOWER
-            if ratio is None or ratio > below:
+            if ratio is None or ratio > self._torch_below(unpacked):
                 return False
             why = (
                 f"onnxruntime ran at {ratio:.2f}x eager's time"

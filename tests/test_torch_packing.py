@@ -14,26 +14,7 @@ from graph_autofusion import defaults  # noqa: E402
 from graph_autofusion.runtime.timing import use_timer  # noqa: E402
 from graph_autofusion.torch_compile import make_backend  # noqa: E402
 from graph_autofusion.torch_ort import OrtGraphProgram  # noqa: E402
-
-
-class _TextModel(torch.nn.Module):
-    """Embedding, two linears worth packing at 16 rows, a softmax over the sequence."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.emb = torch.nn.Embedding(500, 128)
-        self.up = torch.nn.Linear(128, 256)
-        self.down = torch.nn.Linear(256, 128)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        h = self.emb(ids)
-        h = self.down(torch.nn.functional.gelu(self.up(h))) + h
-        return torch.softmax(h @ h.transpose(-1, -2), dim=-1) @ h
-
-
-def _ids(n: int) -> torch.Tensor:
-    return torch.randint(0, 500, (1, n), generator=torch.Generator().manual_seed(0))
+from tests.test_torch_ort import _ids, _TextModel  # noqa: E402 - its text model, 16 rows pack
 
 
 def _timer(speed: dict[str, float], timed: list[tuple[str, bool]], probe=None):
