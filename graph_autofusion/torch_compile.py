@@ -122,8 +122,9 @@ class CompiledGraph:
 
     The program holds the graph's parameters as constants. Dynamo passes them as arguments and
     may reuse one graph for another module of the same class, so each call checks that the
-    constant arguments are the same tensors at the same version (a cheap identity test) and
-    compiles again for other weights (at most :data:`MAX_WEIGHT_SETS` sets, then eager). A call
+    constant arguments are the same tensors at the same version over the same memory (cheap
+    identity tests) and compiles again for other weights (at most :data:`MAX_WEIGHT_SETS` sets,
+    then eager; a program for weights since written in place goes first). A call
     that autograd must record (grad enabled and an argument requiring grad) runs eagerly.
     """
 
@@ -178,10 +179,11 @@ class CompiledGraph:
                     stacklevel=2,
                 )
             return self.gm.forward(*args)
-        for pick, refs, versions, program, scalars, sizes, _ in self._programs:  # C-level loops
+        for pick, refs, versions, ptrs, program, scalars, sizes, _, _ in self._programs:
             if (
                 all(map(operator.is_, pick(args), refs))
                 and list(map(_VERSION, refs)) == versions
+                and (ptrs is None or list(map(_DATA_PTR, refs)) == ptrs)
                 and (not scalars or all(args[i].item() == v for i, v in scalars))
                 and (not sizes or all(_size(args[i], axis) == v for i, axis, v in sizes))
             ):
@@ -238,11 +240,13 @@ class CompiledGraph:
         """Compile for these arguments' weights and run this call; a graph that cannot be
         compiled (or a weight set past the limit) runs as Dynamo captured it from now on."""
         self._find_live_buffers(args)
+        self._drop_stale(args)
         if self.fallback is not None or len(self._programs) >= MAX_WEIGHT_SETS:
             if self.fallback is None:
                 self._fail(f"more than {MAX_WEIGHT_SETS} programs (weight sets, or sizes fixed)")
             return self.gm.forward(*args)
         t = time.perf_counter()
+        opened = len(self._orts)
         try:
             program, imported, outs = self._compile(args)
         except Exception as exc:  # noqa: BLE001 - a graph we cannot compile runs in eager
@@ -256,10 +260,12 @@ class CompiledGraph:
                 pick,
                 refs,
                 list(map(_VERSION, refs)),
+                _data_ptrs(refs),
                 program,
                 imported.scalars,
                 imported.sizes,
                 tuple(imported.constant_inputs),
+                self._orts[-1] if len(self._orts) > opened else None,
             )
         )
         self.compile_seconds += time.perf_counter() - t
@@ -292,6 +298,26 @@ class CompiledGraph:
         self._programs.clear()
         self._orts.clear()
         self._unpacked.clear()
+
+    def _drop_stale(self, args: Sequence[Any]) -> None:
+        """Programs compiled for these very tensors, written in place since (a newer version)
+        or given other memory (``param.data = ...``), can serve no call again: they go, with
+        their sessions, so weights updated between calls (evaluation during fine-tuning)
+        compile again each time instead of counting as new weight sets, past
+        :data:`MAX_WEIGHT_SETS` of which the graph would run eager."""
+        live = []
+        for p in self._programs:
+            now = p.pick(args)
+            if all(map(operator.is_, now, p.refs)) and (
+                list(map(_VERSION, now)) != p.versions or _data_ptrs(now) != p.ptrs
+            ):
+                if p.ort is not None:
+                    self._orts = [o for o in self._orts if o is not p.ort]
+                    self._unpacked = [o for o in self._unpacked if o is not p.ort]
+                    p.ort.release()
+                continue
+            live.append(p)
+        self._programs = live
 
     def _fail(self, why: str) -> None:
         self.fallback = why
@@ -830,6 +856,19 @@ class CompiledGraph:
 
 
 _VERSION = operator.attrgetter("_version")
+#: A constant argument's memory: ``param.data = other`` keeps the tensor and its version but
+#: not its storage, which the program (an onnxruntime session reading it in place, or a packed
+#: copy) would no longer see
+_DATA_PTR = torch.Tensor.data_ptr
+
+
+def _data_ptrs(refs: Sequence[Any]) -> list[int] | None:
+    """The constant arguments' data pointers; None where one has no storage of its own (a
+    wrapper tensor subclass), whose memory is then not checked."""
+    try:
+        return list(map(_DATA_PTR, refs))
+    except (RuntimeError, TypeError):
+        return None
 
 
 class Program(NamedTuple):
@@ -838,11 +877,13 @@ class Program(NamedTuple):
 
     pick: Callable[[Sequence[Any]], tuple]  # the constant arguments of a call
     refs: tuple  # the tensors compiled for ...
-    versions: list[int]  # ... at these versions
+    versions: list[int]  # ... at these versions ...
+    ptrs: list[int] | None  # ... over this memory (None: not checked, _data_ptrs)
     program: Any
     scalars: tuple  # (index, value): 0-d floats taken as numbers (FxImport.scalars)
     sizes: tuple  # (index, axis, value): sizes the export fixed (FxImport.sizes)
     indices: tuple = ()  # the arguments ``pick`` takes (FxImport.constant_inputs)
+    ort: Any = None  # its onnxruntime program (OrtGraphProgram), if it runs on onnxruntime
 
 
 def _size(arg: Any, axis: int | None) -> Any:

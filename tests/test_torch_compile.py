@@ -255,6 +255,32 @@ def test_each_module_and_each_weight_update_gets_its_own_answer():
         assert torch.allclose(c1(x), m1(x), atol=1e-5)
 
 
+@pytest.mark.parametrize("engine", ["onnxruntime", "torch"])
+def test_a_weight_given_other_memory_is_seen_and_updates_never_exhaust_the_weight_sets(engine):
+    """``param.data = other`` keeps the parameter object and its version but not its memory:
+    the program (reading the old memory in place, or a copy of it) must not answer with the
+    old weight. Weights updated between calls (evaluation during fine-tuning) compile again
+    each time without counting as new weight sets: the graph never falls back to eager."""
+    torch.manual_seed(0)
+    m = _MLP().eval()
+    x = torch.randn(4, 16)
+    backend = make_backend(engine=engine, check_speed=False)
+    compiled = torch.compile(m, backend=backend)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("error", AutofusionWarning)
+        assert torch.allclose(compiled(x), m(x), atol=1e-5)
+        version = m.a.weight._version
+        m.a.weight.data = torch.randn(32, 16)  # same tensor object, same version, new memory
+        assert m.a.weight._version == version
+        assert torch.allclose(compiled(x), m(x), atol=1e-5)
+        for _ in range(6):  # more updates than MAX_WEIGHT_SETS
+            m.b.weight.add_(0.25)
+            assert torch.allclose(compiled(x), m(x), atol=1e-5)
+    (graph,) = backend.config.graphs
+    assert graph.fallback is None and graph.engine == engine, graph.summary()
+    assert len(graph._programs) == 1 and len(graph._orts) == (engine == "onnxruntime")
+
+
 def test_autograd_calls_run_in_eager_and_train():
     torch.manual_seed(0)
     m = _MLP()

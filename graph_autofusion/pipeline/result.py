@@ -48,7 +48,7 @@ def clone_model(model: Model, *, infer_types: bool = True) -> Model:
         ng.add_input(vmap.get(id(v)) or value(v))
     for name, v in g.initializers.items():
         nv = vmap.get(id(v)) or value(v)
-        if nv.name not in ng._names:
+        if not ng.has_value_name(nv.name):
             ng._claim_value_name(nv)
         ng.initializers[name] = nv
     for n in g.nodes:

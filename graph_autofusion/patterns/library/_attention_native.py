@@ -222,7 +222,7 @@ def _finite_fill(ctx: RewriteContext, mask: Value) -> Value:
         made = graph.initializers.get(name)  # another layer's rewrite made it
         if made is not None and np.array_equal(const_value(made), fixed):
             return made
-        free = made is None and name not in graph._names
+        free = made is None and not graph.has_value_name(name)
         return graph.add_initializer(name if free else graph.fresh_name(name), fixed)
     lowest = ctx.add_constant("attention_mask_lowest", np.array(_LOWEST, np.float32))
     fill = ctx.add_constant("attention_mask_finite", np.array(FINITE_FILL, np.float32))
