@@ -179,11 +179,12 @@ class CompiledGraph:
                     stacklevel=2,
                 )
             return self.gm.forward(*args)
-        for pick, refs, versions, ptrs, program, scalars, sizes, _, _ in self._programs:
+        for p in self._programs:  # C-level loops
+            refs, scalars, sizes = p.refs, p.scalars, p.sizes
             if (
-                all(map(operator.is_, pick(args), refs))
-                and list(map(_VERSION, refs)) == versions
-                and (ptrs is None or list(map(_DATA_PTR, refs)) == ptrs)
+                all(map(operator.is_, p.pick(args), refs))
+                and list(map(_VERSION, p.versioned)) == p.versions
+                and (p.ptrs is None or list(map(_DATA_PTR, refs)) == p.ptrs)
                 and (not scalars or all(args[i].item() == v for i, v in scalars))
                 and (not sizes or all(_size(args[i], axis) == v for i, axis, v in sizes))
             ):
@@ -192,7 +193,7 @@ class CompiledGraph:
                     spin = gaps.start()
                     if spin is not None:
                         self._spin(spin, gaps.why)
-                out = program(*args)
+                out = p.program(*args)
                 if self._unpacked and self.calls >= PACK_AFTER_CALLS:
                     self._pack()
                 if gaps is not None:
@@ -255,11 +256,13 @@ class CompiledGraph:
             return self.gm.forward(*args)
         pick = _picker(imported.constant_inputs)
         refs = pick(args)
+        versioned = tuple(r for r in refs if not r.is_inference())  # the rest have no counter
         self._programs.append(
             Program(
                 pick,
                 refs,
-                list(map(_VERSION, refs)),
+                versioned,
+                list(map(_VERSION, versioned)),
                 _data_ptrs(refs),
                 program,
                 imported.scalars,
@@ -309,7 +312,7 @@ class CompiledGraph:
         for p in self._programs:
             now = p.pick(args)
             if all(map(operator.is_, now, p.refs)) and (
-                list(map(_VERSION, now)) != p.versions or _data_ptrs(now) != p.ptrs
+                list(map(_VERSION, p.versioned)) != p.versions or _data_ptrs(now) != p.ptrs
             ):
                 if p.ort is not None:
                     self._orts = [o for o in self._orts if o is not p.ort]
@@ -877,6 +880,7 @@ class Program(NamedTuple):
 
     pick: Callable[[Sequence[Any]], tuple]  # the constant arguments of a call
     refs: tuple  # the tensors compiled for ...
+    versioned: tuple  # (those with a version counter: not inference tensors) ...
     versions: list[int]  # ... at these versions ...
     ptrs: list[int] | None  # ... over this memory (None: not checked, _data_ptrs)
     program: Any

@@ -281,6 +281,29 @@ def test_a_weight_given_other_memory_is_seen_and_updates_never_exhaust_the_weigh
     assert len(graph._programs) == 1 and len(graph._orts) == (engine == "onnxruntime")
 
 
+@pytest.mark.parametrize("engine", ["onnxruntime", "torch"])
+def test_a_model_made_under_inference_mode_runs_fused(engine):
+    """Weights made under ``torch.inference_mode()`` (a model loaded there) have no version
+    counter (reading ``_version`` raises): the per-call weight checks and the derived-weight
+    caches must not read it, and the model runs fused in either grad mode."""
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        m = _MLP().eval()
+    assert m.a.weight.is_inference()
+    x = torch.randn(4, 16)
+    backend = make_backend(engine=engine, check_speed=False)
+    compiled = torch.compile(m, backend=backend)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AutofusionWarning)
+        for mode in (torch.inference_mode, torch.no_grad, torch.inference_mode):
+            with mode():
+                for _ in range(3):  # compiled, then served
+                    assert torch.allclose(compiled(x), m(x), atol=1e-5)
+    assert backend.config.graphs
+    for graph in backend.config.graphs:
+        assert graph.fallback is None and graph.engine == engine, graph.summary()
+
+
 def test_autograd_calls_run_in_eager_and_train():
     torch.manual_seed(0)
     m = _MLP()

@@ -29,7 +29,13 @@ import torch.fx
 from graph_autofusion.errors import FrontendError, IRError
 from graph_autofusion.ir.core import Graph, Node, Value
 from graph_autofusion.ir.dtypes import DType
-from graph_autofusion.runtime.torch_ops import OpCall, from_torch_dtype, get_impl, to_torch_dtype
+from graph_autofusion.runtime.torch_ops import (
+    OpCall,
+    from_torch_dtype,
+    get_impl,
+    tensor_version,
+    to_torch_dtype,
+)
 from graph_autofusion.runtime.torch_ops_aten import ATEN_DOMAIN, encode_args
 from graph_autofusion.runtime.torch_runtime import const_to_tensor, infer_node_types
 
@@ -290,7 +296,7 @@ class ConvertContext:
         key = None
         if src is not None:
             key = (op_type, domain, repr(sorted(attrs.items())), src.data_ptr(), tuple(src.shape))
-            key += (tuple(src.stride()), str(src.dtype), src._version)
+            key += (tuple(src.stride()), str(src.dtype), tensor_version(src))
             hit = _DERIVED.get(key)
             arr = hit[0]() if hit is not None else None
             if arr is not None:

@@ -81,6 +81,13 @@ class OpCall:
         return len(self.node.outputs)
 
 
+def tensor_version(t: torch.Tensor) -> int:
+    """``t._version``, or -1 for an inference tensor (made under ``torch.inference_mode()``,
+    e.g. a model loaded there), which has no version counter: an in-place write to one is not
+    seen by version (its memory and identity still are)."""
+    return -1 if t.is_inference() else t._version
+
+
 def torch_op(*op_types: str, domain: str = "") -> Callable[[TorchImpl], TorchImpl]:
     """Decorator registering a torch implementation for ``op_types`` in ``domain``."""
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from graph_autofusion.errors import UnsupportedOperatorError
-from graph_autofusion.runtime.torch_ops import OpCall, torch_op
+from graph_autofusion.runtime.torch_ops import OpCall, tensor_version, torch_op
 
 Tensor = torch.Tensor
 _MS = "com.microsoft"
@@ -249,7 +249,7 @@ def node_cached(
     objects, at the same versions) and ``extra`` come in: a weight derived from a constant
     (reordered, packed) is made once, not per call. Sources that require grad are not cached."""
     cache = call.__dict__.setdefault(slot, {})
-    key = (tuple(None if t is None else (id(t), t._version) for t in sources), extra)
+    key = (tuple(None if t is None else (id(t), tensor_version(t)) for t in sources), extra)
     hit = cache.get(key)
     if hit is not None and all(a is t for a, t in zip(hit[0], sources)):  # ids can be reused
         return hit[1]
