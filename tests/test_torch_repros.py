@@ -932,3 +932,29 @@ def test_number_functions_of_a_size_run_fused():
     calls = [(torch.randn(2, n, 16, generator=g),) for n in (8, 10, 14, 6, 13)]
     graphs = _compile_and_run(_SizeFunctions(), calls)
     assert graphs[-1].calls == len(calls) - 1 and graphs[-1].engine == "onnxruntime"
+
+
+def test_a_float_the_export_cannot_trace_compiles_without_printing_the_failed_trace(capfd):
+    """``dynamic=True`` hands a module's float attributes over as 0-d tensors read with
+    ``item()``; one an operator needs as a number (the embedding's ``norm_type``) fails the
+    first re-export on a data-dependent guard, and the import retries with the number. The
+    failed attempt's partial graph (``torch.export`` prints hundreds of lines of it to stderr)
+    and torch's unbacked-symbol warning must not reach the user's console; nor torch's own
+    pytree deprecation warning from ``torch.export``'s internal copy."""
+    from graph_autofusion.testing.small_hf import tiny_llama
+
+    model = tiny_llama()
+    backend = make_backend(check_speed=False)
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    capfd.readouterr()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", AutofusionWarning)
+        for n in (5, 9):
+            ids = torch.randint(0, 1000, (1, n))
+            assert torch.allclose(compiled(ids).logits, model(ids).logits, atol=1e-5)
+    err = capfd.readouterr().err
+    assert "def forward(" not in err and "Unable to find user code" not in err, err[:2000]
+    assert "LeafSpec" not in err, err[:2000]
+    (graph,) = backend.config.graphs
+    assert graph.engine == "onnxruntime" and graph.fallback is None, graph.summary()
+    assert graph._programs[0].scalars  # the retry with the float taken as a number ran

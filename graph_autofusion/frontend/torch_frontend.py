@@ -17,10 +17,14 @@ executes through ``torch.ops``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
+import logging
 import math
 import operator
 import re
+import warnings
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +50,16 @@ from graph_autofusion.report import progress
 from graph_autofusion.runtime.torch_runtime import infer_shapes
 
 aten = torch.ops.aten
+
+# torch.export's own deep copy of its module call graph (every import of a Dynamo graph runs
+# it) warns of a pytree deprecation inside torch, reported from ``copyreg``: nothing a user of
+# ours can act on, once per compile. Only that message from that module is hidden.
+warnings.filterwarnings(
+    "ignore",
+    message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+    category=FutureWarning,
+    module="copyreg",
+)
 
 #: ATen operators kept (not decomposed) because a converter maps them onto one canonical op.
 KEEP_OPS = (
@@ -306,14 +320,40 @@ def import_fx(
     (read with ``item()``) is imported again with that float taken as this call's value
     (``FxImport.scalars``). ``live``: the indices of buffers read as inputs, not constants
     (a module that assigns a new tensor to a buffer between calls)."""
+    scalars = item_scalars(gm, example_inputs)
     try:
-        return _import_fx(gm, example_inputs, {}, live)
+        with _quiet_failed_trace(bool(scalars)):
+            return _import_fx(gm, example_inputs, {}, live)
     except FrontendError as exc:
-        scalars = item_scalars(gm, example_inputs)
         if not scalars or "data-dependent" not in str(exc):
             raise
     imported = _import_fx(inline_scalars(gm, scalars), example_inputs, scalars, live)
     return dataclasses.replace(imported, scalars=tuple(sorted(scalars.items())))
+
+
+@contextlib.contextmanager
+def _quiet_failed_trace(active: bool) -> Any:
+    """While ``active``, what ``torch.export`` writes of a trace that fails on a data-dependent
+    guard is dropped: the partial graph it prints to ``sys.stderr`` (``partial_fx_graph``,
+    hundreds of lines for a transformer) and the symbolic-shapes warning about the unbacked
+    float, for the attempt :func:`import_fx` expects may fail that way and retries. (The stream
+    is the process's: another thread's Python writes to it meanwhile go too.)"""
+    if not active:
+        yield
+        return
+    log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    quiet = _NoUserCodeWarning()
+    log.addFilter(quiet)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        log.removeFilter(quiet)
+
+
+class _NoUserCodeWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Unable to find user code")
 
 
 def _import_fx(
