@@ -408,7 +408,12 @@ def generate(module: Any, backend_config: Any, stats: DecodeStats, *args: Any, *
         plan, why = (
             known_step(stats.plans, recorder.calls) if probe_n < PROBE_TOKENS else (None, "")
         )
-        if plan is None and probe_n < PROBE_TOKENS and not _ended(out, ids, eos, probe_n):
+        if (
+            plan is None
+            and probe_n < PROBE_TOKENS
+            and not _ended(out, ids, eos, probe_n)
+            and _resumable(getattr(out, _cache_key(out)))
+        ):
             # another graph than the one learnt: Hugging Face decodes the rest of the probe
             key = _cache_key(out)
             more = dict(kwargs, return_dict_in_generate=True)
@@ -440,7 +445,9 @@ def generate(module: Any, backend_config: Any, stats: DecodeStats, *args: Any, *
         last = None
         recorder.calls.clear()
         stats.last_reason = why
-        if eos and bool(done.any()):  # a row ended while probing: HF would not know it
+        if (eos and bool(done.any())) or not _resumable(cache):
+            # a row ended while probing (HF would not know it), or a model state generate()
+            # takes back only from its own loop (RWKV's list): Hugging Face's from the start
             del out, cache
             return hf_generate(module, *args, **kwargs)
         return _continue(module, ids, seq, {cache_key: cache}, kwargs, n - probe_n, settings)
@@ -462,6 +469,13 @@ def generate(module: Any, backend_config: Any, stats: DecodeStats, *args: Any, *
 def _cache_key(out: Any) -> str:
     """The name of a generate() output's cache (``cache``; ``past_key_values`` before 5.x)."""
     return "cache" if getattr(out, "cache", None) is not None else "past_key_values"
+
+
+def _resumable(cache: Any) -> bool:
+    """Whether generate() continues from ``cache`` given back as ``past_key_values``: a cache
+    object (a ``transformers`` ``Cache``, Mamba's ``MambaCache``), not a plain list or tuple
+    (RWKV's state, which generate() refuses there)."""
+    return cache is not None and not isinstance(cache, list | tuple)
 
 
 def _ended(out: Any, ids: torch.Tensor, eos: list[int], probed: int) -> bool:

@@ -327,3 +327,25 @@ def test_guard_sizes_have_a_contiguous_tensors_strides():
         s = torch_decode._Sizes(shape)
         assert s.stride() == t.stride() and s.size() == t.size() and s.dim() == t.dim()
         assert all(s.stride(i) == t.stride(i) for i in range(t.dim()))
+
+
+def test_a_state_that_is_no_cache_object_regenerates_instead_of_resuming():
+    """RWKV's generate() carries its recurrent state as a plain list, which generate() does not
+    take back as ``past_key_values``: with no step learnt, the drop-in module's generate()
+    must give eager's tokens (Hugging Face's generate() from the start), not raise."""
+    cfg = transformers.RwkvConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        vocab_size=1000,
+        attention_hidden_size=64,
+        intermediate_size=128,
+        context_length=256,
+    )
+    torch.manual_seed(0)
+    model = transformers.RwkvForCausalLM(cfg).eval()
+    fused = GraphAutoFusion(model).fuse(check_speed=False)
+    for n in (5, 8):
+        ids = _prompt(n, seed=n)
+        want = model.generate(ids, max_new_tokens=9, do_sample=False)
+        assert torch.equal(fused.generate(ids, max_new_tokens=9, do_sample=False), want)
+    assert fused.autofusion.decode.loop_calls == 0  # the case under test: nothing learnt
