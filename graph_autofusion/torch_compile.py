@@ -48,6 +48,7 @@ from graph_autofusion.torch_outputs import (
     Writes,
     give_back_memory,
     same_as_eager,
+    tensor_outputs,
     tolerance,
 )
 from graph_autofusion.verify.speed import SpeedPolicy
@@ -998,8 +999,9 @@ def make_backend(
     )
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-        if not any(n.op in _COMPUTES for n in gm.graph.nodes):
-            return gm.forward  # nothing to fuse (a graph that returns its inputs, or nothing)
+        if not any(n.op in _COMPUTES for n in gm.graph.nodes) or not any(tensor_outputs(gm)):
+            # nothing to fuse: a graph that returns its inputs, nothing, or only sizes
+            return gm.forward
         graph = CompiledGraph(gm, config, len(config.graphs))
         config.graphs.append(graph)
         return graph

@@ -81,6 +81,19 @@ def give_back_memory(collect: bool = True) -> None:
         pass
 
 
+def tensor_outputs(gm: torch.fx.GraphModule) -> list[bool]:
+    """For each output of ``gm``, whether it is a tensor (else a size, a number or None)."""
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    outs = out.args[0]
+    if not isinstance(outs, tuple | list):
+        outs = (outs,)
+    kinds = []
+    for a in outs:
+        val = a.meta.get("example_value") if isinstance(a, torch.fx.Node) else a
+        kinds.append(isinstance(val, torch.Tensor))
+    return kinds
+
+
 class SizeOutputs:
     """A graph that returns sizes (``SymInt``), plain numbers or ``None`` besides tensors
     (Gemma2's decode graphs): the engines run ``core``, the graph with only its tensor outputs,
@@ -95,14 +108,7 @@ class SizeOutputs:
         """The split of ``gm``, or ``None`` when it returns only tensors."""
         import copy
 
-        out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-        outs = out.args[0]
-        if not isinstance(outs, tuple | list):
-            outs = (outs,)
-        kinds = []
-        for a in outs:
-            val = a.meta.get("example_value") if isinstance(a, torch.fx.Node) else a
-            kinds.append(isinstance(val, torch.Tensor))
+        kinds = tensor_outputs(gm)
         if all(kinds):
             return None
         if not any(kinds):

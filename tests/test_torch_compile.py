@@ -406,3 +406,24 @@ def test_an_output_computed_from_constants_is_a_new_tensor_each_call():
         z.add_(7)
         _, z2 = compiled(torch.ones(4))
     assert z2.tolist() == [0.0] * 4
+
+
+def test_a_graph_returning_only_sizes_runs_as_captured_without_a_warning():
+    """A Dynamo graph whose outputs are all sizes or numbers (Longformer's) has no tensor work
+    to fuse: the backend hands it back as captured, with no compile and no warning (it used to
+    compile, fail with "the graph returns no tensor, only sizes" and warn for each)."""
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    x.meta["example_value"] = torch.zeros(2, 3)
+    y = g.call_function(torch.ops.aten.add.Tensor, (x, 1.0))
+    y.meta["example_value"] = torch.zeros(2, 3)
+    n = g.call_function(torch.ops.aten.sym_size.int, (y, 1))
+    n.meta["example_value"] = 3
+    g.output((n,))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    backend = make_backend(check_speed=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AutofusionWarning)
+        fn = backend(gm, [torch.zeros(2, 3)])
+        assert fn(torch.zeros(2, 3)) == (3,)
+    assert fn == gm.forward and not backend.config.graphs
