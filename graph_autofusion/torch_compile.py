@@ -143,6 +143,7 @@ class CompiledGraph:
         self.source = ""  # the generated program
         self._programs: list[Program] = []  # one per weight set (and fixed numbers)
         self._grad_warned = False
+        self._ort_warned: str | None = None  # the onnxruntime refusal last warned of
         self.imported: Any = None  # the graph as imported (IR)
         self.core_gm = gm  # the graph less the sizes it returns (what the engines run)
         self.engine = ""  # onnxruntime, torch or eager: what runs the graph
@@ -399,7 +400,11 @@ class CompiledGraph:
                 ort.set_spinning(True)  # as the graph's other sessions run now
             elif self.config.options.spinning == "auto" and self._gaps is None:
                 self._gaps = CallGaps()
-        if "onnxruntime" in self.engine_notes and engine != "onnxruntime":
+        why_not = self.engine_notes.get("onnxruntime")
+        if why_not is not None and engine != "onnxruntime" and why_not != self._ort_warned:
+            # once per reason: a graph compiled again (another weight set or fixed size) that
+            # onnxruntime refuses for the same reason, timed to another engine, says nothing new
+            self._ort_warned = why_not
             warnings.warn(
                 f"autofusion: graph {self.index} runs on the {engine} engine, not onnxruntime "
                 f"({self.engine_notes['onnxruntime']})",

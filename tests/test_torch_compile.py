@@ -427,3 +427,35 @@ def test_a_graph_returning_only_sizes_runs_as_captured_without_a_warning():
         fn = backend(gm, [torch.zeros(2, 3)])
         assert fn(torch.zeros(2, 3)) == (3,)
     assert fn == gm.forward and not backend.config.graphs
+
+
+class _Windows(torch.nn.Module):
+    """``unfold`` (no ONNX form here) between two linear layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(16, 16)
+        self.b = torch.nn.Linear(4, 8)
+
+    def forward(self, x):
+        return self.b(self.a(x).unfold(-1, 4, 2)).sum(-2)
+
+
+def test_onnxruntime_s_refusal_is_warned_once_per_graph_and_reason():
+    """A graph onnxruntime cannot run, compiled again for a second module's weights (Dynamo
+    reuses one graph for both), warns once: the second compile's engine choice says nothing
+    new (Longformer's graphs each warned twice, naming two engines)."""
+    torch.manual_seed(0)
+    m1, m2 = _Windows().eval(), _Windows().eval()
+    x = torch.randn(2, 3, 16)
+    backend = make_backend(check_speed=False)
+    c1, c2 = torch.compile(m1, backend=backend), torch.compile(m2, backend=backend)
+    with warnings.catch_warnings(record=True) as seen, torch.no_grad():
+        warnings.simplefilter("always", AutofusionWarning)
+        for _ in range(2):
+            assert torch.allclose(c1(x), m1(x), atol=1e-5)
+            assert torch.allclose(c2(x), m2(x), atol=1e-5)
+    (graph,) = backend.config.graphs
+    assert len(graph._programs) == 2 and "onnxruntime" in graph.engine_notes
+    refusals = [w for w in seen if "not onnxruntime" in str(w.message)]
+    assert len(refusals) == 1, [str(w.message) for w in seen]
