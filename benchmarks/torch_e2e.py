@@ -448,10 +448,10 @@ def markdown(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def save(rows: list[dict], meta: dict) -> dict:
-    """Merge ``rows`` into the results by model and shape (other rows kept) and rewrite both
-    files."""
-    path = OUT / "torch_e2e.json"
+def save(rows: list[dict], meta: dict, out: Path = OUT) -> dict:
+    """Merge ``rows`` into the results in ``out`` by model and shape (other rows kept) and
+    rewrite both files."""
+    path = out / "torch_e2e.json"
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -468,9 +468,9 @@ def save(rows: list[dict], meta: dict) -> dict:
         )
     )
     data["environment"] = meta
-    OUT.mkdir(exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, default=str) + "\n")
-    (OUT / "torch_e2e.md").write_text(markdown(data))
+    (out / "torch_e2e.md").write_text(markdown(data))
     return data
 
 
@@ -493,6 +493,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=32, help="decode: N of ms/token")
     ap.add_argument("--exporters", default="dynamo", help="dynamo and/or torchscript")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=OUT,
+        help="results folder (another machine's rows in a folder of their own, e.g. "
+        "benchmarks/results/epyc, so one table never mixes CPUs)",
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one model, JSON to --json
     ap.add_argument("--json", help=argparse.SUPPRESS)
     ap.add_argument("--memory", nargs=2, help=argparse.SUPPRESS)  # internal: MODEL CONFIG
@@ -538,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{name}: {len(rows)} rows in {wall:.0f} s")
         done += rows
         if rows:
-            save(rows, meta)
+            save(rows, meta, args.out)
     data = {"rows": {f"{r['model']}/{r['shape']}": {**r, "run": meta} for r in done}}
     print(markdown({**data, "environment": meta}))
     return 0
