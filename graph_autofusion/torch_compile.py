@@ -43,6 +43,7 @@ from graph_autofusion.options import FuseOptions, OptionsError
 from graph_autofusion.patterns.library import builtin_rules
 from graph_autofusion.runtime.call_gaps import CallGaps
 from graph_autofusion.runtime.ort_session import SERVING_MODES
+from graph_autofusion.runtime.torch_ops import tensor_version
 from graph_autofusion.torch_outputs import (
     SizeOutputs,
     Writes,
@@ -58,6 +59,9 @@ from graph_autofusion.verify.speed import SpeedPolicy
 ENGINES = ("onnxruntime", "torch", "eager")
 #: Weight sets one graph compiles for (other modules of the same class) before eager.
 MAX_WEIGHT_SETS = 4
+#: Compiles a graph makes again for parameters written in place between calls (evaluation
+#: during fine-tuning) before it runs eager (``CompiledGraph._drop_stale``)
+MAX_STALE_COMPILES = 8
 #: A graph's onnxruntime session packs its GEMM weights (onnxruntime's own copy of each) once
 #: the graph has been called this many times; until then it runs them unpacked. A
 #: ``generate()`` calls its prefill graph and its first decode graph once each: only the
@@ -125,7 +129,10 @@ class CompiledGraph:
     may reuse one graph for another module of the same class, so each call checks that the
     constant arguments are the same tensors at the same version over the same memory (cheap
     identity tests) and compiles again for other weights (at most :data:`MAX_WEIGHT_SETS` sets,
-    then eager; a program for weights since written in place goes first). A call
+    then eager; a program for weights since written in place goes first, :meth:`_drop_stale`).
+    Not seen: a write through ``.data`` (``p.data.copy_(...)``: ``.data`` counts its own
+    versions) or into an inference tensor (no counter), by a program holding a copy of that
+    weight (a packed session, the torch program's derived weights). A call
     that autograd must record (grad enabled and an argument requiring grad) runs eagerly.
     """
 
@@ -143,7 +150,8 @@ class CompiledGraph:
         self.source = ""  # the generated program
         self._programs: list[Program] = []  # one per weight set (and fixed numbers)
         self._grad_warned = False
-        self._ort_warned: str | None = None  # the onnxruntime refusal last warned of
+        self._stale_compiles = 0  # programs dropped for weights written since (_drop_stale)
+        self._ort_warned: set[str] = set()  # the onnxruntime refusals warned of
         self.imported: Any = None  # the graph as imported (IR)
         self.core_gm = gm  # the graph less the sizes it returns (what the engines run)
         self.engine = ""  # onnxruntime, torch or eager: what runs the graph
@@ -181,6 +189,25 @@ class CompiledGraph:
                     stacklevel=2,
                 )
             return self.gm.forward(*args)
+        p = self._match(args)
+        if p is not None:
+            gaps = self._gaps
+            if gaps is not None:
+                spin = gaps.start()
+                if spin is not None:
+                    self._spin(spin, gaps.why)
+            out = p.program(*args)
+            if self._unpacked and self.calls >= PACK_AFTER_CALLS:
+                self._pack()
+            if gaps is not None:
+                gaps.stop()
+            return out
+        with self._lock:
+            p = self._match(args)  # another thread compiled it while this one waited
+            return p.program(*args) if p is not None else self._build(args)
+
+    def _match(self, args: Sequence[Any]) -> Program | None:
+        """The program compiled for these constant arguments as they are now, if any."""
         for p in self._programs:  # C-level loops
             refs, scalars, sizes = p.refs, p.scalars, p.sizes
             if (
@@ -190,19 +217,8 @@ class CompiledGraph:
                 and (not scalars or all(args[i].item() == v for i, v in scalars))
                 and (not sizes or all(_size(args[i], axis) == v for i, axis, v in sizes))
             ):
-                gaps = self._gaps
-                if gaps is not None:
-                    spin = gaps.start()
-                    if spin is not None:
-                        self._spin(spin, gaps.why)
-                out = p.program(*args)
-                if self._unpacked and self.calls >= PACK_AFTER_CALLS:
-                    self._pack()
-                if gaps is not None:
-                    gaps.stop()
-                return out
-        with self._lock:
-            return self._build(args)
+                return p
+        return None
 
     def serve_loop(self) -> None:
         """The graph now serves the drop-in module's decode loop, whose calls come back to
@@ -244,6 +260,8 @@ class CompiledGraph:
         compiled (or a weight set past the limit) runs as Dynamo captured it from now on."""
         self._find_live_buffers(args)
         self._drop_stale(args)
+        if self.fallback is None and self._stale_compiles > MAX_STALE_COMPILES:
+            self._fail(f"its weights changed in place between calls {self._stale_compiles} times")
         if self.fallback is not None or len(self._programs) >= MAX_WEIGHT_SETS:
             if self.fallback is None:
                 self._fail(f"more than {MAX_WEIGHT_SETS} programs (weight sets, or sizes fixed)")
@@ -271,6 +289,7 @@ class CompiledGraph:
                 imported.sizes,
                 tuple(imported.constant_inputs),
                 self._orts[-1] if len(self._orts) > opened else None,
+                tuple((tensor_version(r), _data_ptr(r)) for r in refs),
             )
         )
         self.compile_seconds += time.perf_counter() - t
@@ -307,21 +326,40 @@ class CompiledGraph:
     def _drop_stale(self, args: Sequence[Any]) -> None:
         """Programs compiled for these very tensors, written in place since (a newer version)
         or given other memory (``param.data = ...``), can serve no call again: they go, with
-        their sessions, so weights updated between calls (evaluation during fine-tuning)
-        compile again each time instead of counting as new weight sets, past
-        :data:`MAX_WEIGHT_SETS` of which the graph would run eager."""
+        their sessions. Changed buffers (no parameter: state a module updates itself, such as
+        running statistics) are read as inputs from now on (``_live``, as
+        :meth:`_find_live_buffers` does for reassigned ones), so the next program serves every
+        later value; changed parameters (evaluation during fine-tuning) compile again, at most
+        :data:`MAX_STALE_COMPILES` times, then the graph runs eager. Either way such updates
+        do not count as weight sets (:data:`MAX_WEIGHT_SETS`)."""
         live = []
         for p in self._programs:
             now = p.pick(args)
-            if all(map(operator.is_, now, p.refs)) and (
-                list(map(_VERSION, p.versioned)) != p.versions or _data_ptrs(now) != p.ptrs
-            ):
-                if p.ort is not None:
-                    self._orts = [o for o in self._orts if o is not p.ort]
-                    self._unpacked = [o for o in self._unpacked if o is not p.ort]
-                    p.ort.release()
+            if not all(map(operator.is_, now, p.refs)):
+                live.append(p)
                 continue
-            live.append(p)
+            changed = [
+                i
+                for i, r, (version, ptr) in zip(p.indices, p.refs, p.born)
+                if tensor_version(r) != version or _data_ptr(r) != ptr
+            ]
+            if not changed:
+                live.append(p)
+                continue
+            if p.ort is not None:
+                self._orts = [o for o in self._orts if o is not p.ort]
+                self._unpacked = [o for o in self._unpacked if o is not p.ort]
+                p.ort.release()
+            if all(not isinstance(args[i], torch.nn.Parameter) for i in changed):
+                self._live.update(changed)
+                for q in self._programs:  # every program took them as constants
+                    if q.ort is not None:
+                        q.ort.release()
+                self._programs.clear()
+                self._orts.clear()
+                self._unpacked.clear()
+                return
+            self._stale_compiles += 1
         self._programs = live
 
     def _fail(self, why: str) -> None:
@@ -401,10 +439,10 @@ class CompiledGraph:
             elif self.config.options.spinning == "auto" and self._gaps is None:
                 self._gaps = CallGaps()
         why_not = self.engine_notes.get("onnxruntime")
-        if why_not is not None and engine != "onnxruntime" and why_not != self._ort_warned:
+        if why_not is not None and engine != "onnxruntime" and why_not not in self._ort_warned:
             # once per reason: a graph compiled again (another weight set or fixed size) that
             # onnxruntime refuses for the same reason, timed to another engine, says nothing new
-            self._ort_warned = why_not
+            self._ort_warned.add(why_not)
             warnings.warn(
                 f"autofusion: graph {self.index} runs on the {engine} engine, not onnxruntime "
                 f"({self.engine_notes['onnxruntime']})",
@@ -541,7 +579,7 @@ class CompiledGraph:
         onnxruntime when it was built (the torch program is then not built), else the torch
         program."""
         check = self.config.options.check_speed
-        for stale in ("not built", "packing"):  # an earlier compile's (another weight set)
+        for stale in ("not built", "packing", "onnxruntime"):  # an earlier compile's
             self.engine_notes.pop(stale, None)
         built: dict[str, Any] = {}
         relative: dict[str, float] = {}  # engine -> its median / eager's, where it beat eager
@@ -871,6 +909,14 @@ _VERSION = operator.attrgetter("_version")
 _DATA_PTR = torch.Tensor.data_ptr
 
 
+def _data_ptr(t: Any) -> int | None:
+    """A constant argument's data pointer; None without storage of its own."""
+    try:
+        return t.data_ptr()
+    except (RuntimeError, TypeError, AttributeError):
+        return None
+
+
 def _data_ptrs(refs: Sequence[Any]) -> list[int] | None:
     """The constant arguments' data pointers; None where one has no storage of its own (a
     wrapper tensor subclass), whose memory is then not checked."""
@@ -894,6 +940,7 @@ class Program(NamedTuple):
     sizes: tuple  # (index, axis, value): sizes the export fixed (FxImport.sizes)
     indices: tuple = ()  # the arguments ``pick`` takes (FxImport.constant_inputs)
     ort: Any = None  # its onnxruntime program (OrtGraphProgram), if it runs on onnxruntime
+    born: tuple = ()  # (version, data pointer) of each of ``refs`` when compiled
 
 
 def _size(arg: Any, axis: int | None) -> Any:
@@ -1004,7 +1051,8 @@ def make_backend(
     )
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-        if not any(n.op in _COMPUTES for n in gm.graph.nodes) or not any(tensor_outputs(gm)):
+        kinds = tensor_outputs(gm)
+        if not any(n.op in _COMPUTES for n in gm.graph.nodes) or (kinds and not any(kinds)):
             # nothing to fuse: a graph that returns its inputs, nothing, or only sizes
             return gm.forward
         graph = CompiledGraph(gm, config, len(config.graphs))

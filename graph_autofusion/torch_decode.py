@@ -472,10 +472,10 @@ def _cache_key(out: Any) -> str:
 
 
 def _resumable(cache: Any) -> bool:
-    """Whether generate() continues from ``cache`` given back as ``past_key_values``: a cache
-    object (a ``transformers`` ``Cache``, Mamba's ``MambaCache``), not a plain list or tuple
-    (RWKV's state, which generate() refuses there)."""
-    return cache is not None and not isinstance(cache, list | tuple)
+    """Whether generate() may be handed ``cache`` back as ``past_key_values``: anything but a
+    plain list (RWKV's state, which generate() refuses there; a cache object, a legacy tuple
+    or None it takes)."""
+    return not isinstance(cache, list)
 
 
 def _ended(out: Any, ids: torch.Tensor, eos: list[int], probed: int) -> bool:

@@ -89,6 +89,9 @@ def tensor_outputs(gm: torch.fx.GraphModule) -> list[bool]:
         outs = (outs,)
     kinds = []
     for a in outs:
+        if isinstance(a, torch.fx.Node) and "example_value" not in a.meta:
+            kinds.append(True)  # not known (a graph not from Dynamo): taken as a tensor
+            continue
         val = a.meta.get("example_value") if isinstance(a, torch.fx.Node) else a
         kinds.append(isinstance(val, torch.Tensor))
     return kinds

@@ -459,3 +459,51 @@ def test_onnxruntime_s_refusal_is_warned_once_per_graph_and_reason():
     assert len(graph._programs) == 2 and "onnxruntime" in graph.engine_notes
     refusals = [w for w in seen if "not onnxruntime" in str(w.message)]
     assert len(refusals) == 1, [str(w.message) for w in seen]
+
+
+class _Normalizer(torch.nn.Module):
+    """Running statistics (buffers) the caller updates in place between calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.register_buffer("mean", torch.zeros(8))
+
+    def forward(self, x):
+        return self.lin(x - self.mean)
+
+
+def test_a_buffer_written_in_place_between_calls_becomes_an_input_not_a_compile_per_call():
+    """A buffer updated in place before each call (observation normalisation) makes the
+    compiled program stale each time; it is read as an input from then on, so the graph
+    compiles at most twice, not on every call, and never falls back."""
+    torch.manual_seed(0)
+    m = _Normalizer().eval()
+    x = torch.randn(4, 8)
+    backend = make_backend(check_speed=False)
+    compiled = torch.compile(m, backend=backend)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("error", AutofusionWarning)
+        for _ in range(12):
+            m.mean.add_(0.5)
+            assert torch.allclose(compiled(x), m(x), atol=1e-5)
+    (graph,) = backend.config.graphs
+    assert graph.fallback is None and graph.engine == "onnxruntime", graph.summary()
+    assert graph._live and len(graph._programs) == 1
+    assert graph._stale_compiles == 0  # made live, not compiled again per update
+
+
+def test_a_graph_that_only_writes_into_its_argument_is_still_compiled():
+    """No outputs at all (the write is the result) is not 'only sizes': it is compiled."""
+
+    def accumulate(x, acc):
+        acc.add_(x * 2)
+
+    acc, x = torch.zeros(4), torch.ones(4)
+    backend = make_backend(check_speed=False)
+    compiled = torch.compile(accumulate, backend=backend)
+    with torch.no_grad():
+        compiled(x, acc)
+        compiled(x, acc)
+    assert acc.tolist() == [4.0] * 4
+    assert len(backend.config.graphs) == 1, "the graph was handed back uncompiled"

@@ -954,7 +954,19 @@ def test_a_float_the_export_cannot_trace_compiles_without_printing_the_failed_tr
             assert torch.allclose(compiled(ids).logits, model(ids).logits, atol=1e-5)
     err = capfd.readouterr().err
     assert "def forward(" not in err and "Unable to find user code" not in err, err[:2000]
-    assert "LeafSpec" not in err, err[:2000]
+
+    # torch.export's pytree FutureWarning: hidden when reported from copyreg (torch's own
+    # copy), shown from anywhere else (pytest resets the filters between tests, so the one
+    # installed at import is installed again here, ahead of "always")
+    from graph_autofusion.frontend.torch_frontend import hide_torch_export_noise
+
+    leaf = "`isinstance(treespec, LeafSpec)` is deprecated, use ... instead."
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        hide_torch_export_noise()
+        warnings.warn_explicit(leaf, FutureWarning, "copyreg.py", 105, module="copyreg")
+        warnings.warn_explicit(leaf, FutureWarning, "user.py", 1, module="user")
+    assert [w.filename for w in rec] == ["user.py"]
     (graph,) = backend.config.graphs
     assert graph.engine == "onnxruntime" and graph.fallback is None, graph.summary()
     assert graph._programs[0].scalars  # the retry with the float taken as a number ran

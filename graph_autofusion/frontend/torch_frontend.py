@@ -24,6 +24,8 @@ import logging
 import math
 import operator
 import re
+import sys
+import threading
 import warnings
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -51,15 +53,20 @@ from graph_autofusion.runtime.torch_runtime import infer_shapes
 
 aten = torch.ops.aten
 
-# torch.export's own deep copy of its module call graph (every import of a Dynamo graph runs
-# it) warns of a pytree deprecation inside torch, reported from ``copyreg``: nothing a user of
-# ours can act on, once per compile. Only that message from that module is hidden.
-warnings.filterwarnings(
-    "ignore",
-    message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-    category=FutureWarning,
-    module="copyreg",
-)
+#: torch.export's own warning, from its deep copy of the module call graph (every import of a
+#: Dynamo graph runs it), reported from ``copyreg``: a pytree deprecation inside torch
+TORCH_EXPORT_NOISE = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
+
+
+def hide_torch_export_noise() -> None:
+    """Hide :data:`TORCH_EXPORT_NOISE` (nothing a user of ours can act on, once per compile):
+    only that message, reported from ``copyreg``; called once at import."""
+    warnings.filterwarnings(
+        "ignore", message=TORCH_EXPORT_NOISE, category=FutureWarning, module="copyreg"
+    )
+
+
+hide_torch_export_noise()
 
 #: ATen operators kept (not decomposed) because a converter maps them onto one canonical op.
 KEEP_OPS = (
@@ -321,34 +328,43 @@ def import_fx(
     (``FxImport.scalars``). ``live``: the indices of buffers read as inputs, not constants
     (a module that assigns a new tensor to a buffer between calls)."""
     scalars = item_scalars(gm, example_inputs)
+    dropped = io.StringIO()
     try:
-        with _quiet_failed_trace(bool(scalars)):
+        with _quiet_failed_trace(dropped if scalars else None):
             return _import_fx(gm, example_inputs, {}, live)
     except FrontendError as exc:
         if not scalars or "data-dependent" not in str(exc):
+            sys.stderr.write(dropped.getvalue())  # not the failure expected: shown as before
             raise
     imported = _import_fx(inline_scalars(gm, scalars), example_inputs, scalars, live)
     return dataclasses.replace(imported, scalars=tuple(sorted(scalars.items())))
 
 
 @contextlib.contextmanager
-def _quiet_failed_trace(active: bool) -> Any:
-    """While ``active``, what ``torch.export`` writes of a trace that fails on a data-dependent
-    guard is dropped: the partial graph it prints to ``sys.stderr`` (``partial_fx_graph``,
-    hundreds of lines for a transformer) and the symbolic-shapes warning about the unbacked
-    float, for the attempt :func:`import_fx` expects may fail that way and retries. (The stream
-    is the process's: another thread's Python writes to it meanwhile go too.)"""
-    if not active:
+def _quiet_failed_trace(into: io.StringIO | None) -> Any:
+    """With a buffer, what ``torch.export`` writes of a trace that fails on a data-dependent
+    guard goes ``into`` it: the partial graph it prints to ``sys.stderr`` (``partial_fx_graph``,
+    hundreds of lines for a transformer), and the symbolic-shapes warning about the unbacked
+    float is dropped, for the attempt :func:`import_fx` expects may fail that way and retries.
+    One swap at a time (:data:`_STDERR_SWAP`: two graphs compiling on two threads would
+    otherwise restore each other's buffer); another thread's Python writes to ``sys.stderr``
+    meanwhile go into the buffer too."""
+    if into is None:
         yield
         return
     log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
     quiet = _NoUserCodeWarning()
-    log.addFilter(quiet)
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            yield
-    finally:
-        log.removeFilter(quiet)
+    with _STDERR_SWAP:
+        log.addFilter(quiet)
+        try:
+            with contextlib.redirect_stderr(into):
+                yield
+        finally:
+            log.removeFilter(quiet)
+
+
+#: Held while ``sys.stderr`` is swapped (:func:`_quiet_failed_trace`)
+_STDERR_SWAP = threading.Lock()
 
 
 class _NoUserCodeWarning(logging.Filter):
