@@ -31,7 +31,7 @@ import statistics
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -43,7 +43,6 @@ from graph_autofusion.options import FuseOptions, OptionsError
 from graph_autofusion.patterns.library import builtin_rules
 from graph_autofusion.runtime.call_gaps import CallGaps
 from graph_autofusion.runtime.ort_session import SERVING_MODES
-from graph_autofusion.runtime.torch_ops import tensor_version
 from graph_autofusion.torch_outputs import (
     SizeOutputs,
     Writes,
@@ -289,7 +288,6 @@ class CompiledGraph:
                 imported.sizes,
                 tuple(imported.constant_inputs),
                 self._orts[-1] if len(self._orts) > opened else None,
-                tuple((tensor_version(r), _data_ptr(r)) for r in refs),
             )
         )
         self.compile_seconds += time.perf_counter() - t
@@ -318,7 +316,12 @@ class CompiledGraph:
                 or new.dtype != old.dtype
             ):
                 return
-        self._live.update(i for i, _ in changed)
+        self._read_as_inputs(i for i, _ in changed)
+
+    def _read_as_inputs(self, indices: Iterable[int]) -> None:
+        """These constant arguments are read as inputs from now on (``_live``): every program
+        took them as constants, so every program goes (the next compiled serves any value)."""
+        self._live.update(indices)
         self._programs.clear()
         self._orts.clear()
         self._unpacked.clear()
@@ -326,7 +329,7 @@ class CompiledGraph:
     def _drop_stale(self, args: Sequence[Any]) -> None:
         """Programs compiled for these very tensors, written in place since (a newer version)
         or given other memory (``param.data = ...``), can serve no call again: they go, with
-        their sessions. Changed buffers (no parameter: state a module updates itself, such as
+        their sessions (the last references to them). Changed buffers (no parameter: state a module updates itself, such as
         running statistics) are read as inputs from now on (``_live``, as
         :meth:`_find_live_buffers` does for reassigned ones), so the next program serves every
         later value; changed parameters (evaluation during fine-tuning) compile again, at most
@@ -338,27 +341,15 @@ class CompiledGraph:
             if not all(map(operator.is_, now, p.refs)):
                 live.append(p)
                 continue
-            changed = [
-                i
-                for i, r, (version, ptr) in zip(p.indices, p.refs, p.born)
-                if tensor_version(r) != version or _data_ptr(r) != ptr
-            ]
+            changed = _changed(p)
             if not changed:
                 live.append(p)
                 continue
-            if p.ort is not None:
-                self._orts = [o for o in self._orts if o is not p.ort]
-                self._unpacked = [o for o in self._unpacked if o is not p.ort]
-                p.ort.release()
             if all(not isinstance(args[i], torch.nn.Parameter) for i in changed):
-                self._live.update(changed)
-                for q in self._programs:  # every program took them as constants
-                    if q.ort is not None:
-                        q.ort.release()
-                self._programs.clear()
-                self._orts.clear()
-                self._unpacked.clear()
+                self._read_as_inputs(changed)
                 return
+            self._orts = [o for o in self._orts if o is not p.ort]
+            self._unpacked = [o for o in self._unpacked if o is not p.ort]
             self._stale_compiles += 1
         self._programs = live
 
@@ -658,10 +649,15 @@ class CompiledGraph:
             engine = "onnxruntime"
         return engine, built[engine]
 
-    def _eager_side(self) -> Callable[..., Any]:
+    def _with_eager(
+        self, engine: str, program: Any, args: Sequence[Any]
+    ) -> dict[str, Callable[[], Any]]:
+        """The two sides of an engine measurement, bound to ``args``: ``program`` and eager
+        (on scratch copies of the arguments a graph writes into)."""
         w = self._writes
         eager = self.core_gm.forward
-        return eager if w is None else w.on_scratch(eager)
+        sides = {engine: program, "eager": eager if w is None else w.on_scratch(eager)}
+        return {name: functools.partial(fn, *args) for name, fn in sides.items()}
 
     def _unpacked_may_lead(self, program: Any, args: Sequence[Any]) -> bool:
         """One call of onnxruntime's unpacked program and one of eager (each called before):
@@ -669,8 +665,7 @@ class CompiledGraph:
         :data:`~graph_autofusion.defaults.UNPACKED_PROBE_SLACK`). A graph above it (BERT and
         GPT-2 at s16: 0.92-1.32x eager's time unpacked) is packed before its measurement
         instead of measured twice."""
-        sides = {"onnxruntime": program, "eager": self._eager_side()}
-        calls = {name: functools.partial(fn, *args) for name, fn in sides.items()}
+        calls = self._with_eager("onnxruntime", program, args)
         policy = SpeedPolicy(self.config.options.speed_margin)
         with torch.no_grad():  # one round, each side settled and warm, as the measurement
             times = policy.engine_times(calls, f"probe@graph{self.index}", rounds=1, warmup=False)
@@ -683,8 +678,7 @@ class CompiledGraph:
     ) -> tuple[str, dict[str, float]]:
         """``engine``'s program timed against eager by safe mode's speed policy: the winner
         and each side's median."""
-        sides = {engine: program, "eager": self._eager_side()}
-        calls = {name: functools.partial(fn, *args) for name, fn in sides.items()}
+        calls = self._with_eager(engine, program, args)
         policy = SpeedPolicy(self.config.options.speed_margin)
         with torch.no_grad():
             return policy.choose(
@@ -909,14 +903,6 @@ _VERSION = operator.attrgetter("_version")
 _DATA_PTR = torch.Tensor.data_ptr
 
 
-def _data_ptr(t: Any) -> int | None:
-    """A constant argument's data pointer; None without storage of its own."""
-    try:
-        return t.data_ptr()
-    except (RuntimeError, TypeError, AttributeError):
-        return None
-
-
 def _data_ptrs(refs: Sequence[Any]) -> list[int] | None:
     """The constant arguments' data pointers; None where one has no storage of its own (a
     wrapper tensor subclass), whose memory is then not checked."""
@@ -924,6 +910,19 @@ def _data_ptrs(refs: Sequence[Any]) -> list[int] | None:
         return list(map(_DATA_PTR, refs))
     except (RuntimeError, TypeError):
         return None
+
+
+def _changed(p: Program) -> list[int]:
+    """The arguments (indices) among ``p``'s constants written in place since it was compiled
+    (a newer version) or now over other memory; ``p``'s tensors themselves, not a call's."""
+    then = dict(zip(map(id, p.versioned), p.versions))
+    ptrs = _data_ptrs(p.refs) if p.ptrs is not None else None
+    return [
+        i
+        for k, (i, r) in enumerate(zip(p.indices, p.refs))
+        if (id(r) in then and r._version != then[id(r)])
+        or (ptrs is not None and ptrs[k] != p.ptrs[k])
+    ]
 
 
 class Program(NamedTuple):
@@ -940,7 +939,6 @@ class Program(NamedTuple):
     sizes: tuple  # (index, axis, value): sizes the export fixed (FxImport.sizes)
     indices: tuple = ()  # the arguments ``pick`` takes (FxImport.constant_inputs)
     ort: Any = None  # its onnxruntime program (OrtGraphProgram), if it runs on onnxruntime
-    born: tuple = ()  # (version, data pointer) of each of ``refs`` when compiled
 
 
 def _size(arg: Any, axis: int | None) -> Any:

@@ -408,14 +408,14 @@ def generate(module: Any, backend_config: Any, stats: DecodeStats, *args: Any, *
         plan, why = (
             known_step(stats.plans, recorder.calls) if probe_n < PROBE_TOKENS else (None, "")
         )
+        key = _cache_key(out)
         if (
             plan is None
             and probe_n < PROBE_TOKENS
             and not _ended(out, ids, eos, probe_n)
-            and _resumable(getattr(out, _cache_key(out)))
+            and _resumable(getattr(out, key))
         ):
             # another graph than the one learnt: Hugging Face decodes the rest of the probe
-            key = _cache_key(out)
             more = dict(kwargs, return_dict_in_generate=True)
             cache = {key: getattr(out, key)}
             out = _continue(

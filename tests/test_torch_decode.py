@@ -333,16 +333,10 @@ def test_a_state_that_is_no_cache_object_regenerates_instead_of_resuming():
     """RWKV's generate() carries its recurrent state as a plain list, which generate() does not
     take back as ``past_key_values``: with no step learnt, the drop-in module's generate()
     must give eager's tokens (Hugging Face's generate() from the start), not raise."""
-    cfg = transformers.RwkvConfig(
-        hidden_size=64,
-        num_hidden_layers=2,
-        vocab_size=1000,
-        attention_hidden_size=64,
-        intermediate_size=128,
-        context_length=256,
-    )
-    torch.manual_seed(0)
-    model = transformers.RwkvForCausalLM(cfg).eval()
+    model = tiny_causal_lm(
+        "RwkvConfig", "RwkvForCausalLM", hidden_size=64, attention_hidden_size=64,
+        intermediate_size=128, context_length=256,
+    )  # fmt: skip
     fused = GraphAutoFusion(model).fuse(check_speed=False)
     for n in (5, 8):
         ids = _prompt(n, seed=n)
