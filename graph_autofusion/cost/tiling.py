@@ -390,6 +390,21 @@ def _plan_tiles(
         return None
     space_v = max(computed, key=lambda v: (math.prod(v.shape), len(v.shape)))
     space = tuple(int(d) for d in space_v.shape)
+    if 0 in space:  # an empty tensor (no global tokens, an empty cache): nothing to tile
+        return TilePlan(
+            iteration_shape=space,
+            whole_axes=(),
+            tile=space,
+            k_tile=None,
+            working_set_bytes=0,
+            minimal_bytes=0,
+            capacity_bytes=int(capacity_bytes),
+            fits=True,
+            n_tiles=0,
+            traffic_bytes=0,
+            candidates=0,
+            footprints={},
+        )
     whole: set[int] = set()
     for n in nodes:
         x = n.inputs[0] if n.inputs else None

@@ -95,6 +95,7 @@ def converted_ops() -> list[str]:
 
 def _ensure_loaded() -> None:
     from graph_autofusion.frontend import (  # noqa: F401
+        aten_ops_indexing,
         aten_ops_nn,
         aten_ops_routing,
         aten_ops_tensor,

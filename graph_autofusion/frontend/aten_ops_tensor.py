@@ -18,9 +18,7 @@ index.Tensor (integer indices)                     Gather (one index) or Transpo
                                                    the Shape of their sum)
 index_select / gather                              Gather / GatherElements
 scatter / scatter_add                              ScatterElements(reduction)
-index_put (one integer index tensor; a static       ScatterElements(x, index broadcast to the
-cache's ``index_copy_``)                           values' shape, values, axis, add when
-                                                   accumulating)
+index_put                                          see ``aten_ops_indexing``
 cat / stack                                        Concat / Unsqueeze + Concat
 split.Tensor split_with_sizes unbind.int           Split (+ Squeeze for unbind)
 constant_pad_nd                                    Pad(constant)
@@ -248,51 +246,6 @@ def _scatter(cx: ConvertContext, x: Any, dim: int, index: Any, src: Any, reduce:
         shape = cx.ints(list(iv.shape)) if _static(iv.shape) else cx.op("Shape", [iv])
         sv = cx.op("Expand", [sv, shape])
     return cx.op("ScatterElements", [xv, iv, sv], {"axis": dim, "reduction": red})
-
-
-@aten_op("index_put.default")
-def _index_put(
-    cx: ConvertContext, x: Any, indices: Any, values: Any, accumulate: bool = False
-) -> Value:
-    """``x[..., idx, ...] = values`` with one 1-D integer index tensor at one axis (a static
-    KV cache's ``index_copy_``, functionalized): ``ScatterElements`` along that axis, the
-    index broadcast to the values' shape. Other forms stay opaque."""
-    xv = cx.v(x)
-    rank = len(xv.shape or ())
-    pos = [i for i, t in enumerate(indices) if t is not None]
-    if (
-        xv.shape is None
-        or len(pos) != 1
-        or cx.dtype(indices[pos[0]]) not in (DType.INT64, DType.INT32)
-        or len(cx.shape(indices[pos[0]]) or ()) != 1
-    ):
-        return cx.opaque(cx.node.target, (x, indices, values, accumulate), {})
-    axis = pos[0]
-    iv = cx.v(indices[axis], DType.INT64)
-    vv = cx.v(values, xv.dtype)
-    want = list(xv.shape)
-    want[axis] = (iv.shape or [None])[0]
-    if vv.shape is None or list(vv.shape) != want:  # values broadcast to the target
-        if _static(want):
-            target = cx.ints(want)
-        else:
-            shape = cx.op("Shape", [xv])
-            parts = [cx.op("Shape", [iv])]
-            if axis > 0:
-                parts.insert(0, cx.op("Slice", [shape, cx.ints([0]), cx.ints([axis])]))
-            if axis + 1 < rank:
-                parts.append(cx.op("Slice", [shape, cx.ints([axis + 1]), cx.ints([rank])]))
-            target = cx.op("Concat", parts, {"axis": 0}) if len(parts) > 1 else parts[0]
-        vv = cx.op("Expand", [vv, target])
-    axes = [d for d in range(rank) if d != axis]
-    if axes:
-        iv = cx.op("Unsqueeze", [iv, cx.ints(axes)])
-    iv = cx.op("Expand", [iv, cx.op("Shape", [vv])])
-    return cx.op(
-        "ScatterElements",
-        [xv, iv, vv],
-        {"axis": axis, "reduction": "add" if accumulate else "none"},
-    )
 
 
 @aten_op("cat.default")

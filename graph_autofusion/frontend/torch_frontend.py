@@ -735,6 +735,29 @@ def _sym_pow(cx: ConvertContext, node: torch.fx.Node, base: Any, exp: Any) -> Va
     return _sym_number(cx, node, cx.op("Pow", [cx.v(base, DType.DOUBLE), cx.v(exp, DType.DOUBLE)]))
 
 
+def _sym_compare(op_type: str, negate: bool = False) -> Callable[..., Value]:
+    """A comparison of sizes (``s0 >= 2``: what torch.export's run-time size checks and a
+    model's own branches on lengths compute): the ONNX comparison, in double when either
+    side is a float, else in int64."""
+
+    def convert(cx: ConvertContext, node: torch.fx.Node, a: Any, b: Any) -> Value:
+        floats = any(cx.dtype(x) in (DType.FLOAT, DType.DOUBLE) for x in (a, b))
+        dt = DType.DOUBLE if floats else DType.INT64
+        out = cx.op(op_type, [cx.v(a, dt), cx.v(b, dt)])
+        return cx.op("Not", [out]) if negate else out
+
+    return convert
+
+
+def _sym_logic(op_type: str) -> Callable[..., Value]:
+    """``and`` / ``or`` / ``not`` of size comparisons, as booleans."""
+
+    def convert(cx: ConvertContext, node: torch.fx.Node, *xs: Any) -> Value:
+        return cx.op(op_type, [cx.v(x, DType.BOOL) for x in xs])
+
+    return convert
+
+
 #: Python's number functions Dynamo leaves in a graph on symbolic sizes (TF-style "SAME"
 #: padding takes ``math.ceil`` of a size over the stride; a scale takes ``int()`` of a float).
 _SYM_CONVERTERS: dict[Any, Callable[..., Value]] = {
@@ -745,6 +768,15 @@ _SYM_CONVERTERS: dict[Any, Callable[..., Value]] = {
     torch.sym_int: _sym_rounding("Trunc"),
     torch.sym_float: lambda cx, node, x: cx.v(x, DType.DOUBLE),
     operator.pow: _sym_pow,
+    operator.lt: _sym_compare("Less"),
+    operator.le: _sym_compare("LessOrEqual"),
+    operator.gt: _sym_compare("Greater"),
+    operator.ge: _sym_compare("GreaterOrEqual"),
+    operator.eq: _sym_compare("Equal"),
+    operator.ne: _sym_compare("Equal", negate=True),
+    operator.and_: _sym_logic("And"),
+    operator.or_: _sym_logic("Or"),
+    torch.sym_not: _sym_logic("Not"),
 }
 
 

@@ -30,6 +30,7 @@ the inference onnxruntime's own optimizer relies on), else from the model's valu
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 
@@ -102,13 +103,22 @@ def _safe_merge(a: str, b: str) -> bool:
 
 
 def _run_inference(proto, auto_merge: bool):
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    from onnxruntime.tools import symbolic_shape_infer as ssi_mod
 
-    ssi = SymbolicShapeInference(2**31 - 1, auto_merge, False, 0)
-    ssi._preprocess(proto)  # works on its own copy of proto
-    while ssi.run_:
-        ssi._infer_impl()
-    ssi._update_output_from_vi()
+    # the inference logs each broadcast it cannot prove ("unsupported broadcast between 4
+    # s0") as a warning, which Python prints on stderr when nothing configured logging: an
+    # unknown shape is an answer here, not news for the user
+    log = ssi_mod.logger
+    level = log.level
+    log.setLevel(max(level, logging.ERROR))
+    try:
+        ssi = ssi_mod.SymbolicShapeInference(2**31 - 1, auto_merge, False, 0)
+        ssi._preprocess(proto)  # works on its own copy of proto
+        while ssi.run_:
+            ssi._infer_impl()
+        ssi._update_output_from_vi()
+    finally:
+        log.setLevel(level)
     return ssi
 
 

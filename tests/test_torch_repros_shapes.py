@@ -1,0 +1,101 @@
+"""Repros of size checks and empty tensors that sent held-out graphs to eager (Longformer:
+torch.export's run-time size checks, ``s0 >= 2``, had no converter; a graph over its empty
+global-attention tensors divided by zero in the tiling search), and Longformer itself, whose
+graphs now all run on onnxruntime."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from test_torch_repros import _compile_and_run  # noqa: E402
+
+from graph_autofusion.torch_compile import AutofusionWarning, make_backend  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("torch_repros")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class SizeChecked(torch.nn.Module):
+    def forward(self, x):
+        n = x.shape[1]
+        torch._check(n >= 2)  # the export keeps it as _assert_scalar(ge(s0, 2))
+        return x[:, : n // 2] * 2 + x[:, n - n // 2 :]
+
+
+def test_a_checked_size_compiles_on_onnxruntime_at_every_length():
+    backend = make_backend(engine="onnxruntime", check_speed=False)
+    c = torch.compile(SizeChecked(), backend=backend, dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AutofusionWarning)
+        for n in (6, 10, 15):
+            x = torch.randn(2, n)
+            with torch.no_grad():
+                torch.testing.assert_close(c(x), SizeChecked()(x))
+    assert [g.engine for g in backend.config.graphs] == ["onnxruntime"]
+
+
+class EmptyBranch(torch.nn.Module):
+    def forward(self, x, g):
+        e = torch.nn.functional.gelu(g * 2 + 1).relu() - 3  # a fusable chain over [0, 8]
+        return x * 2 + e.sum()
+
+
+def test_a_fusable_chain_over_an_empty_tensor_compiles():
+    graphs = _compile_and_run(EmptyBranch(), [(torch.randn(4, 8), torch.randn(0, 8))])
+    assert all(g.engine for g in graphs)
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_longformer_runs_every_graph_on_onnxruntime_quietly():
+    """Every graph on onnxruntime, and the symbolic shape inference's "unsupported
+    broadcast" warnings (printed on stderr where logging is not configured) kept in."""
+    tr = pytest.importorskip("transformers")
+    shape_log = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
+    seen = _Records()
+    shape_log.addHandler(seen)
+    torch.manual_seed(0)
+    cfg = tr.LongformerConfig(
+        hidden_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=128,
+        attention_window=[8],
+        vocab_size=100,
+        max_position_embeddings=80,
+    )
+    m = tr.LongformerModel(cfg).eval()
+    ids = torch.randint(0, 100, (1, 32), generator=torch.Generator().manual_seed(0))
+    glob = torch.zeros(1, 32, dtype=torch.long)
+    glob[:, 0] = 1
+    backend = make_backend(engine="onnxruntime", check_speed=False)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", AutofusionWarning)
+            with torch.no_grad():
+                got = torch.compile(m, backend=backend)(input_ids=ids, global_attention_mask=glob)
+                want = m(input_ids=ids, global_attention_mask=glob)
+    finally:
+        shape_log.removeHandler(seen)
+    assert not [r.getMessage() for r in seen.records if r.levelno >= logging.WARNING]
+    torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, atol=1e-5, rtol=1e-4)
+    engines = [g.engine for g in backend.config.graphs]
+    assert len(engines) > 1 and set(engines) == {"onnxruntime"}, engines
