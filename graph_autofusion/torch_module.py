@@ -4,6 +4,7 @@
     fused.generate(ids, max_new_tokens=50)          # Hugging Face models keep generate()
     fused.save_pretrained("out")                    # weights + autofusion_plan.json
     fused = load_fused(AutoModelForCausalLM.from_pretrained("out"), "out")   # same fusions
+    torch.save(fused, "f.pt"); torch.load("f.pt", weights_only=False)   # module + plan
 
 The fused module is a shallow copy of the user's module (the weights are shared, the module
 itself is not modified) whose ``forward`` is ``torch.compile(..., backend=<autofusion>)``.
@@ -22,7 +23,6 @@ entry for.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import statistics
@@ -201,13 +201,19 @@ class FusionInfo:
         return [g.summary() for g in self.graphs]
 
 
-def _shallow_copy(module: torch.nn.Module) -> torch.nn.Module:
+def _shallow_copy(module: torch.nn.Module, leave: tuple[str, ...] = ()) -> torch.nn.Module:
     """A new module object sharing the submodules and weights; its own registries and hooks
-    (a hook registered on the copy does not fire on the original)."""
-    fused = copy.copy(module)
+    (a hook registered on the copy does not fire on the original); the attributes ``leave``
+    names are not copied. Built directly (not by ``copy.copy``, which would call a fused
+    module's own ``__reduce_ex__``)."""
+    cls = type(module)
+    fused = cls.__new__(cls)
     for attr, value in module.__dict__.items():
+        if attr in leave:
+            continue
         if attr.startswith("_") and isinstance(value, dict):
-            fused.__dict__[attr] = value.copy()  # an OrderedDict stays one
+            value = value.copy()  # an OrderedDict stays one
+        fused.__dict__[attr] = value
     return fused
 
 
@@ -227,20 +233,10 @@ def _own_code(fn: Any) -> Any:
     return own
 
 
-def fuse_module(
-    module: torch.nn.Module,
-    args: tuple[Any, ...] = (),
-    kwargs: Mapping[str, Any] | None = None,
-    *,
-    rules: Any = None,
-    preset: str = "all",
-    hardware: Any = "host",
-    options: Any = None,
-    plan: Mapping[str, Any] | None = None,
-    source_name: str = "",
-) -> torch.nn.Module:
-    """A drop-in fused copy of ``module`` (see the module docstring); ``module`` itself is not
-    modified. ``plan``: a saved plan (:data:`PLAN_FILE`) to apply instead of planning."""
+def _plan_backend(
+    plan: Mapping[str, Any] | None, *, preset: str, hardware: Any, options: Any, rules: Any
+) -> Any:
+    """The backend of a fused module; with a saved ``plan``, one that applies its fusions."""
     if plan is not None:  # the saved fusions were timed when planned: numerics only now
         options = (options or FuseOptions(target="cpu")).replace(
             check_speed=False,
@@ -258,15 +254,100 @@ def fuse_module(
             backend.config.saved_weights = {  # {layer: form} (a list of names before 12-06)
                 g["fingerprint"]: _saved_forms(g.get("compressed", [])) for g in plan["graphs"]
             }
+    return backend
+
+
+#: What a fused module holds beside the user's module's own state (its instance dict).
+_OURS = ("forward", "autofusion", "save_pretrained", "generate", "__reduce_ex__")
+
+
+def _wire(module: torch.nn.Module, backend: Any, source_name: str) -> torch.nn.Module:
+    """A shallow copy of ``module`` whose ``forward`` is compiled by ``backend``."""
     fused = _shallow_copy(module)
     forward = types.MethodType(_own_code(type(module).forward), fused)
     fused.forward = torch.compile(forward, backend=backend)
-    info = FusionInfo(backend, source_name or type(module).__name__)
-    fused.__dict__["autofusion"] = info
+    fused.__dict__["autofusion"] = FusionInfo(backend, source_name)
     if hasattr(type(module), "save_pretrained"):
         fused.__dict__["save_pretrained"] = types.MethodType(_save_pretrained, fused)
     if _can_generate(module):  # greedy decoding finished by our own loop (torch_decode)
         fused.__dict__["generate"] = types.MethodType(_generate, fused)
+    # pickle (torch.save), copy and deepcopy look __reduce_ex__ up on the object: the fused
+    # module travels as the user's module plus its plan (a compiled forward does not pickle)
+    fused.__dict__["__reduce_ex__"] = types.MethodType(_reduce_fused, fused)
+    return fused
+
+
+def _reduce_fused(self: torch.nn.Module, protocol: int) -> tuple[Any, tuple[Any, ...]]:
+    """``torch.save(fused)`` / ``pickle`` / ``copy``: the module without what fusing added,
+    the plan of the fusions kept and the backend's settings; :func:`_restore_fused` wires it
+    again, and its graphs compile on their first call with the saved fusions (numerics
+    checked, not timed again), as :func:`load_fused` does."""
+    info: FusionInfo = self.__dict__["autofusion"]
+    plain = _shallow_copy(self, leave=_OURS)
+    cfg = info.backend.config
+    settings = {"preset": cfg.preset, "hardware": cfg.hardware, "options": cfg.options}
+    settings["rules"] = _rules_by_name(cfg.rules)
+    return _restore_fused, (plain, info.plan(), settings, info.source_name)
+
+
+def _rules_by_name(rules: Any) -> list[Any] | None:
+    """A rule set as it pickles: built-in rules by name (their checks are lambdas), the
+    user's own rules as they are (refused with the rule's name when one cannot pickle)."""
+    if rules is None:
+        return None
+    import pickle
+
+    from graph_autofusion.patterns.library import builtin_rules
+
+    builtin = {r.name: r for r in builtin_rules()}
+    spec: list[Any] = []
+    for rule in rules:
+        if builtin.get(rule.name) is rule:
+            spec.append(rule.name)
+            continue
+        try:
+            pickle.dumps(rule)
+        except Exception as exc:  # noqa: BLE001 - pickle's errors vary by what it met
+            raise pickle.PicklingError(
+                f"the fused module's rule {rule.name!r} holds what pickle cannot store ({exc}); "
+                f"save it with save_pretrained() and fuse again with the rule"
+            ) from exc
+        spec.append(rule)
+    return spec
+
+
+def _restore_fused(
+    plain: torch.nn.Module, plan: Mapping[str, Any], settings: Mapping[str, Any], name: str
+) -> torch.nn.Module:
+    """The fused module :func:`_reduce_fused` took apart (unpickled, or a copy)."""
+    settings = dict(settings)
+    spec = settings.pop("rules")
+    rules = None
+    if spec is not None:
+        from graph_autofusion.patterns.library import builtin_rules
+        from graph_autofusion.patterns.rules import RuleSet
+
+        builtin = {r.name: r for r in builtin_rules()}
+        rules = RuleSet(tuple(builtin[r] if isinstance(r, str) else r for r in spec))
+    return _wire(plain, _plan_backend(plan, rules=rules, **settings), name)
+
+
+def fuse_module(
+    module: torch.nn.Module,
+    args: tuple[Any, ...] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    rules: Any = None,
+    preset: str = "all",
+    hardware: Any = "host",
+    options: Any = None,
+    plan: Mapping[str, Any] | None = None,
+    source_name: str = "",
+) -> torch.nn.Module:
+    """A drop-in fused copy of ``module`` (see the module docstring); ``module`` itself is not
+    modified. ``plan``: a saved plan (:data:`PLAN_FILE`) to apply instead of planning."""
+    backend = _plan_backend(plan, preset=preset, hardware=hardware, options=options, rules=rules)
+    fused = _wire(module, backend, source_name or type(module).__name__)
     modes = [(m, m.training) for m in fused.modules()]  # restored one by one (shared)
     fused.eval()
     try:

@@ -225,3 +225,67 @@ def test_an_example_call_the_model_refuses_is_a_clear_error():
     with pytest.raises(ModelLoadError, match=r"example call failed in the model itself .* inputs "
                        r"#0 float32\[1, 4\]; give inputs it takes"):  # fmt: skip
         GraphAutoFusion(model, example_inputs=(torch.zeros(1, 4),)).fuse(check_speed=False)
+
+
+def test_a_fused_module_pickles_copies_and_reloads_fused(tmp_path):
+    """``torch.save(fused)`` / ``torch.load`` (here and in a fresh process), ``copy`` and
+    ``deepcopy``: the module travels with its plan; the copy runs the saved fusions on the
+    saved engines, a deep copy owns its weights, a shallow copy shares them."""
+    import copy
+    import subprocess
+    import sys
+
+    model = tiny_llama()
+    ids = torch.randint(0, 1000, (1, 12), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want_logits = model(ids).logits
+        want_tokens = model.generate(ids, **GEN)
+    fused = GraphAutoFusion(model, example_inputs=ids).fuse(check_speed=False)
+    saved = {g["fingerprint"]: (g["engine"], g["fused"]) for g in fused.autofusion.plan()["graphs"]}
+    path = tmp_path / "fused.pt"
+    torch.save(fused, path)
+    torch._dynamo.reset()
+    loaded = torch.load(path, weights_only=False)
+    assert type(loaded) is type(model) and loaded.autofusion.graphs == []
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, want_logits, atol=1e-4, rtol=1e-4)
+        assert torch.equal(loaded.generate(ids, **GEN), want_tokens)
+    again = {
+        g["fingerprint"]: (g["engine"], g["fused"]) for g in loaded.autofusion.plan()["graphs"]
+    }
+    same = saved.keys() & again.keys()  # the graphs both calls met: same engine, same fusions
+    assert same and all(saved[k] == again[k] for k in same)
+    assert {g.plan_source for g in loaded.autofusion.graphs} >= {"saved"}
+
+    deep, shallow = copy.deepcopy(fused), copy.copy(fused)
+    for m in (deep, shallow):
+        assert m.autofusion is not fused.autofusion and "forward" in m.__dict__
+    weight = fused.lm_head.weight
+    assert deep.lm_head.weight is not weight and shallow.lm_head.weight is weight
+    with torch.no_grad():
+        torch.testing.assert_close(deep(ids).logits, want_logits, atol=1e-4, rtol=1e-4)
+
+    code = (
+        "import torch, sys; m = torch.load(sys.argv[1], weights_only=False); "
+        "ids = torch.load(sys.argv[2]); print(m(ids).logits.sum().item(), len(m.autofusion.graphs))"
+    )
+    torch.save(ids, tmp_path / "ids.pt")
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(path), str(tmp_path / "ids.pt")],
+        capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    total, graphs = out.stdout.split()
+    assert abs(float(total) - want_logits.sum().item()) < 1e-2 and int(graphs) >= 1
+
+
+def test_a_fused_module_whose_rule_cannot_pickle_says_which_rule():
+    import pickle
+
+    from graph_autofusion.patterns.library import builtin_rules
+
+    rule = builtin_rules().get("bias_gelu")
+    own = type(rule)(**{**rule.__dict__, "name": "my_bias_gelu", "checks": (lambda ctx: None,)})
+    model = tiny_llama()
+    fused = GraphAutoFusion(model, rules=[own]).fuse(check_speed=False)
+    with pytest.raises(pickle.PicklingError, match="my_bias_gelu"):
+        pickle.dumps(fused)
