@@ -54,6 +54,11 @@ TORCH_PROGRAM_BELOW = 0.75
 #: (it set the peak memory of a compiled ``generate()``: the prefill graph's packed session,
 #: ~47 MB on the zoo Llama, opened only to time it).
 UNPACKED_SLOWER = 1.13
+#: A session packs its weights from its first call when the weights it may pack (GEMM and
+#: convolution operands) are fewer bytes than this: opening it again packed once the graph is
+#: hot cost its second call a full garbage collection and a new session (235 ms on a tiny
+#: Swin-v2 graph that runs in 0.3 ms, 2026-12-06), for a packed copy of a few megabytes.
+PACK_LATER_MIN_BYTES = 8 << 20
 #: The one-call probe deciding whether the unpacked measurement is worth making at all
 #: (``CompiledGraph._unpacked_may_lead``: one call each of the unpacked program and eager)
 #: measures only when its ratio is within this factor of that threshold; above, the program is

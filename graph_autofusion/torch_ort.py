@@ -92,8 +92,13 @@ class OrtGraphProgram:
         self.session = self._open(self.prepack)
 
     def _deferrable(self) -> bool:
-        """No ``MatMulNBits`` (which, unpacked, dequantizes its whole weight on every call)."""
-        return not any(n.op_type == "MatMulNBits" for n in self.model.graph.nodes)
+        """No ``MatMulNBits`` (which, unpacked, dequantizes its whole weight on every call),
+        and packed weights large enough to be worth a second session once the graph is hot
+        (:data:`~graph_autofusion.defaults.PACK_LATER_MIN_BYTES`)."""
+        nodes = self.model.graph.nodes
+        if any(n.op_type == "MatMulNBits" for n in nodes):
+            return False
+        return packable_bytes(self.model) >= defaults.PACK_LATER_MIN_BYTES
 
     def timed_unpacked(self) -> bool:
         """Whether the open session lacks the packed weights its graph serves with once hot."""
@@ -159,7 +164,7 @@ class OrtGraphProgram:
 
     def can_defer_packing(self) -> bool:
         """Whether the session may run unpacked until the graph proves hot: it packs (or will),
-        and no ``MatMulNBits`` (which, unpacked, dequantizes its whole weight on every call)."""
+        and :meth:`_deferrable`."""
         return self.packs and self._deferrable()
 
     def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
@@ -297,6 +302,26 @@ def _packable(node: Any) -> bool:
     if node.op_type in ("If", "Loop", "Scan"):
         return True
     return any(from_constants(v) for v in node.inputs[:2] if v is not None)
+
+
+def packable_bytes(model: Any) -> float:
+    """The bytes of the weights onnxruntime may pack a copy of (:func:`_packable` nodes'
+    constant operands); infinite when one is computed from constants (size not known here)."""
+    total = 0.0
+    seen: set[str] = set()
+    for n in model.graph.nodes:
+        if not _packable(n):
+            continue
+        if n.op_type in ("If", "Loop", "Scan"):
+            return float("inf")
+        for v in n.inputs[:3]:
+            if v is None or v.name in seen or not from_constants(v):
+                continue
+            seen.add(v.name)
+            if not isinstance(v.const, np.ndarray):
+                return float("inf")
+            total += v.const.nbytes
+    return total
 
 
 def few_rows(result: Any) -> bool:

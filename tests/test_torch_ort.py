@@ -696,9 +696,10 @@ def test_a_session_reads_a_transposed_matrix_through_transB_or_as_a_copy():
     assert proto.graph.node[0].op_type == "MatMul"  # the caller's proto is not modified
 
 
-def test_a_session_packs_its_weights_only_once_its_graph_is_called_again():
+def test_a_session_packs_its_weights_only_once_its_graph_is_called_again(monkeypatch):
     """A graph called once (a generate()'s prefill) keeps no packed copy of the weights; its
     second call packs them (the session opened again), with the same answers."""
+    monkeypatch.setattr(defaults, "PACK_LATER_MIN_BYTES", 0)  # 0.4 MB as if large
     m = _TextModel().eval()
     backend = make_backend(engine="onnxruntime", check_speed=False)
     c = torch.compile(m, backend=backend)
@@ -712,6 +713,26 @@ def test_a_session_packs_its_weights_only_once_its_graph_is_called_again():
         second, third = c(ids), c(ids)
     assert ort.prepack and ort.session is not unpacked
     for got in (first, second, third):
+        torch.testing.assert_close(got, m(ids), rtol=1e-4, atol=1e-5)
+
+
+def test_a_session_of_small_weights_packs_from_its_first_call_and_never_reopens():
+    """Weights under PACK_LATER_MIN_BYTES: packed at once; the second call finds the same
+    session (opening it again cost a tiny graph's second call a garbage collection and a new
+    session, 235 ms against 1 ms served)."""
+    m = _TextModel().eval()
+    backend = make_backend(engine="onnxruntime", check_speed=False)
+    c = torch.compile(m, backend=backend)
+    ids = _ids(16)
+    with torch.no_grad():
+        first = c(ids)
+        (g,) = backend.config.graphs
+        (ort,) = _sessions([g])
+        session = ort.session
+        assert ort.prepack and not ort.can_defer_packing()
+        second = c(ids)
+    assert ort.session is session
+    for got in (first, second):
         torch.testing.assert_close(got, m(ids), rtol=1e-4, atol=1e-5)
 
 

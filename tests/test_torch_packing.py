@@ -36,6 +36,12 @@ def _timer(speed: dict[str, float], timed: list[tuple[str, bool]], probe=None):
 _packed: list[bool] = []  # the packing of each session opened, in order
 
 
+@pytest.fixture(autouse=True)
+def _defer_any_size(monkeypatch):
+    """The text model's weights (0.4 MB) as if large enough to pack later."""
+    monkeypatch.setattr(defaults, "PACK_LATER_MIN_BYTES", 0)
+
+
 @pytest.fixture
 def opens(monkeypatch):
     """Every onnxruntime session the torch route opens, as ``True`` (packed) or ``False``."""
