@@ -99,3 +99,24 @@ def test_longformer_runs_every_graph_on_onnxruntime_quietly():
     torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, atol=1e-5, rtol=1e-4)
     engines = [g.engine for g in backend.config.graphs]
     assert len(engines) > 1 and set(engines) == {"onnxruntime"}, engines
+
+
+class SizeFilled(torch.nn.Module):
+    def forward(self, x):
+        n = x.shape[1]
+        idx = torch.zeros(n, n, dtype=torch.long)
+        idx[0, :] = n - 3  # a size written into a tensor: aten.scalar_tensor(s0 - 3) (BEiT)
+        return x + idx + torch.full((n,), n - 1, dtype=torch.float32) + torch.full_like(x, n)
+
+
+def test_a_size_used_as_a_fill_value_compiles_on_onnxruntime_at_every_length():
+    backend = make_backend(engine="onnxruntime", check_speed=False)
+    m = SizeFilled()
+    c = torch.compile(m, backend=backend, dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AutofusionWarning)
+        for n in (8, 13, 21):
+            x = torch.randn(2, n, n)
+            with torch.no_grad():
+                torch.testing.assert_close(c(x), m(x))
+    assert [g.engine for g in backend.config.graphs] == ["onnxruntime"]

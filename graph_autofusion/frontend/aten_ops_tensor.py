@@ -332,6 +332,9 @@ def _trilu(cx: ConvertContext, x: Any, diagonal: int = 0) -> Value:
 def _filled(cx: ConvertContext, x: Any, value: Any) -> Value:
     dt = cx.out_dtype
     shape = cx.out_shape
+    if isinstance(value, Value):  # a size (``full_like(x, n - 1)``): read at run time
+        target = cx.ints(list(shape)) if _static(shape) else cx.op("Shape", [cx.v(x)])
+        return cx.op("Expand", [cx.v(value, dt), target])
     if _static(shape):
         if int(np.prod(shape, dtype=np.int64)) <= 1024:
             return cx.const(np.full(shape, value), dt, "filled")
@@ -368,6 +371,13 @@ def _item(cx: ConvertContext, x: Any) -> Any:
     return cx.opaque(cx.node.target, (x,), {})
 
 
+@aten_op("scalar_tensor.default")
+def _scalar_tensor(cx: ConvertContext, value: Any, **kwargs: Any) -> Value:
+    """``torch.scalar_tensor(n)`` of a size (a size written into a tensor: ``idx[0] = n -
+    3``); a constant one is folded before it gets here."""
+    return cx.v(value, cx.out_dtype)
+
+
 @aten_op("sym_size.int")
 def sym_size(cx: ConvertContext, x: Any, dim: int) -> Any:
     xv = cx.v(x)
@@ -398,6 +408,8 @@ def _full(cx: ConvertContext, size: Any, value: Any = None, **kwargs: Any) -> Va
     does not keep; a ``new_*`` operator's name without its prefix)"""
     name = cx.node.target._schema.name.split("::")[-1].removeprefix("new_")
     fill = _FILLS.get(name, value)
+    if isinstance(fill, Value):  # a size (``torch.full((n,), n - 1)``): read at run time
+        return cx.op("Expand", [cx.v(fill, cx.out_dtype), cx.ints(list(size))])
     arr = np.array([fill], dtype=cx.out_dtype.to_numpy())
     return cx.op("ConstantOfShape", [cx.ints(list(size))], {"value": arr})
 
