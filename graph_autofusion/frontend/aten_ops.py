@@ -38,7 +38,7 @@ linalg_vector_norm (ord 2, 1, inf, 0, p)           ReduceL2 / ReduceL1 / ReduceM
                                                    of non-zeros / Pow(ReduceSum(Pow(Abs)), 1/p)
 max.dim / min.dim                                  ReduceMax + ArgMax / ReduceMin + ArgMin
 argmax argmin                                      ArgMax ArgMin
-var.correction                                     ReduceMean, Sub, Mul, ReduceMean (+ Mul)
+var std var_mean, elu with scales                  see ``aten_ops_math``
 cumsum                                             CumSum
 _softmax softmax.int _log_softmax                  Softmax(axis) / LogSoftmax(axis)
 topk                                               TopK
@@ -96,6 +96,7 @@ def converted_ops() -> list[str]:
 def _ensure_loaded() -> None:
     from graph_autofusion.frontend import (  # noqa: F401
         aten_ops_indexing,
+        aten_ops_math,
         aten_ops_nn,
         aten_ops_routing,
         aten_ops_tensor,
@@ -201,7 +202,7 @@ _UNARY = {
     "acosh": "Acosh",
     "atanh": "Atanh",
     "isnan": "IsNaN",
-    "logical_not": "Not",
+    "logical_not": "Not",  # of x != 0 (ONNX's Not takes booleans only)
     "mish": "Mish",
 }
 
@@ -209,8 +210,10 @@ _UNARY = {
 def _register_unary(aten_name: str, onnx_name: str) -> None:
     @aten_op(f"{aten_name}.default")
     def conv(cx: ConvertContext, x: Any) -> Value:
-        if onnx_name in ("IsNaN", "Not"):
+        if onnx_name == "IsNaN":
             return cx.op(onnx_name, [cx.v(x)])
+        if onnx_name == "Not":
+            return cx.op(onnx_name, [cx.v(x, DType.BOOL)])
         return cx.op(onnx_name, [cx.v(x, cx.out_dtype)])
 
 
@@ -288,13 +291,6 @@ def _clip(cx: ConvertContext, x: Any, lo: Any = None, hi: Any = None) -> Value:
 @aten_op("leaky_relu.default")
 def _leaky_relu(cx: ConvertContext, x: Any, slope: float = 0.01) -> Value:
     return cx.op("LeakyRelu", [cx.v(x)], {"alpha": float(slope)})
-
-
-@aten_op("elu.default")
-def _elu(cx: ConvertContext, x: Any, alpha: float = 1.0, scale: float = 1.0, in_scale: float = 1.0):
-    if scale != 1.0 or in_scale != 1.0:
-        return cx.opaque(cx.node.target, (x, alpha, scale, in_scale), {})
-    return cx.op("Elu", [cx.v(x)], {"alpha": float(alpha)})
 
 
 @aten_op("hardsigmoid.default")
@@ -498,27 +494,6 @@ def _argmax(cx: ConvertContext, x: Any, dim: int | None = None, keepdim: bool = 
         xv = cx.op("Reshape", [xv, cx.ints([-1])])
         dim, keepdim = 0, False
     return cx.op(op, [xv], {"axis": int(dim), "keepdims": int(keepdim)})
-
-
-@aten_op("var.correction")
-def _var(
-    cx: ConvertContext, x: Any, dim: Any = None, *, correction: Any = None, keepdim: bool = False
-):
-    xv = cx.v(x, cx.out_dtype)
-    shape = xv.shape
-    dims = list(range(len(shape))) if not dim else [d % len(shape) for d in dim]
-    n = 1
-    for d in dims:
-        n *= shape[d]
-    mean = reduce(cx, "ReduceMean", xv, dims, True, xv.dtype)
-    diff = cx.op("Sub", [xv, mean])
-    var = reduce(cx, "ReduceMean", cx.op("Mul", [diff, diff]), dims, keepdim, xv.dtype)
-    corr = 1 if correction is None else correction
-    if corr:
-        var = cx.op(
-            "Mul", [var, cx.scalar(n / max(n - corr, 0) if n > corr else float("inf"), xv.dtype)]
-        )
-    return var
 
 
 @aten_op("cumsum.default")

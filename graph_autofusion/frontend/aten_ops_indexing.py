@@ -29,13 +29,13 @@ the torch program runs.
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 import numpy as np
 import torch
 
 from graph_autofusion.frontend.aten_ops import aten_op, reduce
+from graph_autofusion.frontend.aten_ops_nn import _used_outputs
 from graph_autofusion.frontend.torch_convert import ConvertContext
 from graph_autofusion.ir.core import Value
 from graph_autofusion.ir.dtypes import DType
@@ -318,9 +318,8 @@ def _embedding_bag(
     torch returns beside (offset2bag, sizes, max indices) only when nothing reads them."""
     args = (weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights)
     args += (include_last_offset, padding_idx)
-    used = {u.args[1] for u in cx.node.users if u.target is operator.getitem}
     iv = cx.v(indices, DType.INT64)
-    if mode not in (0, 1) or used - {0} or len(cx.shape(indices) or ()) != 1:
+    if mode not in (0, 1) or not _used_outputs(cx) <= {0} or len(cx.shape(indices) or ()) != 1:
         return cx.opaque(cx.node.target, args, {})
     wv = cx.v(weight)
     ov = cx.v(offsets, DType.INT64)

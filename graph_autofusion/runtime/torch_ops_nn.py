@@ -390,6 +390,18 @@ def _lstm(call: OpCall, x, w, r, b=None, seq_lens=None, h0=None, c0=None, p=None
     return (y, hn, cn)[: call.num_outputs]
 
 
+@torch_op("GridSample")
+def _grid_sample(call: OpCall, x: Tensor, grid: Tensor) -> Tensor:
+    mode = {"linear": "bilinear", "bilinear": "bilinear", "nearest": "nearest", "cubic": "bicubic"}
+    return torch.nn.functional.grid_sample(
+        x,
+        grid,
+        mode=mode[call.attr("mode", "linear")],
+        padding_mode=call.attr("padding_mode", "zeros"),
+        align_corners=bool(call.attr("align_corners", 0)),
+    )
+
+
 @torch_op("Resize")
 def _resize(call: OpCall, x, roi=None, scales=None, sizes=None) -> Tensor:
     mode = call.attr("mode", "nearest")

@@ -1,0 +1,285 @@
+"""ATen converters for statistics, distances, elementwise functions ONNX composes, and a few
+operators with a direct ONNX form that a held-out sweep found missing.
+
+=================================================  =============================================
+ATen                                               canonical (ONNX opset 20)
+=================================================  =============================================
+var.correction, var_mean.correction,               ReduceMean of the squared deviation times
+std.correction                                     n / (n - correction); n from the shape at
+                                                   run time for symbolic sizes (+ Sqrt for std)
+expm1, trunc, round.decimals                       Exp - 1 / Sign * Floor(Abs) / Round(x * 10^d)
+                                                   / 10^d
+elu (scale, input_scale: selu, celu)               Where(x > 0, s * x, s * a * (Exp(i * x) - 1))
+atan2                                              Atan(y / x) corrected by quadrant (Where)
+_cdist_forward (p = 0, 1, 2, inf, other)           ReduceSum / ReduceL2 / ReduceMax of |a - b|
+                                                   over the broadcast pairs
+diagonal                                           Gather of the diagonal's flat offsets after a
+                                                   Transpose of the two axes last
+searchsorted (a sorted sequence, left or right)    ReduceSum of Less / LessOrEqual against x
+_native_batch_norm_legit.no_stats (instance norm)  statistics of the batch per channel
+grid_sampler_2d                                    GridSample (bilinear/nearest/bicubic; zeros,
+                                                   border, reflection padding)
+=================================================  =============================================
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from graph_autofusion.frontend.aten_ops import aten_op, reduce
+from graph_autofusion.frontend.aten_ops_indexing import _size
+from graph_autofusion.frontend.aten_ops_nn import _used_outputs
+from graph_autofusion.frontend.torch_convert import ConvertContext
+from graph_autofusion.ir.core import Value
+from graph_autofusion.ir.dtypes import DType
+
+
+# ----- statistics -------------------------------------------------------------------------------
+def _count(cx: ConvertContext, xv: Value, dims: list[int]) -> Value | int:
+    """The number of elements over ``dims``: an int, or a value read from the shape."""
+    sizes = [xv.shape[d] for d in dims]
+    if all(isinstance(s, int) for s in sizes):
+        return int(np.prod(sizes, dtype=np.int64))
+    shape = cx.op("Shape", [xv])
+    picked = cx.op("Gather", [shape, cx.ints(dims)], {"axis": 0})
+    return cx.op("ReduceProd", [picked], {"keepdims": 0})
+
+
+def _variance(
+    cx: ConvertContext, x: Any, dim: Any, correction: Any, keepdim: bool
+) -> tuple[Value, Value]:
+    """(variance, mean) over ``dim`` (every axis when empty) with ``correction``."""
+    xv = cx.v(x, cx.out_dtype)
+    rank = len(xv.shape)
+    if isinstance(dim, int):
+        dim = [dim]
+    dims = list(range(rank)) if not dim else [d % rank for d in dim]
+    mean = reduce(cx, "ReduceMean", xv, dims, True, xv.dtype)
+    diff = cx.op("Sub", [xv, mean])
+    var = reduce(cx, "ReduceMean", cx.op("Mul", [diff, diff]), dims, keepdim, xv.dtype)
+    corr = 1 if correction is None else correction
+    if not keepdim:
+        mean = cx.op("Squeeze", [mean, cx.ints(dims)]) if dims else mean
+    if not corr:
+        return var, mean
+    n = _count(cx, xv, dims)
+    if isinstance(n, int):
+        factor = cx.scalar(n / max(n - corr, 0) if n > corr else float("inf"), xv.dtype)
+    else:  # n / max(n - corr, 0): inf where n <= corr, as torch's nan / inf
+        nf = cx.op("Cast", [n], {"to": int(xv.dtype)})
+        less = cx.op("Sub", [nf, cx.scalar(float(corr), xv.dtype)])
+        factor = cx.op("Div", [nf, cx.op("Max", [less, cx.scalar(0.0, xv.dtype)])])
+    return cx.op("Mul", [var, factor]), mean
+
+
+@aten_op("var.correction")
+def _var(cx: ConvertContext, x: Any, dim: Any = None, *, correction: Any = None, keepdim=False):
+    return _variance(cx, x, dim, correction, keepdim)[0]
+
+
+@aten_op("std.correction")
+def _std(cx: ConvertContext, x: Any, dim: Any = None, *, correction: Any = None, keepdim=False):
+    return cx.op("Sqrt", [_variance(cx, x, dim, correction, keepdim)[0]])
+
+
+@aten_op("var_mean.correction")
+def _var_mean(
+    cx: ConvertContext, x: Any, dim: Any = None, *, correction: Any = None, keepdim=False
+):
+    return list(_variance(cx, x, dim, correction, keepdim))
+
+
+@aten_op("_native_batch_norm_legit.no_stats")
+def _batch_stats_norm(
+    cx: ConvertContext, x: Any, w: Any, b: Any, training: bool, momentum: float, eps: float
+) -> Any:
+    """Normalization by the batch's own statistics per channel (axis 1), what
+    ``F.instance_norm`` and a norm without running statistics lower to."""
+    if not _used_outputs(cx) <= {0}:  # the saved statistics (training): torch runs it
+        return cx.opaque(cx.node.target, (x, w, b, training, momentum, eps), {})
+    xv = cx.v(x, cx.out_dtype)
+    rank = len(xv.shape)
+    dims = [0, *range(2, rank)]
+    var, mean = _variance(cx, xv, dims, 0, True)
+    inv = cx.op("Reciprocal", [cx.op("Sqrt", [cx.op("Add", [var, cx.scalar(eps, xv.dtype)])])])
+    out = cx.op("Mul", [cx.op("Sub", [xv, mean]), inv])
+    per_channel = cx.ints([-1] + [1] * (rank - 2))
+    if w is not None:
+        out = cx.op("Mul", [out, cx.op("Reshape", [cx.v(w, xv.dtype), per_channel])])
+    if b is not None:
+        out = cx.op("Add", [out, cx.op("Reshape", [cx.v(b, xv.dtype), per_channel])])
+    return [out, None, None]
+
+
+# ----- elementwise ------------------------------------------------------------------------------
+@aten_op("expm1.default")
+def _expm1(cx: ConvertContext, x: Any) -> Value:
+    """``exp(x) - 1`` to a few ulps near 0, where the subtraction cancels (ONNX has no
+    Expm1): with ``u = exp(x)``, ``(u - 1) * x / log(u)`` (``x`` where ``u`` rounds to 1),
+    and ``u - 1`` itself for ``|x| > 0.5``."""
+    xv = cx.v(x, cx.out_dtype)
+    dt = xv.dtype
+    u = cx.op("Exp", [xv])
+    d = cx.op("Sub", [u, cx.scalar(1, dt)])
+    ratio = cx.op("Div", [cx.op("Mul", [d, xv]), cx.op("Log", [u])])
+    near = cx.op("Where", [cx.op("Equal", [d, cx.scalar(0, dt)]), xv, ratio])
+    far = cx.op("Greater", [cx.op("Abs", [xv]), cx.scalar(0.5, dt)])
+    return cx.op("Where", [far, d, near])
+
+
+@aten_op("trunc.default")
+def _trunc(cx: ConvertContext, x: Any) -> Value:
+    xv = cx.v(x, cx.out_dtype)
+    if not xv.dtype.is_float:
+        return xv
+    return cx.op("Mul", [cx.op("Sign", [xv]), cx.op("Floor", [cx.op("Abs", [xv])])])
+
+
+@aten_op("round.decimals")
+def _round_decimals(cx: ConvertContext, x: Any, *, decimals: int = 0) -> Value:
+    xv = cx.v(x, cx.out_dtype)
+    if not decimals:
+        return cx.op("Round", [xv])
+    scale = cx.scalar(10.0**decimals, xv.dtype)
+    return cx.op("Div", [cx.op("Round", [cx.op("Mul", [xv, scale])]), scale])
+
+
+@aten_op("elu.default")
+def _elu(cx: ConvertContext, x: Any, alpha: float = 1.0, scale: float = 1.0, in_scale: float = 1.0):
+    """``scale * (x if x > 0 else alpha * (exp(in_scale * x) - 1))`` (SELU and CELU are ELU
+    with a scale and an input scale)."""
+    xv = cx.v(x, cx.out_dtype)
+    if scale == 1.0 and in_scale == 1.0:
+        return cx.op("Elu", [xv], {"alpha": float(alpha)})
+    dt = xv.dtype
+    neg = cx.op(
+        "Sub", [cx.op("Exp", [cx.op("Mul", [xv, cx.scalar(in_scale, dt)])]), cx.scalar(1, dt)]
+    )
+    neg = cx.op("Mul", [neg, cx.scalar(alpha * scale, dt)])
+    pos = cx.op("Mul", [xv, cx.scalar(scale, dt)])
+    return cx.op("Where", [cx.op("Greater", [xv, cx.scalar(0, dt)]), pos, neg])
+
+
+@aten_op("atan2.default")
+def _atan2(cx: ConvertContext, y: Any, x: Any) -> Value:
+    """``atan(y / x)`` moved to the quadrant of ``(x, y)``, signed zeros included (a sign
+    read as ``1 / v < 0``, true for -0): +-pi added where ``x`` is negative; where ``x`` is
+    a zero, +-pi/2, or for ``y`` a zero too, ``y`` itself (``x`` +0) or +-pi (``x`` -0).
+    Both infinite: NaN (torch: an odd multiple of pi/4)."""
+    dt = cx.out_dtype
+    yv, xv = cx.v(y, dt), cx.v(x, dt)
+    zero = cx.scalar(0, dt)
+
+    def negative(v: Value) -> Value:  # v < 0, or -0
+        return cx.op(
+            "Or", [cx.op("Less", [v, zero]), cx.op("Less", [cx.op("Reciprocal", [v]), zero])]
+        )
+
+    y_neg, x_neg = negative(yv), negative(xv)
+    base = cx.op("Atan", [cx.op("Div", [yv, xv])])
+    pi = cx.op("Where", [y_neg, cx.scalar(-math.pi, dt), cx.scalar(math.pi, dt)])
+    out = cx.op("Where", [x_neg, cx.op("Add", [base, pi]), base])
+    half = cx.op("Where", [y_neg, cx.scalar(-math.pi / 2, dt), cx.scalar(math.pi / 2, dt)])
+    origin = cx.op("Where", [x_neg, pi, yv])
+    on_axis = cx.op("Where", [cx.op("Equal", [yv, zero]), origin, half])
+    return cx.op("Where", [cx.op("Equal", [xv, zero]), on_axis, out])
+
+
+# ----- distances, diagonals, sorted lookups -----------------------------------------------------
+@aten_op("_cdist_forward.default")
+def _cdist(cx: ConvertContext, a: Any, b: Any, p: float, compute_mode: Any = None) -> Value:
+    """``torch.cdist``: ``|a_i - b_j|_p`` over every pair, from the differences themselves
+    (torch's matrix-product form for p = 2 rounds differently at large sizes)."""
+    dt = cx.out_dtype
+    av = cx.op("Unsqueeze", [cx.v(a, dt), cx.ints([-2])])  # [..., P, 1, M]
+    bv = cx.op("Unsqueeze", [cx.v(b, dt), cx.ints([-3])])  # [..., 1, R, M]
+    diff = cx.op("Abs", [cx.op("Sub", [av, bv])])
+    axis = [-1]
+    if p == 2:
+        return reduce(cx, "ReduceL2", diff, axis, False, dt)
+    if p == 1:
+        return reduce(cx, "ReduceSum", diff, axis, False, dt)
+    if p == math.inf:
+        return reduce(cx, "ReduceMax", diff, axis, False, dt)
+    if p == 0:
+        nonzero = cx.op("Cast", [cx.op("Greater", [diff, cx.scalar(0, dt)])], {"to": int(dt)})
+        return reduce(cx, "ReduceSum", nonzero, axis, False, dt)
+    total = reduce(cx, "ReduceSum", cx.op("Pow", [diff, cx.scalar(p, dt)]), axis, False, dt)
+    return cx.op("Pow", [total, cx.scalar(1.0 / p, dt)])
+
+
+@aten_op("diagonal.default", "diagonal_copy.default")
+def _diagonal(cx: ConvertContext, x: Any, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Value:
+    """The two axes moved last and merged, then a Gather of the diagonal's flat offsets
+    ``r * (n2 + 1) + offset`` for rows ``r`` in ``[max(0, -offset), min(n1, n2 - offset))``
+    (folded to constants for static sizes, computed at run time for symbolic ones)."""
+    xv = cx.v(x)
+    rank = len(xv.shape or ())
+    d1, d2 = dim1 % rank, dim2 % rank
+    i64 = DType.INT64
+    n1, n2 = _size(cx, xv, d1), _size(cx, xv, d2)
+    end = cx.op("Min", [n1, cx.op("Sub", [n2, cx.scalar(offset, i64)])])
+    start = cx.scalar(max(0, -offset), i64)
+    rows = cx.op("Range", [start, cx.op("Max", [end, start]), cx.scalar(1, i64)])
+    step = cx.op("Add", [n2, cx.scalar(1, i64)])
+    flat = cx.op("Add", [cx.op("Mul", [rows, step]), cx.scalar(offset, i64)])
+    rest = [d for d in range(rank) if d not in (d1, d2)]
+    moved = cx.op("Transpose", [xv], {"perm": [*rest, d1, d2]})
+    if rest:
+        lead = cx.op("Slice", [cx.op("Shape", [moved]), cx.ints([0]), cx.ints([len(rest)])])
+        target = cx.op("Concat", [lead, cx.ints([-1])], {"axis": 0})
+    else:
+        target = cx.ints([-1])
+    merged = cx.op("Reshape", [moved, target])
+    return cx.op("Gather", [merged, flat], {"axis": -1})
+
+
+@aten_op("searchsorted.Tensor")
+def _searchsorted(
+    cx: ConvertContext,
+    seq: Any,
+    x: Any,
+    *,
+    out_int32: bool = False,
+    right: bool = False,
+    side: Any = None,
+    sorter: Any = None,
+) -> Value:
+    """The insertion index of each ``x`` in the sorted last axis of ``seq``: how many of its
+    values are below ``x`` (at or below, ``right``)."""
+    if sorter is not None:
+        return cx.opaque(
+            cx.node.target,
+            (seq, x),
+            {"out_int32": out_int32, "right": right, "side": side, "sorter": sorter},
+        )
+    dt = cx.promoted()
+    sv, xv = cx.v(seq, dt), cx.v(x, dt)
+    if len(sv.shape or ()) > 1:  # per row: the rows' leading axes match x's
+        sv = cx.op("Unsqueeze", [sv, cx.ints([-2])])
+    below = cx.op(
+        "LessOrEqual" if (right or side == "right") else "Less",
+        [sv, cx.op("Unsqueeze", [xv, cx.ints([-1])])],
+    )
+    count = reduce(
+        cx, "ReduceSum", cx.op("Cast", [below], {"to": int(DType.INT64)}), [-1], False, DType.INT64
+    )
+    return cx.op("Cast", [count], {"to": int(cx.out_dtype)}) if out_int32 else count
+
+
+@aten_op("grid_sampler_2d.default")
+def _grid_sample(
+    cx: ConvertContext, x: Any, grid: Any, mode: int, padding: int, align_corners: bool
+) -> Value:
+    modes = {0: "linear", 1: "nearest", 2: "cubic"}
+    pads = {0: "zeros", 1: "border", 2: "reflection"}
+    attrs = {
+        "mode": modes[mode],
+        "padding_mode": pads[padding],
+        "align_corners": int(align_corners),
+    }
+    dt = cx.out_dtype
+    return cx.op("GridSample", [cx.v(x, dt), cx.v(grid, dt)], attrs)
