@@ -1,7 +1,7 @@
-"""Repros of size checks and empty tensors that sent held-out graphs to eager (Longformer:
-torch.export's run-time size checks, ``s0 >= 2``, had no converter; a graph over its empty
-global-attention tensors divided by zero in the tiling search), and Longformer itself, whose
-graphs now all run on onnxruntime."""
+"""Repros of size checks, empty tensors and bfloat16 casts that sent held-out graphs off
+onnxruntime (Longformer: torch.export's run-time size checks, ``s0 >= 2``, had no converter; a
+graph over its empty global-attention tensors divided by zero in the tiling search), and
+Longformer itself, whose graphs now all run on onnxruntime."""
 
 from __future__ import annotations
 
@@ -119,4 +119,28 @@ def test_a_size_used_as_a_fill_value_compiles_on_onnxruntime_at_every_length():
             x = torch.randn(2, n, n)
             with torch.no_grad():
                 torch.testing.assert_close(c(x), m(x))
+    assert [g.engine for g in backend.config.graphs] == ["onnxruntime"]
+
+
+class ThroughBfloat16(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x):  # a float32 graph rounding one value through bfloat16
+        h = self.lin(x).bfloat16().float()
+        return torch.nn.functional.gelu(h * 2 + 1) + x
+
+
+def test_a_bfloat16_intermediate_in_a_float32_graph_runs_on_onnxruntime():
+    """Safe mode's capture of every intermediate asked numpy for a bfloat16 array
+    ("No corresponding Numpy type"), and the graph went to the torch engine."""
+    backend = make_backend(engine="onnxruntime", check_speed=False)
+    m = ThroughBfloat16().eval()
+    x = torch.randn(4, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AutofusionWarning)
+        with torch.no_grad():
+            torch.testing.assert_close(torch.compile(m, backend=backend)(x), m(x))
     assert [g.engine for g in backend.config.graphs] == ["onnxruntime"]

@@ -71,7 +71,10 @@ def activation_runner(model: Model, *, threads: int = 2) -> Callable[..., dict[s
     ``run(feeds, outputs=names)`` only those values (the feeds and the named outputs)."""
     arrays = model_weights(model)
     proto = to_onnx(model, without_data=set(arrays))
-    return _runner(proto, threads, arrays)
+    # numpy has no bfloat16: such a value (a cast through bfloat16 inside a float32 graph)
+    # cannot come back from the session, so it is not captured
+    unheld = {v.name for v in model.graph.values() if v.dtype == DType.BFLOAT16}
+    return _runner(proto, threads, arrays, unheld)
 
 
 def capture_proto(
@@ -88,9 +91,12 @@ def capture_proto(
 
 
 def _runner(
-    proto: onnx.ModelProto, threads: int, in_place: Mapping[str, np.ndarray] | None
+    proto: onnx.ModelProto,
+    threads: int,
+    in_place: Mapping[str, np.ndarray] | None,
+    unheld: set[str] | frozenset[str] = frozenset(),
 ) -> Callable[..., dict[str, np.ndarray]]:
-    taken = {o.name for o in proto.graph.output} | {i.name for i in proto.graph.input}
+    taken = {o.name for o in proto.graph.output} | {i.name for i in proto.graph.input} | unheld
     for node in proto.graph.node:
         for name in node.output:
             if name and name not in taken:
