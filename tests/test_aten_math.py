@@ -1,5 +1,5 @@
 """Converters for statistics, distances and elementwise functions ONNX composes
-(`frontend/aten_ops_math.py`) and ``logical_not`` of numbers: each ran on the torch engine or in
+(`frontend/aten_ops_math.py`), ``logical_not`` of numbers and a max pool's indices: each ran on the torch engine or in
 eager in a held-out sweep (a var over a symbolic axis raised a TypeError). Each is checked
 against eager on onnxruntime at three lengths with symbolic sizes, and imported with no opaque
 node."""
@@ -46,6 +46,12 @@ def _grid(x):
     return g
 
 
+def _pool_unpool(x):  # SegNet: the indices of a max pool feed max_unpool
+    y, idx = F.max_pool2d(x.unsqueeze(1), 2, return_indices=True)
+    _, idx1 = F.max_pool1d(x, 3, 2, padding=1, return_indices=True)
+    return F.max_unpool2d(y * 2, idx, 2, output_size=x.shape[-2:]), idx, idx1
+
+
 SEQ = torch.linspace(-2, 2, 9)
 CASES = {
     "var": lambda x: x.var(1) + x.var(),
@@ -69,6 +75,7 @@ CASES = {
         x.unsqueeze(1), _grid(x), mode="nearest", padding_mode="border", align_corners=True
     ),
     "logical_not": lambda x: torch.logical_not(x.round()),
+    "max_pool_indices": _pool_unpool,
     "all_decomposed": lambda x: (x.aminmax(dim=1)[0], x.round().all(-1)),
 }
 

@@ -12,7 +12,7 @@ group_norm / native_group_norm (its output only)   Reshape [N, G, -1], InstanceN
                                                    Reshape back, Mul(w) and Add(b) per channel
 _native_batch_norm_legit_no_training, batch_norm   BatchNormalization(epsilon, momentum)
 conv1d/2d/3d, convolution                          Conv / ConvTranspose (explicit pads)
-max_pool2d(_with_indices)                          MaxPool (indices -> opaque)
+max_pool2d(_with_indices)                          MaxPool (indices: Mod by the plane's size)
 avg_pool2d                                         AveragePool(count_include_pad)
 adaptive_avg_pool2d                                GlobalAveragePool (1x1) / AveragePool
 upsample_(bi/tri)linear(1/2/3)d.vec               Resize(mode=linear, align_corners or
@@ -256,10 +256,19 @@ def _max_pool(cx: ConvertContext, x, kernel, stride=(), padding=0, dilation=1, c
     xv = cx.v(x)
     n = len(xv.shape) - 2
     with_idx = cx.node.target._schema.name.endswith("with_indices")
-    if with_idx and not _used_outputs(cx) <= {0}:
-        return cx.opaque(cx.node.target, (x, kernel, stride, padding, dilation, ceil_mode), {})
     attrs = _pool_attrs(kernel, stride, padding, n)
     attrs.update({"dilations": _nd(dilation, n), "ceil_mode": int(ceil_mode)})
+    if with_idx and not _used_outputs(cx) <= {0}:
+        # onnxruntime's indices count over the whole tensor, torch's within each (n, c)
+        # plane: their remainder by the plane's size (max_unpool's input, SegNet-style)
+        out, idx = cx.op("MaxPool", [xv], attrs, num_outputs=2)
+        spatial = xv.shape[2:]
+        if all(isinstance(d, int) for d in spatial):
+            plane = cx.scalar(int(np.prod(spatial, dtype=np.int64)), DType.INT64)
+        else:
+            dims = cx.op("Slice", [cx.op("Shape", [xv]), cx.ints([2]), cx.ints([n + 2])])
+            plane = cx.op("ReduceProd", [dims], {"keepdims": 0})
+        return [out, cx.op("Mod", [idx, plane])]
     out = cx.op("MaxPool", [xv], attrs)
     return [out, None] if with_idx else out
 
