@@ -76,6 +76,12 @@ CASES = {
     ),
     "logical_not": lambda x: torch.logical_not(x.round()),
     "max_pool_indices": _pool_unpool,
+    "adaptive_pools": lambda x: (
+        F.adaptive_avg_pool2d(x.unsqueeze(1), (3, 4)),
+        F.adaptive_max_pool2d(x.unsqueeze(1), (5, 4)),
+        F.adaptive_avg_pool1d(x.transpose(1, 2), 1),
+        F.adaptive_avg_pool1d(x[:, :, :5], 3),
+    ),
     "all_decomposed": lambda x: (x.aminmax(dim=1)[0], x.round().all(-1)),
 }
 

@@ -19,6 +19,11 @@ searchsorted (a sorted sequence, left or right)    ReduceSum of Less / LessOrEqu
 _native_batch_norm_legit.no_stats (instance norm)  statistics of the batch per channel
 grid_sampler_2d                                    GridSample (bilinear/nearest/bicubic; zeros,
                                                    border, reflection padding)
+adaptive_avg_pool / adaptive_max_pool (1-3 d)      GlobalAveragePool / AveragePool where the bins
+                                                   are equal; else per axis a Gather of each
+                                                   bin's window (short bins padded with their own
+                                                   last element) + ReduceMax, or a weighted
+                                                   ReduceSum
 =================================================  =============================================
 """
 
@@ -31,7 +36,7 @@ import numpy as np
 
 from graph_autofusion.frontend.aten_ops import aten_op, reduce
 from graph_autofusion.frontend.aten_ops_indexing import _size
-from graph_autofusion.frontend.aten_ops_nn import _used_outputs
+from graph_autofusion.frontend.aten_ops_nn import _nd, _used_outputs
 from graph_autofusion.frontend.torch_convert import ConvertContext
 from graph_autofusion.ir.core import Value
 from graph_autofusion.ir.dtypes import DType
@@ -283,3 +288,89 @@ def _grid_sample(
     }
     dt = cx.out_dtype
     return cx.op("GridSample", [cx.v(x, dt), cx.v(grid, dt)], attrs)
+
+
+# ----- adaptive pools ---------------------------------------------------------------------------
+@aten_op(
+    "adaptive_avg_pool2d.default",
+    "_adaptive_avg_pool2d.default",
+    "adaptive_avg_pool1d.default",
+    "adaptive_avg_pool3d.default",
+    "_adaptive_avg_pool3d.default",
+)
+def _adaptive_avg_pool(cx: ConvertContext, x, output_size):
+    xv = cx.v(x)
+    spatial = list(xv.shape[2:])
+    out = _nd(output_size, len(spatial))
+    out = [s if o is None else o for s, o in zip(spatial, out)]
+    if all(o == 1 for o in out):
+        return cx.op("GlobalAveragePool", [xv])
+    if all(isinstance(s, int) and s % o == 0 for s, o in zip(spatial, out)):
+        k = [s // o for s, o in zip(spatial, out)]
+        return cx.op(
+            "AveragePool", [xv], {"kernel_shape": k, "strides": k, "pads": [0] * (2 * len(k))}
+        )
+    return _adaptive(cx, xv, out, average=True)
+
+
+@aten_op(
+    "adaptive_max_pool2d.default", "adaptive_max_pool1d.default", "adaptive_max_pool3d.default"
+)
+def _adaptive_max_pool(cx: ConvertContext, x, output_size):
+    xv = cx.v(x)
+    spatial = list(xv.shape[2:])
+    out = _nd(output_size, len(spatial))
+    out = [s if o is None else o for s, o in zip(spatial, out)]
+    if not _used_outputs(cx) <= {0}:
+        return cx.opaque(cx.node.target, (x, output_size), {})
+    if all(o == 1 for o in out):
+        return [cx.op("GlobalMaxPool", [xv]), None]
+    return [_adaptive(cx, xv, out, average=False), None]
+
+
+def _adaptive(cx: ConvertContext, xv: Value, out: list[int], *, average: bool) -> Value:
+    """torch's adaptive bins, ``[floor(i * n / o), ceil((i + 1) * n / o))`` on each spatial
+    axis in turn (a mean or a max over a box is one over each of its axes): the windows
+    gathered (``ceil(n / o) + 1`` wide, a short bin padded with its own last element, which
+    leaves a max unchanged and which a mean weighs 0), then reduced. The indices are
+    computed from the axis' size, constants where it is static."""
+    i64 = DType.INT64
+    shape, dt = list(xv.shape), xv.dtype  # tracked: a reduction may leave its type unknown
+    rank = len(shape)
+    for axis, o in enumerate(out, start=2):
+        if isinstance(shape[axis], int):
+            n = cx.scalar(shape[axis], i64)
+        else:
+            n = cx.op("Gather", [cx.op("Shape", [xv]), cx.scalar(axis, i64)], {"axis": 0})
+        shape[axis] = o
+        bins = cx.const(np.arange(o, dtype=np.int64))
+        starts = cx.op("Div", [cx.op("Mul", [bins, n]), cx.scalar(o, i64)])
+        ends = cx.op(
+            "Add",
+            [cx.op("Mul", [cx.op("Add", [bins, cx.scalar(1, i64)]), n]), cx.scalar(o - 1, i64)],
+        )
+        ends = cx.op("Div", [ends, cx.scalar(o, i64)])
+        width = cx.op(
+            "Add",
+            [
+                cx.op("Div", [cx.op("Add", [n, cx.scalar(o - 1, i64)]), cx.scalar(o, i64)]),
+                cx.scalar(1, i64),
+            ],
+        )
+        offsets = cx.op("Range", [cx.scalar(0, i64), width, cx.scalar(1, i64)])
+        first = cx.op("Unsqueeze", [starts, cx.ints([1])])
+        last = cx.op("Unsqueeze", [cx.op("Sub", [ends, cx.scalar(1, i64)]), cx.ints([1])])
+        at = cx.op("Add", [first, cx.op("Unsqueeze", [offsets, cx.ints([0])])])  # [o, width]
+        idx = cx.op("Min", [at, last])
+        windows = cx.op("Gather", [xv, idx], {"axis": axis})  # [..., o, width, ...]
+        trailing = cx.ints(list(range(2, 2 + rank - axis - 1)))
+        if average:
+            inside = cx.op("Cast", [cx.op("LessOrEqual", [at, last])], {"to": int(dt)})
+            count = cx.op("Cast", [cx.op("Sub", [ends, starts])], {"to": int(dt)})
+            weight = cx.op("Div", [inside, cx.op("Unsqueeze", [count, cx.ints([1])])])
+            if rank - axis - 1:
+                weight = cx.op("Unsqueeze", [weight, trailing])
+            xv = reduce(cx, "ReduceSum", cx.op("Mul", [windows, weight]), [axis + 1], False, dt)
+        else:
+            xv = reduce(cx, "ReduceMax", windows, [axis + 1], False, dt)
+    return xv

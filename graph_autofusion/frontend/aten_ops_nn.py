@@ -14,7 +14,7 @@ _native_batch_norm_legit_no_training, batch_norm   BatchNormalization(epsilon, m
 conv1d/2d/3d, convolution                          Conv / ConvTranspose (explicit pads)
 max_pool2d(_with_indices)                          MaxPool (indices: Mod by the plane's size)
 avg_pool2d                                         AveragePool(count_include_pad)
-adaptive_avg_pool2d                                GlobalAveragePool (1x1) / AveragePool
+adaptive_avg/max_pool                              see ``aten_ops_math``
 upsample_(bi/tri)linear(1/2/3)d.vec               Resize(mode=linear, align_corners or
                                                    pytorch_half_pixel; sizes or scales)
 upsample_nearest(1/2/3)d.vec                       Resize(mode=nearest, asymmetric, floor)
@@ -294,27 +294,6 @@ def _avg_pool(
     attrs = _pool_attrs(kernel, stride, padding, len(xv.shape) - 2)
     attrs.update({"ceil_mode": int(ceil_mode), "count_include_pad": int(count_include_pad)})
     return cx.op("AveragePool", [xv], attrs)
-
-
-@aten_op(
-    "adaptive_avg_pool2d.default",
-    "_adaptive_avg_pool2d.default",
-    "adaptive_avg_pool1d.default",
-    "adaptive_avg_pool3d.default",
-)
-def _adaptive_avg_pool(cx: ConvertContext, x, output_size):
-    xv = cx.v(x)
-    spatial = list(xv.shape[2:])
-    out = _nd(output_size, len(spatial))
-    out = [s if o is None else o for s, o in zip(spatial, out)]
-    if all(o == 1 for o in out):
-        return cx.op("GlobalAveragePool", [xv])
-    if all(isinstance(s, int) and s % o == 0 for s, o in zip(spatial, out)):
-        k = [s // o for s, o in zip(spatial, out)]
-        return cx.op(
-            "AveragePool", [xv], {"kernel_shape": k, "strides": k, "pads": [0] * (2 * len(k))}
-        )
-    return cx.opaque(cx.node.target, (x, output_size), {})
 
 
 @aten_op("upsample_linear1d.vec", "upsample_bilinear2d.vec", "upsample_trilinear3d.vec")
