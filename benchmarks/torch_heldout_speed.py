@@ -27,7 +27,7 @@ Run on a quiet machine (one timing job at a time)::
     .venv/bin/python benchmarks/torch_heldout_speed.py --models qwen2,vit --runs 20
     .venv/bin/python benchmarks/torch_heldout_speed.py --hidden 512     # text models, wide
 
-Writes ``benchmarks/results/torch_heldout_speed.{json,md}`` (CPU model and ISA recorded) and
+Writes ``benchmarks/results/torch_heldout_speed.{json,md}`` (or ``--out DIR``; CPU model and ISA recorded) and
 prints the table and the shares of models where ours beats eager and Inductor.
 """
 
@@ -236,6 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden", type=int, default=0, help="widen the HF models to this width")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS,
+        help="results folder (another machine's rows in a folder of their own, e.g. "
+        "benchmarks/results/epyc)",
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--json", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -252,11 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in models:
         log(f"{name}")
         data["rows"].append(run_worker(name, args.seq, args.runs, args.timeout, args.hidden))
-    RESULTS.mkdir(exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     stem = f"torch_heldout_speed_h{args.hidden}" if args.hidden else "torch_heldout_speed"
-    (RESULTS / f"{stem}.json").write_text(json.dumps(data, indent=1, default=str))
+    (args.out / f"{stem}.json").write_text(json.dumps(data, indent=1, default=str))
     text = markdown(data)
-    (RESULTS / f"{stem}.md").write_text(text)
+    (args.out / f"{stem}.md").write_text(text)
     print(text)
     return 0
 
