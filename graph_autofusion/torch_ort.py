@@ -314,7 +314,7 @@ def packable_bytes(model: Any) -> float:
             continue
         if n.op_type in ("If", "Loop", "Scan"):
             return float("inf")
-        for v in n.inputs[:3]:
+        for v in n.inputs[:2]:  # the packed operands (a bias is read as it is)
             if v is None or v.name in seen or not from_constants(v):
                 continue
             seen.add(v.name)

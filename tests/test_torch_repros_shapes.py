@@ -45,6 +45,26 @@ def test_a_checked_size_compiles_on_onnxruntime_at_every_length():
     assert [g.engine for g in backend.config.graphs] == ["onnxruntime"]
 
 
+class SizeBits(torch.nn.Module):
+    def forward(self, x):  # n & 1 and n | 4 are bitwise (torch traces them as operator.and_)
+        n = x.shape[0]
+        return x * 2 + (n & 1) + (n | 4)
+
+
+def test_bitwise_operators_of_sizes_stay_bitwise():
+    """They were converted as logical And / Or: n & 1 was 1 for every n > 0, a wrong answer
+    at even lengths once the graph was compiled at an odd one."""
+    backend = make_backend(engine="onnxruntime", check_speed=False)
+    c = torch.compile(SizeBits(), backend=backend, dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AutofusionWarning)
+        for n in (7, 8, 9, 10):
+            x = torch.randn(n, 3)
+            with torch.no_grad():
+                torch.testing.assert_close(c(x), SizeBits()(x))
+    assert [g.engine for g in backend.config.graphs] == ["onnxruntime"]
+
+
 class EmptyBranch(torch.nn.Module):
     def forward(self, x, g):
         e = torch.nn.functional.gelu(g * 2 + 1).relu() - 3  # a fusable chain over [0, 8]

@@ -16,7 +16,7 @@ index_put, several integer index tensors           Transpose (indexed axes first
                                                    negatives wrapped) + Transpose back
 index_put, one boolean mask, values broadcast      Where(mask, values, x) (x + Where(mask, v, 0)
 over the unmasked axes                             when accumulating)
-any / all (dim, dims, every element)               Cast(x != 0) + ReduceMax / ReduceMin + Cast
+any / all (dim, dims, every element)               ReduceSum of x != 0 (x == 0) > 0 (== 0)
 _embedding_bag(_forward_only), sum and mean        Gather rows, bag of each index by CumSum of
                                                    the offsets' marks, ScatterElements(add) into
                                                    [bags, dim]; mean divides by the bag's count
@@ -289,12 +289,16 @@ def _any_all(cx: ConvertContext, x: Any, dim: Any = None, keepdim: bool = False)
         if xv.dtype == DType.BOOL
         else cx.op("Not", [cx.op("Equal", [xv, cx.scalar(0, xv.dtype)])])
     )
-    as_float = cx.op("Cast", [nonzero], {"to": int(DType.FLOAT)})
+    # counted, not ReduceMax / ReduceMin: those give -inf / +inf over no element
+    counted = nonzero if is_any else cx.op("Not", [nonzero])
+    as_float = cx.op("Cast", [counted], {"to": int(DType.FLOAT)})
     dims = [dim] if isinstance(dim, int) else (list(dim) if dim else None)
     if dims is None and keepdim and xv.shape is not None:
         dims = list(range(len(xv.shape)))
-    red = reduce(cx, "ReduceMax" if is_any else "ReduceMin", as_float, dims, keepdim, DType.FLOAT)
-    return cx.op("Cast", [red], {"to": int(cx.out_dtype)})
+    count = reduce(cx, "ReduceSum", as_float, dims, keepdim, DType.FLOAT)
+    zero = cx.scalar(0.0, DType.FLOAT)
+    found = cx.op("Greater" if is_any else "Equal", [count, zero])
+    return cx.op("Cast", [found], {"to": int(cx.out_dtype)})
 
 
 # ----- bags -------------------------------------------------------------------------------------

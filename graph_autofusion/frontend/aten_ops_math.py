@@ -11,8 +11,9 @@ expm1, trunc, round.decimals                       Exp - 1 / Sign * Floor(Abs) /
                                                    / 10^d
 elu (scale, input_scale: selu, celu)               Where(x > 0, s * x, s * a * (Exp(i * x) - 1))
 atan2                                              Atan(y / x) corrected by quadrant (Where)
-_cdist_forward (p = 0, 1, 2, inf, other)           ReduceSum / ReduceL2 / ReduceMax of |a - b|
-                                                   over the broadcast pairs
+_cdist_forward (p = 2; 0, 1, inf, other)           sqrt(|a|^2 + |b|^2 - 2 a.b) (MatMul); other p:
+                                                   ReduceSum / ReduceMax of |a - b| over the
+                                                   pairs (static, at most 16 M products)
 diagonal                                           Gather of the diagonal's flat offsets after a
                                                    Transpose of the two axes last
 searchsorted (a sorted sequence, left or right)    ReduceSum of Less / LessOrEqual against x
@@ -59,6 +60,8 @@ def _variance(
     """(variance, mean) over ``dim`` (every axis when empty) with ``correction``."""
     xv = cx.v(x, cx.out_dtype)
     rank = len(xv.shape)
+    if rank == 0:  # a 0-d input: its variance is over no axis
+        dim = None
     if isinstance(dim, int):
         dim = [dim]
     dims = list(range(rank)) if not dim else [d % rank for d in dim]
@@ -190,21 +193,37 @@ def _atan2(cx: ConvertContext, y: Any, x: Any) -> Value:
     half = cx.op("Where", [y_neg, cx.scalar(-math.pi / 2, dt), cx.scalar(math.pi / 2, dt)])
     origin = cx.op("Where", [x_neg, pi, yv])
     on_axis = cx.op("Where", [cx.op("Equal", [yv, zero]), origin, half])
-    return cx.op("Where", [cx.op("Equal", [xv, zero]), on_axis, out])
+    out = cx.op("Where", [cx.op("Equal", [xv, zero]), on_axis, out])
+    nan = cx.op("Or", [cx.op("IsNaN", [yv]), cx.op("IsNaN", [xv])])
+    return cx.op("Where", [nan, cx.op("Add", [yv, xv]), out])  # NaN in, NaN out
 
 
 # ----- distances, diagonals, sorted lookups -----------------------------------------------------
+#: The most pair-feature products (P x R x M) cdist spreads out for p other than 2 (16 M).
+_CDIST_PAIRS_MAX = 1 << 24
+
+
 @aten_op("_cdist_forward.default")
 def _cdist(cx: ConvertContext, a: Any, b: Any, p: float, compute_mode: Any = None) -> Value:
-    """``torch.cdist``: ``|a_i - b_j|_p`` over every pair, from the differences themselves
-    (torch's matrix-product form for p = 2 rounds differently at large sizes)."""
+    """``torch.cdist``: ``|a_i - b_j|_p`` over every pair."""
     dt = cx.out_dtype
-    av = cx.op("Unsqueeze", [cx.v(a, dt), cx.ints([-2])])  # [..., P, 1, M]
-    bv = cx.op("Unsqueeze", [cx.v(b, dt), cx.ints([-3])])  # [..., 1, R, M]
+    a0, b0 = cx.v(a, dt), cx.v(b, dt)
+    if p == 2:  # |a|^2 + |b|^2 - 2 a.b, as torch's matrix-product form: O(P R) memory
+        sq_a = reduce(cx, "ReduceSumSquare", a0, [-1], True, dt)  # [..., P, 1]
+        sq_b = reduce(cx, "ReduceSumSquare", b0, [-1], True, dt)  # [..., R, 1]
+        rank = len(b0.shape)
+        perm = [*range(rank - 2), rank - 1, rank - 2]
+        dot = cx.op("MatMul", [a0, cx.op("Transpose", [b0], {"perm": perm})])
+        total = cx.op("Add", [sq_a, cx.op("Transpose", [sq_b], {"perm": perm})])
+        d2 = cx.op("Sub", [total, cx.op("Mul", [dot, cx.scalar(2, dt)])])
+        return cx.op("Sqrt", [cx.op("Max", [d2, cx.scalar(0, dt)])])
+    pairs = [*(a0.shape or ())[-2:-1], *(b0.shape or ())[-2:]]
+    if not all(isinstance(s, int) for s in pairs) or np.prod(pairs) > _CDIST_PAIRS_MAX:
+        return cx.opaque(cx.node.target, (a, b, p, compute_mode), {})  # too large to spread
+    av = cx.op("Unsqueeze", [a0, cx.ints([-2])])  # [..., P, 1, M]
+    bv = cx.op("Unsqueeze", [b0, cx.ints([-3])])  # [..., 1, R, M]
     diff = cx.op("Abs", [cx.op("Sub", [av, bv])])
     axis = [-1]
-    if p == 2:
-        return reduce(cx, "ReduceL2", diff, axis, False, dt)
     if p == 1:
         return reduce(cx, "ReduceSum", diff, axis, False, dt)
     if p == math.inf:
@@ -265,10 +284,10 @@ def _searchsorted(
     sv, xv = cx.v(seq, dt), cx.v(x, dt)
     if len(sv.shape or ()) > 1:  # per row: the rows' leading axes match x's
         sv = cx.op("Unsqueeze", [sv, cx.ints([-2])])
-    below = cx.op(
-        "LessOrEqual" if (right or side == "right") else "Less",
-        [sv, cx.op("Unsqueeze", [xv, cx.ints([-1])])],
-    )
+    query = cx.op("Unsqueeze", [xv, cx.ints([-1])])
+    below = cx.op("LessOrEqual" if (right or side == "right") else "Less", [sv, query])
+    if dt.is_float:  # a NaN query sorts after everything (torch: the sequence's length)
+        below = cx.op("Or", [below, cx.op("IsNaN", [query])])
     count = reduce(
         cx, "ReduceSum", cx.op("Cast", [below], {"to": int(DType.INT64)}), [-1], False, DType.INT64
     )

@@ -749,10 +749,14 @@ def _sym_compare(op_type: str, negate: bool = False) -> Callable[..., Value]:
     return convert
 
 
-def _sym_logic(op_type: str) -> Callable[..., Value]:
-    """``and`` / ``or`` / ``not`` of size comparisons, as booleans."""
+def _sym_logic(op_type: str, bitwise: str = "") -> Callable[..., Value]:
+    """``&`` / ``|`` / ``not`` of sizes: logical of booleans (size comparisons), bitwise of
+    integers (``n & 1``: torch traces both as ``operator.and_``)."""
 
     def convert(cx: ConvertContext, node: torch.fx.Node, *xs: Any) -> Value:
+        val = node.meta.get("val")
+        if bitwise and not isinstance(val, torch.SymBool | bool):
+            return cx.op(bitwise, [cx.v(x, DType.INT64) for x in xs])
         return cx.op(op_type, [cx.v(x, DType.BOOL) for x in xs])
 
     return convert
@@ -774,8 +778,8 @@ _SYM_CONVERTERS: dict[Any, Callable[..., Value]] = {
     operator.ge: _sym_compare("GreaterOrEqual"),
     operator.eq: _sym_compare("Equal"),
     operator.ne: _sym_compare("Equal", negate=True),
-    operator.and_: _sym_logic("And"),
-    operator.or_: _sym_logic("Or"),
+    operator.and_: _sym_logic("And", "BitwiseAnd"),
+    operator.or_: _sym_logic("Or", "BitwiseOr"),
     torch.sym_not: _sym_logic("Not"),
 }
 

@@ -30,8 +30,10 @@ the inference onnxruntime's own optimizer relies on), else from the model's valu
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -108,18 +110,34 @@ def _run_inference(proto, auto_merge: bool):
     # the inference logs each broadcast it cannot prove ("unsupported broadcast between 4
     # s0") as a warning, which Python prints on stderr when nothing configured logging: an
     # unknown shape is an answer here, not news for the user
-    log = ssi_mod.logger
-    level = log.level
-    log.setLevel(max(level, logging.ERROR))
-    try:
+    with _quiet(ssi_mod.logger):
         ssi = ssi_mod.SymbolicShapeInference(2**31 - 1, auto_merge, False, 0)
         ssi._preprocess(proto)  # works on its own copy of proto
         while ssi.run_:
             ssi._infer_impl()
         ssi._update_output_from_vi()
-    finally:
-        log.setLevel(level)
     return ssi
+
+
+_QUIET_LOCK = threading.Lock()
+_QUIET: dict[str, int] = {"depth": 0, "level": 0}
+
+
+@contextlib.contextmanager
+def _quiet(log: logging.Logger):
+    """``log`` at ERROR while any thread is inside; its own level back after the last."""
+    with _QUIET_LOCK:
+        if _QUIET["depth"] == 0:
+            _QUIET["level"] = log.level
+            log.setLevel(max(log.level, logging.ERROR))
+        _QUIET["depth"] += 1
+    try:
+        yield
+    finally:
+        with _QUIET_LOCK:
+            _QUIET["depth"] -= 1
+            if _QUIET["depth"] == 0:
+                log.setLevel(_QUIET["level"])
 
 
 def symbolic_shapes(model: Model) -> dict[str, tuple[Entry, ...]]:
