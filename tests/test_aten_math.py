@@ -52,6 +52,16 @@ def _pool_unpool(x):  # SegNet: the indices of a max pool feed max_unpool
     return F.max_unpool2d(y * 2, idx, 2, output_size=x.shape[-2:]), idx, idx1
 
 
+def _scatter_reduce(x):
+    idx = (torch.arange(x.shape[1]) % 3).view(1, -1, 1).expand(x.shape[0], -1, 6)
+    outs = []
+    for how in ("sum", "prod", "amax", "amin", "mean"):
+        for self_too in (True, False):
+            base = torch.ones(x.shape[0], 4, 6)
+            outs.append(base.scatter_reduce(1, idx, x, how, include_self=self_too))
+    return tuple(outs)
+
+
 SEQ = torch.linspace(-2, 2, 9)
 CASES = {
     "var": lambda x: x.var(1) + x.var(),
@@ -72,6 +82,20 @@ CASES = {
         x.unsqueeze(1), _grid(x), mode="nearest", padding_mode="border", align_corners=True
     ),
     "logical_not": lambda x: torch.logical_not(x.round()),
+    "scatter_reduce": _scatter_reduce,
+    "bucketize": lambda x: torch.bucketize(x, SEQ) + torch.bucketize(x, SEQ, right=True),
+    "median_kth": lambda x: (
+        x.median(),
+        x.median(1).values,
+        torch.median(x, -1, keepdim=True)[0],
+        x.kthvalue(2, 1).values,
+        torch.median(torch.where(x > 1.5, math.nan, x), 2).values,
+    ),
+    "copysign_signbit_hypot": lambda x: (
+        torch.copysign(x, x.flip(-1).round()),
+        torch.signbit(x.round()),
+        torch.hypot(x, x.flip(1)),
+    ),
     "nan_inputs": lambda x: (
         torch.atan2(torch.where(x > 1, math.nan, x), torch.where(x < -1, 0.0, x)),
         torch.searchsorted(SEQ, torch.where(x > 1, math.nan, x)),

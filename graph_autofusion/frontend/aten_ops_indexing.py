@@ -17,6 +17,9 @@ index_put, several integer index tensors           Transpose (indexed axes first
 index_put, one boolean mask, values broadcast      Where(mask, values, x) (x + Where(mask, v, 0)
 over the unmasked axes                             when accumulating)
 any / all (dim, dims, every element)               ReduceSum of x != 0 (x == 0) > 0 (== 0)
+scatter_reduce.two (sum prod amax amin mean,      ScatterElements(reduction), the targets first
+include_self or not)                               set to the reduction's identity when self is
+                                                   left out; mean: the sum over a scattered count
 _embedding_bag(_forward_only), sum and mean        Gather rows, bag of each index by CumSum of
                                                    the offsets' marks, ScatterElements(add) into
                                                    [bags, dim]; mean divides by the bag's count
@@ -277,6 +280,38 @@ def _put_masked(cx, xv: Value, axis: int, mask: Any, values: Any, accumulate: bo
         zero = cx.scalar(0, xv.dtype)
         return cx.op("Add", [xv, cx.op("Where", [mv, vv, zero])])
     return cx.op("Where", [mv, vv, xv])
+
+
+@aten_op("scatter_reduce.two")
+def _scatter_reduce(
+    cx: ConvertContext, x: Any, dim: int, index: Any, src: Any, how: str, *, include_self=True
+) -> Value:
+    xv = cx.v(x)
+    dt = xv.dtype
+    red = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min", "mean": "add"}.get(how)
+    if red is None or xv.shape is None or (how == "mean" and not dt.is_float):
+        args = (x, dim, index, src, how)
+        return cx.opaque(cx.node.target, args, {"include_self": include_self})
+    iv = cx.v(index, DType.INT64)
+    sv = cx.v(src, dt)
+    where = cx.op("Shape", [iv])
+    base = xv
+    if not include_self:  # the scattered targets start from the reduction's identity
+        big = float("inf") if dt.is_float else int(np.iinfo(dt.to_numpy()).max)
+        start = {"sum": 0, "mean": 0, "prod": 1, "amax": -big, "amin": big}[how]
+        fill = cx.op("Expand", [cx.scalar(start, dt), where])
+        base = cx.op("ScatterElements", [xv, iv, fill], {"axis": dim, "reduction": "none"})
+    out = cx.op("ScatterElements", [base, iv, sv], {"axis": dim, "reduction": red})
+    if how != "mean":
+        return out
+    ones = cx.op("Expand", [cx.scalar(1, dt), where])
+    counted = cx.op(
+        "ConstantOfShape",
+        [cx.op("Shape", [xv])],
+        {"value": np.array([1 if include_self else 0], dtype=dt.to_numpy())},
+    )
+    count = cx.op("ScatterElements", [counted, iv, ones], {"axis": dim, "reduction": "add"})
+    return cx.op("Div", [out, cx.op("Max", [count, cx.scalar(1, dt)])])
 
 
 # ----- boolean reductions -----------------------------------------------------------------------

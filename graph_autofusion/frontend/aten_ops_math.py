@@ -16,7 +16,10 @@ _cdist_forward (p = 2; 0, 1, inf, other)           sqrt(|a|^2 + |b|^2 - 2 a.b) (
                                                    pairs (static, at most 16 M products)
 diagonal                                           Gather of the diagonal's flat offsets after a
                                                    Transpose of the two axes last
-searchsorted (a sorted sequence, left or right)    ReduceSum of Less / LessOrEqual against x
+searchsorted, bucketize (left or right)            ReduceSum of Less / LessOrEqual against x
+median, kthvalue (values)                          Gather of the k-th of TopK(smallest)
+copysign, signbit, hypot                           Where on the sign bit (1 / v < 0 for -0),
+                                                   Sqrt(a^2 + b^2)
 _native_batch_norm_legit.no_stats (instance norm)  statistics of the batch per channel
 grid_sampler_2d                                    GridSample (bilinear/nearest/bicubic; zeros,
                                                    border, reflection padding)
@@ -181,12 +184,7 @@ def _atan2(cx: ConvertContext, y: Any, x: Any) -> Value:
     yv, xv = cx.v(y, dt), cx.v(x, dt)
     zero = cx.scalar(0, dt)
 
-    def negative(v: Value) -> Value:  # v < 0, or -0
-        return cx.op(
-            "Or", [cx.op("Less", [v, zero]), cx.op("Less", [cx.op("Reciprocal", [v]), zero])]
-        )
-
-    y_neg, x_neg = negative(yv), negative(xv)
+    y_neg, x_neg = _sign_bit(cx, yv), _sign_bit(cx, xv)
     base = cx.op("Atan", [cx.op("Div", [yv, xv])])
     pi = cx.op("Where", [y_neg, cx.scalar(-math.pi, dt), cx.scalar(math.pi, dt)])
     out = cx.op("Where", [x_neg, cx.op("Add", [base, pi]), base])
@@ -275,23 +273,107 @@ def _searchsorted(
     """The insertion index of each ``x`` in the sorted last axis of ``seq``: how many of its
     values are below ``x`` (at or below, ``right``)."""
     if sorter is not None:
-        return cx.opaque(
-            cx.node.target,
-            (seq, x),
-            {"out_int32": out_int32, "right": right, "side": side, "sorter": sorter},
-        )
+        kw = {"out_int32": out_int32, "right": right, "side": side, "sorter": sorter}
+        return cx.opaque(cx.node.target, (seq, x), kw)
+    return _sorted_count(cx, seq, x, right or side == "right", out_int32)
+
+
+@aten_op("bucketize.Tensor")
+def _bucketize(cx: ConvertContext, x: Any, boundaries: Any, *, out_int32=False, right=False):
+    """``torch.bucketize``: ``searchsorted(boundaries, x)`` with the same ``right``."""
+    return _sorted_count(cx, boundaries, x, right, out_int32)
+
+
+def _sorted_count(cx: ConvertContext, seq: Any, x: Any, right: bool, out_int32: bool) -> Value:
     dt = cx.promoted()
     sv, xv = cx.v(seq, dt), cx.v(x, dt)
     if len(sv.shape or ()) > 1:  # per row: the rows' leading axes match x's
         sv = cx.op("Unsqueeze", [sv, cx.ints([-2])])
     query = cx.op("Unsqueeze", [xv, cx.ints([-1])])
-    below = cx.op("LessOrEqual" if (right or side == "right") else "Less", [sv, query])
+    below = cx.op("LessOrEqual" if right else "Less", [sv, query])
     if dt.is_float:  # a NaN query sorts after everything (torch: the sequence's length)
         below = cx.op("Or", [below, cx.op("IsNaN", [query])])
-    count = reduce(
-        cx, "ReduceSum", cx.op("Cast", [below], {"to": int(DType.INT64)}), [-1], False, DType.INT64
-    )
-    return cx.op("Cast", [count], {"to": int(cx.out_dtype)}) if out_int32 else count
+    counted = cx.op("Cast", [below], {"to": int(DType.INT64)})
+    count = reduce(cx, "ReduceSum", counted, [-1], False, DType.INT64)
+    return cx.op("Cast", [count], {"to": int(DType.INT32)}) if out_int32 else count
+
+
+@aten_op("median.default", "median.dim", "kthvalue.default")
+def _kth(cx: ConvertContext, x: Any, *args: Any) -> Any:
+    """The k-th smallest value along an axis (``median``: the lower middle one, ``k = (n -
+    1) // 2 + 1``; NaN where the axis holds one, as torch) from a TopK of the smallest.
+    Where the indices are read (ties may pick another one than torch's), opaque."""
+    name = cx.node.target._schema.name.split("::")[-1]
+    overload = cx.node.target._overloadname
+    xv = cx.v(x)
+    if overload == "default" and name == "median":
+        xv, dim, keepdim, k = cx.op("Reshape", [xv, cx.ints([-1])]), 0, False, None
+    elif name == "median":
+        dim, keepdim, k = args[0], (args[1] if len(args) > 1 else False), None
+    else:
+        k, dim, keepdim = (
+            args[0],
+            (args[1] if len(args) > 1 else -1),
+            (args[2] if len(args) > 2 else False),
+        )
+    tuple_out = overload != "default" or name == "kthvalue"
+    dt = cx.dtype(x)
+    if (tuple_out and not _used_outputs(cx) <= {0}) or not dt.is_float:
+        return cx.opaque(cx.node.target, (x, *args), {})
+    i64 = DType.INT64
+    if k is None:
+        if xv.shape is not None:
+            n = _size(cx, xv, dim)
+        else:  # a flattened input: its length read at run time
+            n = cx.op("Gather", [cx.op("Shape", [xv]), cx.scalar(dim, i64)], {"axis": 0})
+        k = cx.op(
+            "Add",
+            [
+                cx.op("Div", [cx.op("Sub", [n, cx.scalar(1, i64)]), cx.scalar(2, i64)]),
+                cx.scalar(1, i64),
+            ],
+        )
+    kv = cx.op("Reshape", [cx.v(k, i64), cx.ints([1])])
+    smallest, _ = cx.op("TopK", [xv, kv], {"axis": dim, "largest": 0, "sorted": 1}, num_outputs=2)
+    last = cx.op("Sub", [cx.op("Reshape", [kv, cx.ints([])]), cx.scalar(1, i64)])
+    value = cx.op("Gather", [smallest, last], {"axis": dim})
+    if name == "median":
+        isnan = cx.op("Cast", [cx.op("IsNaN", [xv])], {"to": int(dt)})
+        has_nan = reduce(cx, "ReduceMax", isnan, [dim], False, dt)
+        flag = cx.op("Cast", [has_nan], {"to": int(DType.BOOL)})
+        value = cx.op("Where", [flag, cx.scalar(math.nan, dt), value])
+    if keepdim:
+        value = cx.op("Unsqueeze", [value, cx.ints([dim])])
+    return [value, None] if tuple_out else value
+
+
+@aten_op("copysign.Tensor", "copysign.Scalar")
+def _copysign(cx: ConvertContext, a: Any, b: Any) -> Value:
+    dt = cx.out_dtype
+    av, bv = cx.v(a, dt), cx.v(b, dt)
+    mag = cx.op("Abs", [av])
+    return cx.op("Where", [_sign_bit(cx, bv), cx.op("Neg", [mag]), mag])
+
+
+@aten_op("signbit.default")
+def _signbit(cx: ConvertContext, x: Any) -> Value:
+    xv = cx.v(x)
+    if not xv.dtype.is_float:
+        return cx.op("Less", [xv, cx.scalar(0, xv.dtype)])
+    return _sign_bit(cx, xv)
+
+
+def _sign_bit(cx: ConvertContext, v: Value) -> Value:
+    """``v < 0`` or ``-0`` (``1 / v < 0``)."""
+    zero = cx.scalar(0, v.dtype)
+    return cx.op("Or", [cx.op("Less", [v, zero]), cx.op("Less", [cx.op("Reciprocal", [v]), zero])])
+
+
+@aten_op("hypot.default")
+def _hypot(cx: ConvertContext, a: Any, b: Any) -> Value:
+    dt = cx.out_dtype
+    av, bv = cx.v(a, dt), cx.v(b, dt)
+    return cx.op("Sqrt", [cx.op("Add", [cx.op("Mul", [av, av]), cx.op("Mul", [bv, bv])])])
 
 
 @aten_op("grid_sampler_2d.default")
