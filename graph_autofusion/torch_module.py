@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import statistics
 import types
 from collections.abc import Mapping
@@ -36,6 +37,8 @@ from graph_autofusion import torch_decode
 from graph_autofusion.errors import GraphAutoFusionError, ModelLoadError
 from graph_autofusion.frontend.loader import as_args
 from graph_autofusion.options import FuseOptions
+from graph_autofusion.patterns.library import builtin_rules
+from graph_autofusion.patterns.rules import RuleSet
 from graph_autofusion.runtime.timing import round_robin
 from graph_autofusion.torch_compile import graph_fingerprint, make_backend
 from graph_autofusion.torch_outputs import output_tensors
@@ -295,10 +298,6 @@ def _rules_by_name(rules: Any) -> list[Any] | None:
     user's own rules as they are (refused with the rule's name when one cannot pickle)."""
     if rules is None:
         return None
-    import pickle
-
-    from graph_autofusion.patterns.library import builtin_rules
-
     builtin = {r.name: r for r in builtin_rules()}
     spec: list[Any] = []
     for rule in rules:
@@ -324,9 +323,6 @@ def _restore_fused(
     spec = settings.pop("rules")
     rules = None
     if spec is not None:
-        from graph_autofusion.patterns.library import builtin_rules
-        from graph_autofusion.patterns.rules import RuleSet
-
         builtin = {r.name: r for r in builtin_rules()}
         rules = RuleSet(tuple(builtin[r] if isinstance(r, str) else r for r in spec))
     return _wire(plain, _plan_backend(plan, rules=rules, **settings), name)

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from graph_autofusion.frontend.aten_ops import aten_op, reduce
-from graph_autofusion.frontend.aten_ops_nn import _used_outputs
+from graph_autofusion.frontend.aten_ops_nn import used_outputs
 from graph_autofusion.frontend.torch_convert import ConvertContext
 from graph_autofusion.ir.core import Value
 from graph_autofusion.ir.dtypes import DType
@@ -56,7 +56,7 @@ def _dims(cx: ConvertContext, xv: Value, lo: int, hi: int) -> Value:
     return cx.op("Slice", [cx.op("Shape", [xv]), cx.ints([lo]), cx.ints([hi])])
 
 
-def _size(cx: ConvertContext, xv: Value, axis: int) -> Value:
+def axis_size(cx: ConvertContext, xv: Value, axis: int) -> Value:
     """``x.shape[axis]`` as a 0-d int64 value."""
     d = xv.shape[axis]
     if isinstance(d, int):
@@ -88,7 +88,7 @@ def _unfold(cx: ConvertContext, x: Any, dimension: int, size: int, step: int) ->
                 cx.op(
                     "Div",
                     [
-                        cx.op("Sub", [_size(cx, xv, d), cx.scalar(size, DType.INT64)]),
+                        cx.op("Sub", [axis_size(cx, xv, d), cx.scalar(size, DType.INT64)]),
                         cx.scalar(step, DType.INT64),
                     ],
                 ),
@@ -219,7 +219,7 @@ def _put_nd(cx, xv: Value, pos, idx, values, accumulate) -> Value | None:
     ivs = []
     for axis, i in zip(pos, idx):
         iv = cx.v(i, DType.INT64)
-        n = _size(cx, xv, axis)
+        n = axis_size(cx, xv, axis)
         neg = cx.op("Less", [iv, cx.scalar(0, DType.INT64)])
         ivs.append(cx.op("Where", [neg, cx.op("Add", [iv, n]), iv]))
     nb = max(len(s) for s in shapes)
@@ -358,12 +358,12 @@ def _embedding_bag(
     args = (weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights)
     args += (include_last_offset, padding_idx)
     iv = cx.v(indices, DType.INT64)
-    if mode not in (0, 1) or not _used_outputs(cx) <= {0} or len(cx.shape(indices) or ()) != 1:
+    if mode not in (0, 1) or not used_outputs(cx) <= {0} or len(cx.shape(indices) or ()) != 1:
         return cx.opaque(cx.node.target, args, {})
     wv = cx.v(weight)
     ov = cx.v(offsets, DType.INT64)
-    n_idx = _size(cx, iv, 0)
-    bags = _size(cx, ov, 0)
+    n_idx = axis_size(cx, iv, 0)
+    bags = axis_size(cx, ov, 0)
     if include_last_offset:
         bags = cx.op("Sub", [bags, cx.scalar(1, DType.INT64)])
         ov = cx.op("Slice", [ov, cx.ints([0]), cx.op("Reshape", [bags, cx.ints([1])])])

@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 
 from graph_autofusion.frontend.aten_ops import aten_op, reduce
-from graph_autofusion.frontend.aten_ops_indexing import _size
-from graph_autofusion.frontend.aten_ops_nn import _nd, _used_outputs
+from graph_autofusion.frontend.aten_ops_indexing import axis_size
+from graph_autofusion.frontend.aten_ops_nn import per_axis, used_outputs
 from graph_autofusion.frontend.torch_convert import ConvertContext
 from graph_autofusion.ir.core import Value
 from graph_autofusion.ir.dtypes import DType
@@ -109,7 +109,7 @@ def _batch_stats_norm(
 ) -> Any:
     """Normalization by the batch's own statistics per channel (axis 1), what
     ``F.instance_norm`` and a norm without running statistics lower to."""
-    if not _used_outputs(cx) <= {0}:  # the saved statistics (training): torch runs it
+    if not used_outputs(cx) <= {0}:  # the saved statistics (training): torch runs it
         return cx.opaque(cx.node.target, (x, w, b, training, momentum, eps), {})
     xv = cx.v(x, cx.out_dtype)
     rank = len(xv.shape)
@@ -242,7 +242,7 @@ def _diagonal(cx: ConvertContext, x: Any, offset: int = 0, dim1: int = 0, dim2: 
     rank = len(xv.shape or ())
     d1, d2 = dim1 % rank, dim2 % rank
     i64 = DType.INT64
-    n1, n2 = _size(cx, xv, d1), _size(cx, xv, d2)
+    n1, n2 = axis_size(cx, xv, d1), axis_size(cx, xv, d2)
     end = cx.op("Min", [n1, cx.op("Sub", [n2, cx.scalar(offset, i64)])])
     start = cx.scalar(max(0, -offset), i64)
     rows = cx.op("Range", [start, cx.op("Max", [end, start]), cx.scalar(1, i64)])
@@ -318,12 +318,12 @@ def _kth(cx: ConvertContext, x: Any, *args: Any) -> Any:
         )
     tuple_out = overload != "default" or name == "kthvalue"
     dt = cx.dtype(x)
-    if (tuple_out and not _used_outputs(cx) <= {0}) or not dt.is_float:
+    if (tuple_out and not used_outputs(cx) <= {0}) or not dt.is_float:
         return cx.opaque(cx.node.target, (x, *args), {})
     i64 = DType.INT64
     if k is None:
         if xv.shape is not None:
-            n = _size(cx, xv, dim)
+            n = axis_size(cx, xv, dim)
         else:  # a flattened input: its length read at run time
             n = cx.op("Gather", [cx.op("Shape", [xv]), cx.scalar(dim, i64)], {"axis": 0})
         k = cx.op(
@@ -402,7 +402,7 @@ def _grid_sample(
 def _adaptive_avg_pool(cx: ConvertContext, x, output_size):
     xv = cx.v(x)
     spatial = list(xv.shape[2:])
-    out = _nd(output_size, len(spatial))
+    out = per_axis(output_size, len(spatial))
     out = [s if o is None else o for s, o in zip(spatial, out)]
     if all(o == 1 for o in out):
         return cx.op("GlobalAveragePool", [xv])
@@ -420,9 +420,9 @@ def _adaptive_avg_pool(cx: ConvertContext, x, output_size):
 def _adaptive_max_pool(cx: ConvertContext, x, output_size):
     xv = cx.v(x)
     spatial = list(xv.shape[2:])
-    out = _nd(output_size, len(spatial))
+    out = per_axis(output_size, len(spatial))
     out = [s if o is None else o for s, o in zip(spatial, out)]
-    if not _used_outputs(cx) <= {0}:
+    if not used_outputs(cx) <= {0}:
         return cx.opaque(cx.node.target, (x, output_size), {})
     if all(o == 1 for o in out):
         return [cx.op("GlobalMaxPool", [xv]), None]

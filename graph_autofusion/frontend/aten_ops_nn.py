@@ -48,7 +48,7 @@ from graph_autofusion.ir.core import Value
 from graph_autofusion.ir.dtypes import DType
 
 
-def _used_outputs(cx: ConvertContext) -> set[int]:
+def used_outputs(cx: ConvertContext) -> set[int]:
     import operator
 
     used = set()
@@ -113,7 +113,7 @@ def _ln(cx: ConvertContext, x, shape, w=None, b=None, eps: float = 1e-5, cudnn: 
 
 @aten_op("native_layer_norm.default")
 def _native_ln(cx: ConvertContext, x, shape, w, b, eps: float):
-    used = _used_outputs(cx)
+    used = used_outputs(cx)
     if used <= {0}:
         return [_layer_norm(cx, x, shape, w, b, eps, 1), None, None]
     return list(_layer_norm(cx, x, shape, w, b, eps, 3))
@@ -142,7 +142,7 @@ def _group_norm(cx: ConvertContext, x: Any, groups: int, w: Any, b: Any, eps: fl
 
 @aten_op("native_group_norm.default")
 def _native_gn(cx: ConvertContext, x, w, b, n, c, hxw, groups: int, eps: float):
-    if not _used_outputs(cx) <= {0}:  # the saved mean and rstd (training): torch runs it
+    if not used_outputs(cx) <= {0}:  # the saved mean and rstd (training): torch runs it
         return cx.opaque(cx.node.target, (x, w, b, n, c, hxw, groups, eps), {})
     return [_group_norm(cx, x, groups, w, b, eps), None, None]
 
@@ -185,7 +185,7 @@ def _bn(
 
 
 # ----- convolution and pooling ---------------------------------------------------------------------
-def _nd(v: Any, n: int) -> list[int]:
+def per_axis(v: Any, n: int) -> list[int]:
     if isinstance(v, int):
         return [v] * n
     v = list(v)
@@ -215,7 +215,7 @@ def _emit_conv(cx, x, w, b, stride, padding, dilation, groups, transposed, out_p
     wv = cx.v(w)
     kernel = [int(k) for k in wv.shape[2:]]
     n = len(kernel)
-    dil = _nd(dilation, n)
+    dil = per_axis(dilation, n)
     if isinstance(padding, str):
         if padding == "valid":
             begins = ends = [0] * n
@@ -224,25 +224,25 @@ def _emit_conv(cx, x, w, b, stride, padding, dilation, groups, transposed, out_p
             begins = [t // 2 for t in total]
             ends = [t - bg for t, bg in zip(total, begins)]
     else:
-        begins = ends = _nd(padding, n)
+        begins = ends = per_axis(padding, n)
     attrs: dict[str, Any] = {
         "kernel_shape": kernel,
-        "strides": _nd(stride, n),
+        "strides": per_axis(stride, n),
         "pads": list(begins) + list(ends),
         "dilations": dil,
         "group": groups,
     }
     ins = [cx.v(x), wv] + ([cx.v(b)] if b is not None else [])
     if transposed:
-        attrs["output_padding"] = _nd(out_pad, n)
+        attrs["output_padding"] = per_axis(out_pad, n)
         return cx.op("ConvTranspose", ins, attrs)
     return cx.op("Conv", ins, attrs)
 
 
 def _pool_attrs(kernel, stride, padding, n: int) -> dict[str, Any]:
-    k = _nd(kernel, n)
-    s = _nd(stride, n) if stride not in (None, [], ()) else k
-    p = _nd(padding, n)
+    k = per_axis(kernel, n)
+    s = per_axis(stride, n) if stride not in (None, [], ()) else k
+    p = per_axis(padding, n)
     return {"kernel_shape": k, "strides": s, "pads": p + p}
 
 
@@ -257,8 +257,8 @@ def _max_pool(cx: ConvertContext, x, kernel, stride=(), padding=0, dilation=1, c
     n = len(xv.shape) - 2
     with_idx = cx.node.target._schema.name.endswith("with_indices")
     attrs = _pool_attrs(kernel, stride, padding, n)
-    attrs.update({"dilations": _nd(dilation, n), "ceil_mode": int(ceil_mode)})
-    if with_idx and not _used_outputs(cx) <= {0}:
+    attrs.update({"dilations": per_axis(dilation, n), "ceil_mode": int(ceil_mode)})
+    if with_idx and not used_outputs(cx) <= {0}:
         # onnxruntime's indices count over the whole tensor, torch's within each (n, c)
         # plane: their remainder by the plane's size (max_unpool's input, SegNet-style)
         out, idx = cx.op("MaxPool", [xv], attrs, num_outputs=2)
