@@ -56,8 +56,9 @@ TORCH_PROGRAM_BELOW = 0.75
 UNPACKED_SLOWER = 1.13
 #: A session packs its weights from its first call when the weights it may pack (GEMM and
 #: convolution operands) are fewer bytes than this: opening it again packed once the graph is
-#: hot cost its second call a full garbage collection and a new session (235 ms on a tiny
-#: Swin-v2 graph that runs in 0.3 ms, 2026-12-06), for a packed copy of a few megabytes.
+#: hot cost its second call a full garbage collection and a new session (243 ms on a tiny
+#: Swin-v2 that runs in 0.4 ms, 1.1 ms since: ``benchmarks/first_calls.py``, 2026-12-06), for
+#: a packed copy of a few megabytes.
 PACK_LATER_MIN_BYTES = 8 << 20
 #: The one-call probe deciding whether the unpacked measurement is worth making at all
 #: (``CompiledGraph._unpacked_may_lead``: one call each of the unpacked program and eager)
