@@ -298,7 +298,7 @@ def _rules_by_name(rules: Any) -> list[Any] | None:
     user's own rules as they are (refused with the rule's name when one cannot pickle)."""
     if rules is None:
         return None
-    builtin = {r.name: r for r in builtin_rules()}
+    builtin = _builtin_by_name()
     spec: list[Any] = []
     for rule in rules:
         if builtin.get(rule.name) is rule:
@@ -315,6 +315,10 @@ def _rules_by_name(rules: Any) -> list[Any] | None:
     return spec
 
 
+def _builtin_by_name() -> dict[str, Any]:
+    return {r.name: r for r in builtin_rules()}
+
+
 def _restore_fused(
     plain: torch.nn.Module, plan: Mapping[str, Any], settings: Mapping[str, Any], name: str
 ) -> torch.nn.Module:
@@ -323,7 +327,7 @@ def _restore_fused(
     spec = settings.pop("rules")
     rules = None
     if spec is not None:
-        builtin = {r.name: r for r in builtin_rules()}
+        builtin = _builtin_by_name()
         rules = RuleSet(tuple(builtin[r] if isinstance(r, str) else r for r in spec))
     return _wire(plain, _plan_backend(plan, rules=rules, **settings), name)
 

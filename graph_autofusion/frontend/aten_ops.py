@@ -451,18 +451,23 @@ def _vector_norm(
             dim = list(range(len(xv.shape)))
         else:
             xv, dim, keepdim = cx.op("Reshape", [xv, cx.ints([-1])]), [0], False
-    p, dt = float(ord), cx.out_dtype
+    return p_norm(cx, xv, float(ord), dim, keepdim, cx.out_dtype)
+
+
+def p_norm(cx: ConvertContext, x: Value, p: float, dims: Any, keepdim: bool, dt: DType) -> Value:
+    """The p-norm of ``x`` over ``dims``: ReduceL2 / ReduceL1, ReduceMax / ReduceMin of ``|x|``
+    for +-inf, the count of non-zeros for 0, else ``(sum |x|^p)^(1/p)``."""
     if p == 2.0:
-        return reduce(cx, "ReduceL2", xv, dim, keepdim, dt)
+        return reduce(cx, "ReduceL2", x, dims, keepdim, dt)
     if p == 1.0:
-        return reduce(cx, "ReduceL1", xv, dim, keepdim, dt)
-    a = cx.op("Abs", [xv])
+        return reduce(cx, "ReduceL1", x, dims, keepdim, dt)
+    a = cx.op("Abs", [x])
     if p in (math.inf, -math.inf):
-        return reduce(cx, "ReduceMax" if p > 0 else "ReduceMin", a, dim, keepdim, dt)
+        return reduce(cx, "ReduceMax" if p > 0 else "ReduceMin", a, dims, keepdim, dt)
     if p == 0.0:
         nonzero = cx.op("Cast", [cx.op("Greater", [a, cx.scalar(0, dt)])], {"to": int(dt)})
-        return reduce(cx, "ReduceSum", nonzero, dim, keepdim, dt)
-    total = reduce(cx, "ReduceSum", cx.op("Pow", [a, cx.scalar(p, dt)]), dim, keepdim, dt)
+        return reduce(cx, "ReduceSum", nonzero, dims, keepdim, dt)
+    total = reduce(cx, "ReduceSum", cx.op("Pow", [a, cx.scalar(p, dt)]), dims, keepdim, dt)
     return cx.op("Pow", [total, cx.scalar(1.0 / p, dt)])
 
 

@@ -39,6 +39,7 @@ import torch
 
 from graph_autofusion.frontend.aten_ops import aten_op, reduce
 from graph_autofusion.frontend.aten_ops_nn import used_outputs
+from graph_autofusion.frontend.aten_ops_tensor import sym_size
 from graph_autofusion.frontend.torch_convert import ConvertContext
 from graph_autofusion.ir.core import Value
 from graph_autofusion.ir.dtypes import DType
@@ -57,11 +58,8 @@ def _dims(cx: ConvertContext, xv: Value, lo: int, hi: int) -> Value:
 
 
 def axis_size(cx: ConvertContext, xv: Value, axis: int) -> Value:
-    """``x.shape[axis]`` as a 0-d int64 value."""
-    d = xv.shape[axis]
-    if isinstance(d, int):
-        return cx.scalar(d, DType.INT64)
-    return cx.op("Gather", [cx.op("Shape", [xv]), cx.scalar(axis, DType.INT64)], {"axis": 0})
+    """``x.shape[axis]`` as a 0-d int64 value (:func:`sym_size`'s number or value)."""
+    return cx.v(sym_size(cx, xv, axis), DType.INT64)
 
 
 # ----- windows and strided views ----------------------------------------------------------------

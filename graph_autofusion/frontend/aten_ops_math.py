@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from graph_autofusion.frontend.aten_ops import aten_op, reduce
+from graph_autofusion.frontend.aten_ops import aten_op, p_norm, reduce
 from graph_autofusion.frontend.aten_ops_indexing import axis_size
 from graph_autofusion.frontend.aten_ops_nn import per_axis, used_outputs
 from graph_autofusion.frontend.torch_convert import ConvertContext
@@ -220,17 +220,7 @@ def _cdist(cx: ConvertContext, a: Any, b: Any, p: float, compute_mode: Any = Non
         return cx.opaque(cx.node.target, (a, b, p, compute_mode), {})  # too large to spread
     av = cx.op("Unsqueeze", [a0, cx.ints([-2])])  # [..., P, 1, M]
     bv = cx.op("Unsqueeze", [b0, cx.ints([-3])])  # [..., 1, R, M]
-    diff = cx.op("Abs", [cx.op("Sub", [av, bv])])
-    axis = [-1]
-    if p == 1:
-        return reduce(cx, "ReduceSum", diff, axis, False, dt)
-    if p == math.inf:
-        return reduce(cx, "ReduceMax", diff, axis, False, dt)
-    if p == 0:
-        nonzero = cx.op("Cast", [cx.op("Greater", [diff, cx.scalar(0, dt)])], {"to": int(dt)})
-        return reduce(cx, "ReduceSum", nonzero, axis, False, dt)
-    total = reduce(cx, "ReduceSum", cx.op("Pow", [diff, cx.scalar(p, dt)]), axis, False, dt)
-    return cx.op("Pow", [total, cx.scalar(1.0 / p, dt)])
+    return p_norm(cx, cx.op("Sub", [av, bv]), float(p), [-1], False, dt)
 
 
 @aten_op("diagonal.default", "diagonal_copy.default")

@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -119,25 +118,19 @@ def _run_inference(proto, auto_merge: bool):
     return ssi
 
 
-_QUIET_LOCK = threading.Lock()
-_QUIET: dict[str, int] = {"depth": 0, "level": 0}
-
-
 @contextlib.contextmanager
 def _quiet(log: logging.Logger):
-    """``log`` at ERROR while any thread is inside; its own level back after the last."""
-    with _QUIET_LOCK:
-        if _QUIET["depth"] == 0:
-            _QUIET["level"] = log.level
-            log.setLevel(max(log.level, logging.ERROR))
-        _QUIET["depth"] += 1
+    """``log``'s records below ERROR dropped while inside (a filter of this call's own, so
+    calls on two threads never restore each other's state)."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
+
+    log.addFilter(keep)
     try:
         yield
     finally:
-        with _QUIET_LOCK:
-            _QUIET["depth"] -= 1
-            if _QUIET["depth"] == 0:
-                log.setLevel(_QUIET["level"])
+        log.removeFilter(keep)
 
 
 def symbolic_shapes(model: Model) -> dict[str, tuple[Entry, ...]]:
