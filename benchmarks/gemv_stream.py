@@ -44,7 +44,7 @@ SHAPES = (
     ("7B-class attention", 4096, 4096),
     ("7B-class MLP up", 4096, 11008),
 )
-FORMS = ("fp32", "fp16", "int8", "int4")
+FORMS = ("fp32", "fp16", "int8", "int4", "int8 GemvQ", "int4 GemvQ")
 #: the STREAM triad timed beside them: a = b + 3 c over three arrays of this many MiB
 TRIAD_MIB = 256
 TRIAD = "stream triad"
@@ -60,6 +60,7 @@ def random_packed(form: str, k: int, n: int, rng: np.random.Generator) -> Any:
     from graph_autofusion import defaults
     from graph_autofusion.codegen.weights import BITS, Packed
 
+    form = form.split()[0]
     bits, block = BITS[form], defaults.WEIGHTS_BLOCK_SIZE[form]
     nb = -(-k // block)
     b = rng.integers(0, 256, (n, nb, block * bits // 8), dtype=np.uint8)
@@ -78,6 +79,8 @@ def layers_model(form: str, k: int, n: int, count: int, rng: np.random.Generator
     from graph_autofusion import defaults
     from graph_autofusion.codegen.ort_customop_c import DOMAIN
     from graph_autofusion.codegen.ort_gemv_f16 import OP as F16_OP
+    from graph_autofusion.codegen.ort_gemv_q import OP as Q_OP
+    from graph_autofusion.codegen.ort_gemv_q import to_panels
     from graph_autofusion.codegen.weights import nbits_attrs, to_half
 
     nodes, inits = [], []
@@ -93,6 +96,12 @@ def layers_model(form: str, k: int, n: int, count: int, rng: np.random.Generator
             nodes.append(helper.make_node(F16_OP, ["a", f"w{i}"], [f"y{i}"], domain=DOMAIN))
             continue
         p = random_packed(form, k, n, rng)
+        if form.endswith("GemvQ"):
+            arrays = to_panels(p.b, p.scales, p.zero_points, p.bits, k, n)
+            ins = [f"b{i}", f"s{i}", f"z{i}"]
+            inits += [numpy_helper.from_array(v, name) for v, name in zip(arrays, ins)]
+            nodes.append(helper.make_node(Q_OP, ["a", *ins], [f"y{i}"], domain=DOMAIN))
+            continue
         ins = [f"b{i}", f"s{i}"]
         inits += [numpy_helper.from_array(p.b, ins[0]), numpy_helper.from_array(p.scales, ins[1])]
         if p.zero_points is not None:
@@ -119,7 +128,12 @@ def layer_bytes(form: str, k: int, n: int) -> int:
     """The bytes one layer's kernel reads for its weight."""
     if form in ("fp32", "fp16"):
         return (4 if form == "fp32" else 2) * k * n
-    return random_packed(form, k, n, np.random.default_rng(0)).nbytes
+    p = random_packed(form, k, n, np.random.default_rng(0))
+    if form.endswith("GemvQ"):
+        from graph_autofusion.codegen.ort_gemv_q import to_panels
+
+        return sum(a.nbytes for a in to_panels(p.b, p.scales, p.zero_points, p.bits, k, n))
+    return p.nbytes
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

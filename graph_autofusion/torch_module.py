@@ -185,7 +185,10 @@ class FusionInfo:
             }
             weights = getattr(res, "weights", None)
             if weights is not None:  # compressed weights: the layers safe mode kept compressed
-                entry["compressed"] = {r.name: r.form for r in weights.compressed}
+                entry["compressed"] = {  # "int8+GemvQ": the kernel safe mode timed faster
+                    r.name: r.form + ("+GemvQ" if r.kernel == "GemvQ" else "")
+                    for r in weights.compressed
+                }
             graphs.append(entry)
         cfg = self.backend.config
         return {

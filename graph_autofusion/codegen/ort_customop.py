@@ -71,6 +71,7 @@ from graph_autofusion.codegen.ort_customop_save import (
 )
 from graph_autofusion.codegen.ort_gemv import OP as GEMV_OP
 from graph_autofusion.codegen.ort_gemv_f16 import OP as GEMV_F16_OP
+from graph_autofusion.codegen.ort_gemv_q import OP as GEMV_Q_OP
 from graph_autofusion.codegen.targets import CpuTarget, candidate_nodes_outputs
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.patterns.candidates import match_rules
@@ -230,7 +231,7 @@ def build_library(
         built: BuiltSource = compile_source(source, opts, what="custom-operator library")
     except (KernelCompileError, CompilerNotFoundError) as exc:
         raise CustomOpBuildError(f"custom-operator library failed to build: {exc}") from exc
-    ops = tuple(op_name(k) for k in unique) + ((GEMV_OP, GEMV_F16_OP) if gemv else ())
+    ops = tuple(op_name(k) for k in unique) + ((GEMV_OP, GEMV_F16_OP, GEMV_Q_OP) if gemv else ())
     return CustomOpLibrary(
         built.path, built.source_path, ops, tuple(unique), opts, built.from_cache, built.compile_s
     )

@@ -23,6 +23,7 @@ from graph_autofusion.codegen.ort_customop_registry import (
 )
 from graph_autofusion.codegen.ort_gemv import OP as GEMV_OP
 from graph_autofusion.codegen.ort_gemv_f16 import OP as GEMV_F16_OP
+from graph_autofusion.codegen.ort_gemv_q import OP as GEMV_Q_OP
 from graph_autofusion.errors import GraphAutoFusionError, ModelWriteError
 
 if TYPE_CHECKING:  # pragma: no cover - ort_customop imports this module
@@ -102,12 +103,18 @@ def write_kernel_dir(library: CustomOpLibrary, directory: str, groups: Sequence[
                 "name": op,
                 "kernel": f"graph_autofusion/codegen/{src}.py",
                 "signature": f"{op}(x f32[..., K], {w}) -> f32[..., N]",
-                "inputs": ["f32", w.split()[0]],
+                "inputs": ["f32", *types],
                 "outputs": ["f32"],
             }
-            for op, src, w in (
-                (GEMV_OP, "ort_gemv", "f32 Wt[N, K]"),
-                (GEMV_F16_OP, "ort_gemv_f16", "f16 Wp[N/16, K, 16] or Wt[N, K]"),
+            for op, src, w, types in (
+                (GEMV_OP, "ort_gemv", "f32 Wt[N, K]", ("f32",)),
+                (GEMV_F16_OP, "ort_gemv_f16", "f16 Wp[N/16, K, 16] or Wt[N, K]", ("f16",)),
+                (
+                    GEMV_Q_OP,
+                    "ort_gemv_q",
+                    "u8 Wq[N/16, K, 16 or 8], f32 S[N/16, nb, 16], u8 Z",
+                    ("u8", "f32", "u8"),
+                ),
             )
             if op in library.ops
         ],

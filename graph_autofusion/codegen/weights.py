@@ -1,6 +1,7 @@
 """Compressed weights on onnxruntime: contractions by a constant matrix as ``MatMulNBits``
-(int8, int4) or graph-autofusion's ``GemvF16`` (fp16, :func:`to_half`; the operator is
-:mod:`graph_autofusion.codegen.ort_gemv_f16`).
+or graph-autofusion's ``GemvQ`` (int8, int4: the same quantized values, safe mode times both;
+:mod:`graph_autofusion.codegen.ort_gemv_q`) or ``GemvF16`` (fp16, :func:`to_half`; the
+operator is :mod:`graph_autofusion.codegen.ort_gemv_f16`).
 
     sites, kept = find_sites(model)                  # what could be compressed, what cannot
     packed = quantize(site.weight, bits=8, block_size=32)
@@ -37,6 +38,8 @@ from graph_autofusion.codegen.onnxruntime import prune_dead_feeders
 from graph_autofusion.codegen.ort_customop_c import DOMAIN
 from graph_autofusion.codegen.ort_gemv import OP as GEMV_OP
 from graph_autofusion.codegen.ort_gemv_f16 import OP as F16_OP
+from graph_autofusion.codegen.ort_gemv_q import OP as Q_OP
+from graph_autofusion.codegen.ort_gemv_q import eligible, to_panels
 from graph_autofusion.ir.core import Model, Node, Value, const_value
 from graph_autofusion.ir.dtypes import DType
 
@@ -69,11 +72,25 @@ class Packed:
     scales: np.ndarray  # float32 [N, k_blocks]
     zero_points: np.ndarray | None  # uint8 [N, k_blocks] (8 bits) or packed (4 bits)
     dequantized: np.ndarray  # float32 [K, N]: what the kernel multiplies by
+    kernel: str = "MatMulNBits"  # or GemvQ (bits 4 and 8, where :meth:`gemvq` holds)
 
     @property
     def nbytes(self) -> int:
-        zp = self.zero_points.nbytes if self.zero_points is not None else 0
+        if self.kernel == Q_OP:  # GemvQ's zero points: a byte per block, or one for all
+            zp = self.scales.size if self.zero_points is not None else 1
+        else:
+            zp = self.zero_points.nbytes if self.zero_points is not None else 0
         return int(self.b.nbytes + self.scales.nbytes + zp)
+
+    @property
+    def gemvq(self) -> bool:
+        """Whether ``GemvQ`` can run this weight (8 or 4 bits, 16 dividing N, whole blocks)."""
+        return self.bits in (4, 8) and eligible(self.k, self.n, self.block_size)
+
+    def panels(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``GemvQ``'s ``(Wq, S, Z)`` of this weight (:func:`~graph_autofusion.codegen.
+        ort_gemv_q.to_panels`)."""
+        return to_panels(self.b, self.scales, self.zero_points, self.bits, self.k, self.n)
 
 
 @dataclass
@@ -374,14 +391,17 @@ def _replace(model: Model, node: Node, new: Node, tail: Node | None = None) -> N
 
 
 def compress_site(model: Model, site: Site, packed: Packed, accuracy_level: int) -> Node:
-    """Replace ``site``'s node in ``model`` by one ``MatMulNBits`` over ``packed`` (the old
-    weight initializer goes when nothing else reads it). Returns the new node."""
+    """Replace ``site``'s node in ``model`` by one ``MatMulNBits`` over ``packed`` (``GemvQ``
+    where ``packed.kernel`` says so, ``GemvF16`` for fp16; the old weight initializer goes when
+    nothing else reads it). Returns the new node."""
 
     graph = model.graph
     node = site.node
     prefix = (site.name or "matmul").replace("/", "_").strip("_") or "matmul"
     if packed.bits == 16:
-        return _half_site(model, site, packed, prefix)
+        return _custom_site(model, site, F16_OP, [packed.b], prefix, ("f16",))
+    if packed.kernel == Q_OP:
+        return _custom_site(model, site, Q_OP, list(packed.panels()), prefix, ("q", "s", "z"))
     ins = nbits_inputs(graph, site, packed, prefix)
     new = graph.make_node(
         "MatMulNBits",
@@ -396,12 +416,15 @@ def compress_site(model: Model, site: Site, packed: Packed, accuracy_level: int)
     return new
 
 
-def _half_site(model: Model, site: Site, packed: Packed, prefix: str) -> Node:
-    """``site`` as ``GemvF16(a, Wt16)`` (then ``Add`` of its bias)."""
+def _custom_site(
+    model: Model, site: Site, op: str, arrays: list[np.ndarray], prefix: str, tags: tuple
+) -> Node:
+    """``site`` as our custom operator ``op(a, *arrays)`` (``GemvF16``, ``GemvQ``), then
+    ``Add`` of its bias; the arrays' initializers are named ``<prefix>_<tag>``."""
     graph = model.graph
-    w = graph.add_initializer(graph.fresh_name(f"{prefix}_f16"), packed.b)
-    name = f"{site.name}/{F16_OP}" if site.name else F16_OP
-    new = graph.make_node(F16_OP, [site.a, w], {}, domain=DOMAIN, name=name, before=site.node)
+    ws = [graph.add_initializer(graph.fresh_name(f"{prefix}_{t}"), a) for a, t in zip(arrays, tags)]
+    name = f"{site.name}/{op}" if site.name else op
+    new = graph.make_node(op, [site.a, *ws], {}, domain=DOMAIN, name=name, before=site.node)
     product = site.node.outputs[0]
     new.outputs[0].dtype, new.outputs[0].shape = product.dtype, product.shape
     if site.bias is not None:

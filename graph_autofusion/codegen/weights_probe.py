@@ -1,6 +1,7 @@
 """Safe mode's standalone models of compressed contractions (the per-layer check and timing of
 :mod:`graph_autofusion.pipeline.weights`): each layer on its real activation, compressed
-(``MatMulNBits``, or ``GemvF16`` for fp16) and fp32 (``MatMul``)."""
+(``MatMulNBits`` or ``GemvQ`` as the packed weight's kernel says, ``GemvF16`` for fp16) and
+fp32 (``MatMul``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from graph_autofusion.codegen.ort_customop_c import DOMAIN
 from graph_autofusion.codegen.ort_gemv_f16 import OP as F16_OP
+from graph_autofusion.codegen.ort_gemv_q import OP as Q_OP
 from graph_autofusion.codegen.weights import Packed, nbits_attrs
 
 
@@ -26,10 +28,13 @@ def probe_model(
     for i, (_name, act, p, bias) in enumerate(items):
         ins.append(helper.make_tensor_value_info(f"a{i}", TensorProto.FLOAT, list(act.shape)))
         outs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None))
-        if p.bits == 16:
-            inits.append(numpy_helper.from_array(p.b, f"b{i}"))
+        if p.bits == 16 or p.kernel == Q_OP:
+            arrays = [p.b] if p.bits == 16 else list(p.panels())
+            names = [f"{t}{i}" for t in "bsz"[: len(arrays)]]
+            inits += [numpy_helper.from_array(v, n) for v, n in zip(arrays, names)]
             out = f"y{i}" if bias is None else f"m{i}"
-            nodes.append(helper.make_node(F16_OP, [f"a{i}", f"b{i}"], [out], domain=DOMAIN))
+            op = F16_OP if p.bits == 16 else Q_OP
+            nodes.append(helper.make_node(op, [f"a{i}", *names], [out], domain=DOMAIN))
             if bias is not None:
                 inits.append(numpy_helper.from_array(bias, f"c{i}"))
                 nodes.append(helper.make_node("Add", [out, f"c{i}"], [f"y{i}"]))

@@ -35,6 +35,7 @@ from graph_autofusion.codegen.ort_customop import (
 )
 from graph_autofusion.codegen.ort_gemv import OP as GEMV_OP
 from graph_autofusion.codegen.ort_gemv_f16 import OP as GEMV_F16_OP
+from graph_autofusion.codegen.ort_gemv_q import OP as GEMV_Q_OP
 from graph_autofusion.codegen.ort_matmul import apply_sites, plan_sites
 from graph_autofusion.errors import GraphAutoFusionError
 
@@ -107,7 +108,7 @@ class CustomOps:
             return
         if used != set(self.library.ops):
             keep = [g for g in self.groups if g.op in used]
-            self.library = self.build(keep, bool(used & {GEMV_OP, GEMV_F16_OP}))
+            self.library = self.build(keep, bool(used & {GEMV_OP, GEMV_F16_OP, GEMV_Q_OP}))
         result.custom_ops = self.library
 
 
@@ -138,6 +139,6 @@ def with_gemv(library: CustomOpLibrary | None, codegen: Any) -> CustomOpLibrary:
     Raises:
         CustomOpsUnavailable: it cannot be built or loaded here.
     """
-    if library is not None and GEMV_F16_OP in library.ops:
+    if library is not None and GEMV_Q_OP in library.ops:
         return library
     return _build(list(library.kernels) if library is not None else [], codegen, True)

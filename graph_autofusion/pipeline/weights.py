@@ -29,7 +29,11 @@ After the fusions are verified, every contraction by a constant matrix of the fu
    whose rollback makes it pass go back to fp32, found the same way (``_roll_back_fewest``;
    both bisect with ``_fewest``).
 
-Forms: ``int8``/``int4`` are onnxruntime's ``com.microsoft.MatMulNBits``; ``fp16`` is the
+Forms: ``int8``/``int4`` are onnxruntime's ``com.microsoft.MatMulNBits`` or, per layer where
+safe mode times it faster on the layer's real activation (and its output passes the same
+floors), our ``GemvQ`` custom operator on the same quantized values with the activations kept
+fp32 (:mod:`graph_autofusion.codegen.ort_gemv_q`; ``weights_checks.choose_kernel``; a saved
+torch plan records it as ``"int8+GemvQ"``); ``fp16`` is the
 ``ai.graph_autofusion`` ``GemvF16`` custom operator (:mod:`graph_autofusion.codegen.
 ort_gemv_f16`: the weight stored fp16, widened in registers, fp32 accumulation), whose library
 becomes ``result.custom_ops`` (saved beside the model); where it cannot be built every layer
@@ -45,13 +49,15 @@ unchecked (the report says so).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from graph_autofusion import defaults
 from graph_autofusion.codegen.onnxruntime import drop_dead_initializers
+from graph_autofusion.codegen.ort_gemv_f16 import OP as F16_OP
+from graph_autofusion.codegen.ort_gemv_q import OP as Q_OP
 from graph_autofusion.codegen.weights import (
     BITS,
     KEPT_EMBEDDING,
@@ -115,6 +121,8 @@ class LayerRecord:
     fp32_bytes: int = 0
     bytes: int = 0  # the stored weight (packed + scales + zero points), fp32 bytes if kept
     reason: str = ""
+    kernel: str = ""  # MatMulNBits or GemvQ (8/4 bits), GemvF16 (fp16); "" where kept fp32
+    kernel_times_us: dict[str, float] | None = None  # MatMulNBits' and GemvQ's, where timed
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -220,6 +228,20 @@ def compress_weights(
     result.weights = report
     library = None
     heads = [s for s in sites if s.head and not s.reason]
+    saved = {}  # a saved plan's forms, and its layers on GemvQ
+    saved_q = set()
+    if isinstance(only, Mapping):
+        for name, value in only.items():
+            saved[name], _, kernel = str(value).partition("+")
+            if kernel == Q_OP:
+                saved_q.add(name)
+    timed = bool(options.safe_mode and options.check_speed)
+    if not half and (timed or saved_q):  # GemvQ: timed against MatMulNBits, where it builds
+        try:
+            library = with_gemv(getattr(result, "custom_ops", None), options.codegen)
+        except CustomOpsUnavailable as exc:
+            report.notes.append(f"GemvQ not tried: {exc}")
+            saved_q = set()
     if half or (heads and head_form == "fp16"):  # GemvF16: its library must build here
         try:
             library = with_gemv(getattr(result, "custom_ops", None), options.codegen)
@@ -231,7 +253,6 @@ def compress_weights(
             if half:
                 return report
     level = defaults.WEIGHTS_ACCURACY_LEVEL
-    saved = dict(only) if isinstance(only, Mapping) else {}  # a saved plan's forms
     if only is not None:
         for r in report.layers:
             if not r.reason and r.name not in set(only):
@@ -242,6 +263,9 @@ def compress_weights(
         if not s.head and form in FALLBACK and saved.get(s.name) == FALLBACK[form]:
             forms[s.name] = FALLBACK[form]
     packs = {s.name: _quantize(s.weight, forms[s.name]) for s in todo}
+    for name in saved_q & set(packs):  # untimed (or timed again below): the saved kernel
+        if packs[name].gemvq and not timed:
+            packs[name] = replace(packs[name], kernel=Q_OP)
     tables = [e for e in embs if records.get(e.name) is not None and not records[e.name].reason]
     tables = [e for e in tables if records[e.name].op == "Gather"]
     for e in tables:  # int8: symmetric (GatherBlockQuantized's default zero point)
@@ -262,6 +286,7 @@ def compress_weights(
         r, p = records[name], packs[name]
         r.form, r.block_size, r.bytes = forms[name], p.block_size or None, p.nbytes
         r.zero_point = p.zero_points is not None
+        r.kernel = F16_OP if p.bits == 16 else p.kernel
     if not chosen:
         report.notes.append("no layer compressed")
         return report
@@ -294,8 +319,9 @@ def compress_weights(
                 report.notes.append("the end-to-end check failed: every layer stays fp32")
                 return report
     result.model = work
-    if library is not None and any(forms[n] == "fp16" for n in chosen):
-        result.custom_ops = library  # the fused model needs the GemvF16 library (saved with it)
+    ours = {F16_OP, Q_OP}
+    if library is not None and any(records[n].kernel in ours for n in chosen):
+        result.custom_ops = library  # the fused model needs our library (saved with it)
     n_tables = sum(records[n].op == "Gather" for n in chosen)
     head_other_form = any(s.name in chosen and forms[s.name] != form for s in heads)
     how = (
@@ -305,8 +331,15 @@ def compress_weights(
         f"{_fallback_note(chosen, heads, records, form)}"
         f", block {defaults.WEIGHTS_BLOCK_SIZE[form]}, accuracy_level {level}"
     )
+    by_op: dict[str, int] = {}
+    for n in chosen:
+        if records[n].op != "Gather":
+            by_op[records[n].kernel] = by_op.get(records[n].kernel, 0) + 1
+    ops = " and ".join(f"{op} ({c})" for op, c in sorted(by_op.items(), key=lambda kv: -kv[1]))
+    if len(by_op) == 1:
+        ops = next(iter(by_op))
     report.notes.append(
-        f"{len(chosen) - n_tables} contractions are {FORM_OPS[form]} ({how})"
+        f"{len(chosen) - n_tables} contractions are {ops or FORM_OPS[form]} ({how})"
         + (
             f", {n_tables} embedding tables "
             + ("fp16 (Gather, Cast)" if table_form == "fp16" else "GatherBlockQuantized (int8)")

@@ -13,16 +13,22 @@ fails, its "kept fp32: ..." reason into the layer's record.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from graph_autofusion import defaults
+from graph_autofusion.codegen.ort_customop_registry import library_for
+from graph_autofusion.codegen.ort_gemv_f16 import OP as F16_OP
+from graph_autofusion.codegen.ort_gemv_q import OP as Q_OP
 from graph_autofusion.codegen.weights import Embedding, Packed, Site
 from graph_autofusion.codegen.weights_probe import probe_model, reference_model
 from graph_autofusion.ir.core import Model
 from graph_autofusion.runtime.ort_session import model_weights, ort_session
+from graph_autofusion.runtime.timing import current_timer
 from graph_autofusion.verify.speed import SpeedPolicy
 
 #: The start of the reason the layer check writes for a layer whose output missed its floors.
@@ -143,24 +149,27 @@ def check_layers(
         else:
             passed.append((s, _a))
     if options.check_speed and passed:
-        passed = check_speed(passed, packs, records, options, level, threads)
+        passed = check_speed(passed, packs, records, options, level, threads, acts)
     return [s for s, _a in passed]
 
 
 def check_speed(
     items: list[tuple[Site, np.ndarray]],
-    packs: Mapping[str, Packed],
+    packs: dict[str, Packed],
     records: Mapping[str, Any],
     options: Any,
     level: int,
     threads: int,
+    acts: Mapping[str, np.ndarray],
 ) -> list[tuple[Site, np.ndarray]]:
     """Time each layer compressed and fp32 on its activation by safe mode's one speed policy
     (:class:`~graph_autofusion.verify.speed.SpeedPolicy`); a layer slower than
-    ``speed_margin`` x its fp32 form stays fp32."""
+    ``speed_margin`` x its fp32 form stays fp32. An 8- or 4-bit layer first gets the faster of
+    ``MatMulNBits`` and ``GemvQ`` (:func:`choose_kernel`)."""
     policy = SpeedPolicy(options.speed_margin)
     kept = []
     for s, a in items:
+        choose_kernel(s, a, packs, records, level, threads, acts[s.y.name], policy)
         fast = ort_session(probe_model([(s.name, a, packs[s.name], s.bias)], level), "all", threads)
         slow = ort_session(reference_model([(s.name, a, s.weight, s.bias)]), "all", threads)
         key = f"weights@{s.name}"
@@ -176,6 +185,53 @@ def check_speed(
         else:
             kept.append((s, a))
     return kept
+
+
+def choose_kernel(
+    s: Site,
+    a: np.ndarray,
+    packs: dict[str, Packed],
+    records: Mapping[str, Any],
+    level: int,
+    threads: int,
+    want: np.ndarray,
+    policy: SpeedPolicy,
+) -> None:
+    """``packs[s.name]`` on ``GemvQ`` where that operator's library is registered, the weight
+    fits it, its output on the real activation ``a`` passes the layer's floors against fp32's
+    ``want``, and its median time over safe mode's engine rounds is below ``MatMulNBits``'
+    (interleaved calls in onnxruntime sessions as a deployment runs them). The record's ``kernel`` and
+    figures follow the choice."""
+    p, r = packs[s.name], records[s.name]
+    r.kernel = p.kernel if p.bits != 16 else F16_OP
+    if p.bits == 16 or not p.gemvq or library_for([Q_OP]) is None:
+        return
+    q = replace(p, kernel=Q_OP)
+    nbits = ort_session(probe_model([(s.name, a, p, s.bias)], level), "all", threads)
+    gemvq = ort_session(probe_model([(s.name, a, q, s.bias)], level), "all", threads)
+    cos, rel = stats(gemvq.run(None, {"a0": a})[0], want)
+    if (
+        cos < defaults.WEIGHTS_LAYER_COSINE[_form(p)]
+        or rel > defaults.WEIGHTS_LAYER_REL_ERR[_form(p)]
+    ):
+        return
+    ta, tb = policy.times(
+        lambda: nbits.run(None, {"a0": a}),
+        lambda: gemvq.run(None, {"a0": a}),
+        f"weights-kernel@{s.name}",
+        policy.runs,
+        current_timer(),
+        early=False,
+    )  # interleaved calls, as the fp32 comparison's
+    t = {p.kernel: statistics.median(ta), Q_OP: statistics.median(tb)}
+    r.kernel_times_us = {k: round(v, 1) for k, v in t.items()}
+    if t[Q_OP] < t[p.kernel]:
+        packs[s.name] = q
+        r.kernel, r.cosine, r.rel_err = Q_OP, cos, rel
+
+
+def _form(p: Packed) -> str:
+    return "int8" if p.bits == 8 else "int4"
 
 
 def end_to_end(

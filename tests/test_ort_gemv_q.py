@@ -1,0 +1,250 @@
+"""The ``GemvQ`` custom operator (8- and 4-bit weights, the dequantization inside the
+contraction, fp32 activations): its kernel on every ISA path against numpy, inside onnxruntime,
+and as the kernel safe mode picks per layer over ``MatMulNBits`` when it times faster."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from graph_autofusion import GraphAutoFusion
+from graph_autofusion.codegen.ort_customop import DOMAIN, build_library, ort_include_dir
+from graph_autofusion.codegen.ort_gemv_q import to_panels
+from graph_autofusion.codegen.weights import quantize
+from graph_autofusion.options import FuseOptions
+from graph_autofusion.runtime.ort_session import fused_session, ort_session
+from graph_autofusion.runtime.timing import use_timer
+
+pytestmark = pytest.mark.skipif(
+    ort_include_dir() is None, reason="onnxruntime C API header not available"
+)
+
+#: (bits, zero point): the stage's int8 (symmetric) and int4 (zero point) forms, and the others
+FORMS = [(8, False), (4, True), (8, True), (4, False)]
+#: (rows, K, N, block): one row (a decode step), tiles of 8 with rests, blocks of 16-128
+SHAPES = [(1, 64, 32, 32), (2, 96, 16, 16), (3, 512, 48, 32), (9, 256, 64, 128), (17, 160, 32, 32)]
+
+
+def _kernel(path: str | None = None):
+    fn = ctypes.CDLL(path or build_library([], gemv=True).path).gaf_gemv_q
+    p, i = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [p, p, p, p, ctypes.c_int, p, i, i, i, i, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _check(fn, bits: int, zp: bool, m: int, k: int, n: int, block: int, what: str = "") -> None:
+    """``gaf_gemv_q`` on a quantized random weight against numpy on its dequantized values."""
+    rng = np.random.default_rng(m * k + n + bits)
+    p = quantize(rng.standard_normal((k, n)).astype(np.float32), bits, block, zp)
+    wq, s, z = to_panels(p.b, p.scales, p.zero_points, bits, k, n)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    y = np.full((m, n), np.nan, np.float32)
+    ptr = [a.ctypes.data for a in (x, wq, s, z)]
+    assert fn(*ptr, int(z.size > 1), y.ctypes.data, m, n, k, s.shape[1], bits) == 0
+    want = x.astype(np.float64) @ p.dequantized.astype(np.float64)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=2e-4, err_msg=what)
+
+
+@pytest.mark.parametrize("bits,zp", FORMS)
+@pytest.mark.parametrize("m,k,n,block", SHAPES)
+def test_the_kernel_matches_numpy_on_the_dequantized_weight(bits, zp, m, k, n, block):
+    _check(_kernel(), bits, zp, m, k, n, block)
+
+
+def test_the_panels_hold_the_same_quantized_values():
+    """``to_panels`` re-lays ``MatMulNBits``' blocks: dequantized back from the panels (numpy,
+    the layout the module docstring gives), the weight ``quantize`` rounded to."""
+    rng = np.random.default_rng(0)
+    for bits, zp in FORMS:
+        k, n = 96, 48
+        p = quantize(rng.standard_normal((k, n)).astype(np.float32), bits, 32, zp)
+        wq, s, z = to_panels(p.b, p.scales, p.zero_points, bits, k, n)
+        assert wq.shape == (n // 16, k, 16 if bits == 8 else 8) and s.shape == (n // 16, 3, 16)
+        q = wq if bits == 8 else np.stack([wq & 15, wq >> 4], -1).reshape(n // 16, k, 16)
+        zz = np.broadcast_to(z if z.size > 1 else z[0], s.shape).astype(np.float32)
+        blocks = np.repeat(np.arange(3), 32)  # k -> its block
+        w = (q.astype(np.float32) - zz[:, blocks, :]) * s[:, blocks, :]  # [P, K, 16]
+        np.testing.assert_array_equal(w.transpose(1, 0, 2).reshape(k, n), p.dequantized)
+
+
+def test_a_block_of_odd_length_takes_the_tail_paths():
+    """The kernel takes any block that divides K (the stage writes powers of two >= 16): a
+    block of 15 runs the loops' tails, checked on hand-made panels."""
+    fn = _kernel()
+    rng = np.random.default_rng(5)
+    m, k, n, nb = 3, 45, 32, 3
+    for bits in (8, 4):
+        q = rng.integers(0, 2**bits, (n // 16, k, 16), dtype=np.uint8)
+        s = rng.random((n // 16, nb, 16), dtype=np.float32)
+        z = rng.integers(0, 2**bits, (n // 16, nb, 16), dtype=np.uint8)
+        wq = q if bits == 8 else (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        y = np.empty((m, n), np.float32)
+        ptr = [a.ctypes.data for a in (x, wq, s, z)]
+        assert fn(*ptr, 1, y.ctypes.data, m, n, k, nb, bits) == 0
+        blocks = np.arange(k) // 15
+        w = (q.astype(np.float64) - z[:, blocks, :]) * s[:, blocks, :]
+        want = x.astype(np.float64) @ w.transpose(1, 0, 2).reshape(k, n)
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)
+        assert fn(*ptr, 1, y.ctypes.data, m, n, k, 4, bits) == -1  # 4 blocks do not divide 45
+
+
+@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64"])
+def test_the_kernel_is_right_on_avx2_and_plain_c(march, tmp_path):
+    """Compiled per machine (``-march=native``): the AVX2 and plain-C paths, built here for
+    another ISA level (this machine may have AVX-512, whose path the other tests run)."""
+    from graph_autofusion.codegen.ort_customop_c import customop_library_source
+
+    gcc = shutil.which("gcc")
+    if gcc is None:  # pragma: no cover - the suite's kernels need it too
+        pytest.fail("no gcc")
+    (tmp_path / "k.c").write_text(customop_library_source([], gemv=True))
+    so = tmp_path / f"k_{march}.so"
+    subprocess.run(
+        [gcc, "-O2", "-fPIC", "-shared", "-std=gnu11", f"-march={march}",
+         f"-I{ort_include_dir()}", str(tmp_path / "k.c"), "-o", str(so)],
+        check=True,
+    )  # fmt: skip
+    fn = _kernel(str(so))
+    for bits, zp in FORMS:
+        for m, k, n, block in SHAPES:
+            _check(fn, bits, zp, m, k, n, block, f"{march} bits {bits} zp {zp} m {m}")
+
+
+def _one_node(k: int, arrays, x_shape) -> onnx.ModelProto:
+    inits = [numpy_helper.from_array(a, name) for a, name in zip(arrays, ("w", "s", "z"))]
+    graph = helper.make_graph(
+        [helper.make_node("GemvQ", ["x", "w", "s", "z"], ["y"], domain=DOMAIN)],
+        "gemvq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)]
+    )
+
+
+@pytest.mark.parametrize("bits,zp", FORMS)
+@pytest.mark.parametrize("lead", [(1, 1), (1, 3), (2, 5), (1, 64)])
+def test_the_operator_in_onnxruntime_matches_numpy(bits, zp, lead):
+    """Through onnxruntime's thread pool (the zoo Llama's up projection splits into chunks),
+    any leading shape, one row or a prefill's."""
+    k, n = 512, 1376
+    rng = np.random.default_rng(bits + lead[1])
+    p = quantize(rng.standard_normal((k, n)).astype(np.float32), bits, 32, zp)
+    model = _one_node(k, to_panels(p.b, p.scales, p.zero_points, bits, k, n), ["b", "s", k])
+    lib = build_library([], gemv=True)
+    x = rng.standard_normal((*lead, k)).astype(np.float32)
+    y = ort_session(model, "all", 2, custom_ops_library=lib.path).run(None, {"x": x})[0]
+    assert y.shape == (*lead, n) and y.dtype == np.float32
+    want = x.astype(np.float64) @ p.dequantized.astype(np.float64)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=5e-4)
+
+
+def test_a_malformed_operator_fails_naming_it():
+    k, n = 64, 32
+    p = quantize(np.ones((k, n), np.float32), 8, 32)
+    wq, s, z = to_panels(p.b, p.scales, p.zero_points, 8, k, n)
+    lib = build_library([], gemv=True)
+    bad = _one_node(k, (wq, s[:1].copy(), z), [1, k])  # scales for one panel of two
+    sess = ort_session(bad, "all", 1, custom_ops_library=lib.path)
+    with pytest.raises(Exception, match="GemvQ.*S must be"):
+        sess.run(None, {"x": np.ones((1, k), np.float32)})
+    bad = _one_node(k, (wq, s, np.zeros(2, np.uint8)), [1, k])
+    sess = ort_session(bad, "all", 1, custom_ops_library=lib.path)
+    with pytest.raises(Exception, match="GemvQ.*Z must be"):
+        sess.run(None, {"x": np.ones((1, k), np.float32)})
+
+
+def _mlp() -> onnx.ModelProto:
+    """x[b, s, 64] -> 64x128 -> Relu -> 128x128 -> Relu -> 128x64 (+ bias): three layers that
+    fit GemvQ (16 divides N, whole blocks of 32 along K)."""
+    rng = np.random.default_rng(0)
+    ws = [(rng.standard_normal(s) * 0.1).astype(np.float32) for s in ((64, 128), (128, 128))]
+    ws.append((rng.standard_normal((128, 64)) * 0.1).astype(np.float32))
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h1"], name="fc1"),
+        helper.make_node("Relu", ["h1"], ["r1"]),
+        helper.make_node("MatMul", ["r1", "w2"], ["h2"], name="fc2"),
+        helper.make_node("Relu", ["h2"], ["r2"]),
+        helper.make_node("MatMul", ["r2", "w3"], ["h3"], name="fc3"),
+        helper.make_node("Add", ["h3", "b3"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(w, f"w{i + 1}") for i, w in enumerate(ws)]
+    inits.append(numpy_helper.from_array(np.full(64, 0.1, np.float32), "b3"))
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 64])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _timer(gemvq_faster: bool):
+    """Compressed faster than fp32; GemvQ faster than MatMulNBits or not (each call still
+    runs, so a wrong answer or a crash would show)."""
+
+    def timer(key, side, fn):
+        fn()
+        if key.startswith("weights-kernel@"):
+            return (1e-5 if gemvq_faster else 3e-5) if side == "fused" else 2e-5
+        return 1e-5 if side == "fused" else 2e-5
+
+    return timer
+
+
+def _ops(model) -> dict[str, int]:
+    """Operator counts of a fused (IR) model."""
+    out: dict[str, int] = {}
+    for node in model.graph.nodes:
+        out[node.op_type] = out.get(node.op_type, 0) + 1
+    return out
+
+
+@pytest.mark.parametrize("form", ["int8", "int4"])
+def test_safe_mode_puts_a_layer_on_gemvq_where_it_times_faster(form, tmp_path):
+    src = _mlp()
+    x = np.random.default_rng(1).standard_normal((1, 1, 64)).astype(np.float32)
+    gaf = GraphAutoFusion(src, sample_inputs={"x": x}, options=FuseOptions(weights=form))
+    with use_timer(_timer(True)):
+        fused = gaf.fuse()
+    layers = {r.name: r for r in gaf.result.weights.layers}
+    assert {r.kernel for r in layers.values()} == {"GemvQ"}
+    assert all(set(r.kernel_times_us) == {"MatMulNBits", "GemvQ"} for r in layers.values())
+    assert _ops(fused).get("GemvQ") == 3 and "MatMulNBits" not in _ops(fused)
+    assert "3 contractions are GemvQ" in " ".join(gaf.result.weights.notes)
+    # the same quantized values as MatMulNBits, the activations kept fp32: the product with
+    # the dequantized weights, up to rounding order
+    path = str(tmp_path / "m.onnx")
+    gaf.save(path)  # the library beside it, named in the manifest
+    manifest = json.loads(open(os.path.join(gaf.kernel_dir, "manifest.json")).read())
+    assert "GemvQ" in {op["name"] for op in manifest["operators"]}
+    got = fused_session(path, threads=2).run(None, {"x": x})[0]
+    ref = GraphAutoFusion(src, sample_inputs={"x": x}, options=FuseOptions(weights=form))
+    with use_timer(_timer(False)):
+        nbits = ref.fuse()
+    assert _ops(nbits).get("MatMulNBits") == 3 and "GemvQ" not in _ops(nbits)
+    assert {r.kernel for r in ref.result.weights.layers} == {"MatMulNBits"}
+    ref.save(str(tmp_path / "nbits.onnx"))
+    other = fused_session(str(tmp_path / "nbits.onnx"), threads=2).run(None, {"x": x})[0]
+    want = ort_session(src, "disable", 2).run(None, {"x": x})[0]
+
+    def cos(a):
+        return float((a * want).sum() / np.linalg.norm(a) / np.linalg.norm(want))
+
+    # the weights' rounding alone (MatMulNBits also rounds the activations to int8)
+    assert cos(got) > (0.9999 if form == "int8" else 0.99) and cos(got) >= cos(other) - 1e-5
+    again = fused_session(path, threads=2).run(None, {"x": np.concatenate([x] * 5, 1)})[0]
+    np.testing.assert_allclose(again, np.concatenate([got] * 5, 1), rtol=1e-5, atol=1e-6)
