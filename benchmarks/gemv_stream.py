@@ -160,7 +160,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             count = max(2, int(-(-target // per)))
             key = f"{label} | {form}"
             log(f"{key}: {count} layers, {count * per / 2**20:.0f} MiB")
-            sessions[key] = ort_session(layers_model(form, k, n, count, rng), "all", 2)
+            sessions[key] = ort_session(
+                layers_model(form, k, n, count, rng), "all", 2, spinning=args.spinning
+            )
             rows[key] = {
                 "shape": label,
                 "k": k,
@@ -235,6 +237,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=15)
     p.add_argument("--cache-multiple", type=float, default=4.0)
+    p.add_argument(
+        "--spinning",
+        default="run",
+        type=lambda v: {"run": "run", "on": True, "off": False}[v],
+        help="the sessions' worker threads: spin inside a run (run, how graph-autofusion "
+        "serves a decoder), always (on, onnxruntime's default) or sleep (off)",
+    )
     p.add_argument("--out", default=str(RESULTS / "gemv_stream"), help="path stem")
     args = p.parse_args(argv)
     from peers import write_results

@@ -1,39 +1,47 @@
 """The ``ai.graph_autofusion`` ``GemvQ`` custom operator: ``MatMul`` by a blockwise 8- or 4-bit
-weight, the dequantization inside the contraction and the activations kept fp32.
+weight, the dequantization inside the contraction.
 
     y = GemvQ(x, Wq, S, Z)   # x f32 [..., K]; y f32 [..., N]
-    # Wq u8 [N/16, K, 16] (8-bit) or [N/16, K, 8] (4-bit, two weights a byte)
+    # Wq u8 [N/16, K/4, 64] (8-bit) or [N/16, K/4, 32] (4-bit, two weights a byte)
     # S  f32 [N/16, nb, 16]: one scale per output and block of B = K / nb along K
     # Z  u8  [N/16, nb, 16] (a zero point per output and block) or [1] (one for all)
     # W[k, n] = (q[n, k] - z[n, k / B]) * s[n, k / B]
 
 Why: a decode step streams every weight once per token. onnxruntime's ``MatMulNBits`` reads
-the same bytes, but on the few-row products of a decode step it carries a fixed cost a call
-(its fast path quantizes the activations to int8 first; ``benchmarks/results/gemv_stream.md``:
-44 us for a 0.35 MB int4 layer that the streaming rate reads in ~10) and it changes the
-activations' precision. This operator is :mod:`graph_autofusion.codegen.ort_gemv_f16`'s panel
-kernel with a narrower weight: sixteen outputs' weights at one k side by side (16 bytes at
-8 bits, 8 at 4 bits: the low nibble of byte i is output 2i, the high one 2i + 1), widened in
-registers (``vpmovzxbd``, ``vcvtdq2ps``) and multiplied by the broadcast activations, one
-accumulator per activation row for a block, then scaled into the row's sum. The zero point is
-subtracted once per block, as ``z * s * sum(x over the block)`` (the block sums of each
-activation row are computed once a call), so the inner loop is a widen and a multiply-add.
-The only error is the weight's own rounding: the activations stay fp32, as in the fp32 model.
+the same bytes; this operator is the one safe mode can time against it per layer
+(:func:`graph_autofusion.pipeline.weights_checks.choose_kernel`), and its products are closer
+to the fp32 model's.
 
-Which of ``MatMulNBits`` and this runs a layer is decided by safe mode's per-layer timing
-(:func:`graph_autofusion.pipeline.weights_checks.check_speed`); both read the same quantized
-values (:func:`to_panels` re-lays ``MatMulNBits``' blocks), so the choice changes no number
-beyond rounding order and the activation quantization ``MatMulNBits`` does.
+Layout: panels of 16 outputs; in a panel, groups of 4 k, each 64 weights output-major (element
+``4 i + k % 4`` of group ``k / 4`` is output i's weight at k). At 4 bits byte j of a group holds
+element j in its low nibble and element j + 32 in its high one, so the two nibble planes are
+outputs 0-7 and 8-15 (:func:`to_panels` re-lays ``MatMulNBits``' blocks; the same quantized
+values).
 
-Rows: any ``M`` works; tiles of up to 8 activation rows (4 on AVX2 with two halves of 8
-outputs) re-read a panel from L1 (a prefill is a GEMM at a register-tile's rate).
-Chunks of panels run on onnxruntime's intra-op pool, planned as ``GemvF16``'s (the same
-weight-product counts: a panel chunk is a run of weights whatever their width).
+Paths (the library is compiled with ``-march=native``):
 
-Build: compiled with ``-march=native`` in the model's one custom-operator library
-(:func:`graph_autofusion.codegen.ort_customop_c.customop_library_source` with ``gemv=True``):
-AVX-512 where the machine has it, AVX2 + FMA otherwise, plain C elsewhere. ``gaf_gemv_q`` (one
-thread) is exported for tests.
+* **AVX-512 VNNI**: each activation row is split once a call into two int8 digits per block,
+  ``x = sx (x0 + x1 / 254)`` with ``sx = max|x| / 127`` over the block: each activation to
+  1 / 64516 of its block's largest (``MatMulNBits``' fast path, ``accuracy_level`` 4, keeps one
+  int8 digit: 1 / 254), far below the weights' own rounding (8 bits: 1 / 254 of a block's
+  largest weight). ``vpdpbusd`` multiplies a group's 64 weight bytes by a digit's four bytes
+  broadcast (16 outputs x 4 k a step, int32 sums, exact); per block the two digit sums are
+  combined in fp32, the zero point subtracted once as ``z (254 sum(x0) + sum(x1))`` and the
+  result scaled by ``s sx / 254``. Up to 8 activation rows a tile share each weight load; one
+  or two rows keep four groups in flight (independent accumulator chains); a line 1 KB ahead
+  of the weight stream is prefetched.
+* **AVX-512 without VNNI, AVX2, plain C**: the weights widened to fp32 and multiplied by the
+  fp32 activations (four k a lane, reduced per block), the zero point subtracted as
+  ``z s sum(x)`` over the block.
+
+Measured (``benchmarks/gemv_stream.py``, one token, weights streamed from memory): see
+``benchmarks/results/epyc/gemv_stream.md``.
+
+Rows: any ``M`` works; a prefill is a GEMM at a register tile's rate (safe mode decides per
+layer on the real activation, where ``MatMulNBits`` may be faster). Chunks of panels run on
+onnxruntime's intra-op pool, planned as ``GemvF16``'s (weight-product counts).
+``gaf_gemv_q`` (one thread) and ``gaf_gemv_q_vnni`` (which path was built) are exported for
+tests.
 """
 
 from __future__ import annotations
@@ -44,192 +52,261 @@ import numpy as np
 OP = "GemvQ"
 
 SOURCE = r"""
-/* ---- GemvQ: y[..., N] = x[..., K] @ dequant(Wq)^T, 8- or 4-bit panels with block scales and
-   zero points (graph-autofusion) ---- */
+/* ---- GemvQ: y[..., N] = x[..., K] @ dequant(Wq)^T, 8- or 4-bit weights in panels of 16
+   outputs by groups of 4 k, block scales and zero points (graph-autofusion) ---- */
 #ifndef GAF_GQ_CHUNK
 #define GAF_GQ_CHUNK 2097152 /* weight-products per pool chunk (as GemvF16) */
+#endif
+#ifndef GAF_GQ_PREFETCH
+#define GAF_GQ_PREFETCH 1024 /* bytes ahead of the weight stream to prefetch (0: none) */
 #endif
 #ifndef GAF_GQ_CHUNK_MID
 #define GAF_GQ_CHUNK_MID 262144
 #endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && !defined(GAF_GQ_NO_VNNI)
+#define GAF_GQ_VNNI 1
+#else
+#define GAF_GQ_VNNI 0
+#endif
 
 typedef struct {
-    const float *x; const uint8_t *w; const float *s; const uint8_t *z; const float *xs; float *y;
+    const float *x; const uint8_t *w; const float *s; const uint8_t *z; float *y;
+    const float *xs;   /* fp32 paths: each row's sums over the blocks [M, nb] */
+    const int8_t *x0, *x1; const float *xq, *xz; /* VNNI: the rows' two int8 digits [M, K],
+                          their scale / 254 and 254 * sum(x0) + sum(x1) per row and block */
     int64_t M, N, K, B, nb, rows; /* rows: panels per chunk */
     int bits, zfull;              /* zfull: z per output and block (else z[0] for all) */
 } GafGemvQ;
 
 #define GAF_GQ_INL static inline __attribute__((always_inline))
 
-/* the sixteen weights of panel row k as floats (plain C: also the reference for the tails) */
-GAF_GQ_INL void gaf_gq_row(const uint8_t *w, int64_t k, int bits, float *out) {
-    if (bits == 8) { const uint8_t *p = w + k * 16; for (int i = 0; i < 16; i++) out[i] = (float)p[i]; }
-    else { const uint8_t *p = w + k * 8; for (int i = 0; i < 8; i++) { out[2 * i] = (float)(p[i] & 15); out[2 * i + 1] = (float)(p[i] >> 4); } }
+/* weight (k, i) of panel w (K / 4 groups of 64 elements: element 4i + k % 4 of group k / 4;
+   4-bit: byte j's low nibble is element j, its high nibble element j + 32) */
+GAF_GQ_INL unsigned gaf_gq_q(const uint8_t *w, int64_t k, int i, int bits) {
+    int64_t e = 4 * i + (k & 3);
+    if (bits == 8) return w[(k >> 2) * 64 + e];
+    uint8_t b = w[(k >> 2) * 32 + (e & 31)];
+    return e < 32 ? (b & 15u) : (b >> 4);
 }
 
-#if defined(__AVX512F__)
-GAF_GQ_INL __m512 gaf_gq_w(const uint8_t *w, int64_t k, const int bits) {
-    if (bits == 8) return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + k * 16))));
-    __m128i b = _mm_loadl_epi64((const __m128i *)(w + k * 8)), m = _mm_set1_epi8(15);
-    __m128i v = _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
-}
-/* the weights of panel rows k .. k + 3 (4-bit: one 32-byte load, unpacked per 128-bit lane) */
-GAF_GQ_INL void gaf_gq_w4x(const uint8_t *w, int64_t k, const int bits, __m512 *v) {
-    if (bits == 8) {
-        for (int i = 0; i < 4; i++) v[i] = gaf_gq_w(w, k + i, 8);
-        return;
-    }
-    __m256i b = _mm256_loadu_si256((const __m256i *)(w + k * 8)), m = _mm256_set1_epi8(15);
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+/* the 64 weights of group g as bytes (16 outputs x 4 k, output-major) */
+GAF_GQ_INL __m512i gaf_gq_group(const uint8_t *w, int64_t g, const int bits) {
+    if (bits == 8) return _mm512_loadu_si512((const void *)(w + g * 64));
+    __m256i b = _mm256_loadu_si256((const __m256i *)(w + g * 32)), m = _mm256_set1_epi8(15);
     __m256i lo = _mm256_and_si256(b, m), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m);
-    __m256i u0 = _mm256_unpacklo_epi8(lo, hi), u1 = _mm256_unpackhi_epi8(lo, hi); /* k, k + 2 | k + 1, k + 3 */
-    v[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(u0)));
-    v[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(u1)));
-    v[2] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(u0, 1)));
-    v[3] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(u1, 1)));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
-#define GAF_GQ_ROWS 8
-#elif defined(__AVX2__) && defined(__FMA__)
-/* the two halves (outputs 0-7, 8-15) */
-GAF_GQ_INL void gaf_gq_w2(const uint8_t *w, int64_t k, const int bits, __m256 *lo, __m256 *hi) {
-    __m128i v;
-    if (bits == 8) v = _mm_loadu_si128((const __m128i *)(w + k * 16));
-    else {
-        __m128i b = _mm_loadl_epi64((const __m128i *)(w + k * 8)), m = _mm_set1_epi8(15);
-        v = _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
-    }
-    *lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
-    *hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
-}
-#define GAF_GQ_ROWS 2
-#else
-#define GAF_GQ_ROWS 4
 #endif
 
-/* a tile: R activation rows from row m by panel p, into y; two accumulators a row (even and
-   odd k), so one row still has independent chains */
+#if GAF_GQ_VNNI
+#define GAF_GQ_ROWS 8
+/* a tile: R activation rows from row m by panel p: per block, u8 weights x int8 digits of the
+   activations summed in int32 (vpdpbusd, four k a lane), then scaled into fp32 */
 GAF_GQ_INL void gaf_gq_tile(const GafGemvQ *j, int64_t p, int64_t m, const int R, const int bits) {
     const int64_t K = j->K, B = j->B, nb = j->nb, N = j->N;
     const uint8_t *w = j->w + p * K * (bits == 8 ? 16 : 8);
-    const float *x = j->x + m * K, *xs = j->xs + m * nb, *s = j->s + p * nb * 16;
+    const int8_t *x0 = j->x0 + m * K, *x1 = j->x1 + m * K;
+    const float *xq = j->xq + m * nb, *xz = j->xz + m * nb, *s = j->s + p * nb * 16;
+    const uint8_t *z = j->zfull ? j->z + p * nb * 16 : 0;
+    const __m512 z0 = _mm512_set1_ps((float)j->z[0]), f254 = _mm512_set1_ps(254.f);
+    /* U groups in flight a row (independent vpdpbusd chains: one row alone would wait on
+       each one's latency), 16 accumulators in all */
+    const int U = R <= 2 ? 4 : R <= 4 ? 2 : 1;
+    __m512 c[8];
+    __m512i a[8][4], e[8][4];
+    for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        for (int r = 0; r < R; r++)
+            for (int u = 0; u < U; u++) a[r][u] = e[r][u] = _mm512_setzero_si512();
+        int64_t g = b * B / 4, end = (b + 1) * B / 4;
+        for (; g + U <= end; g += U)
+            for (int u = 0; u < U; u++) {
+                if (GAF_GQ_PREFETCH && (bits == 8 || !((g + u) & 1)))  /* a line a step ahead */
+                    _mm_prefetch((const char *)(w + (g + u) * (bits == 8 ? 64 : 32) + GAF_GQ_PREFETCH), _MM_HINT_T0);
+                __m512i wv = gaf_gq_group(w, g + u, bits);
+                for (int r = 0; r < R; r++) {
+                    int32_t d0, d1;
+                    memcpy(&d0, x0 + r * K + 4 * (g + u), 4);
+                    memcpy(&d1, x1 + r * K + 4 * (g + u), 4);
+                    a[r][u] = _mm512_dpbusd_epi32(a[r][u], wv, _mm512_set1_epi32(d0));
+                    e[r][u] = _mm512_dpbusd_epi32(e[r][u], wv, _mm512_set1_epi32(d1));
+                }
+            }
+        for (; g < end; g++) {
+            __m512i wv = gaf_gq_group(w, g, bits);
+            for (int r = 0; r < R; r++) {
+                int32_t d0, d1;
+                memcpy(&d0, x0 + r * K + 4 * g, 4);
+                memcpy(&d1, x1 + r * K + 4 * g, 4);
+                a[r][0] = _mm512_dpbusd_epi32(a[r][0], wv, _mm512_set1_epi32(d0));
+                e[r][0] = _mm512_dpbusd_epi32(e[r][0], wv, _mm512_set1_epi32(d1));
+            }
+        }
+        __m512 sv = _mm512_loadu_ps(s + b * 16);
+        __m512 zv = z ? _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(z + b * 16)))) : z0;
+        for (int r = 0; r < R; r++) {
+            for (int u = 1; u < U; u++) {
+                a[r][0] = _mm512_add_epi32(a[r][0], a[r][u]);
+                e[r][0] = _mm512_add_epi32(e[r][0], e[r][u]);
+            }
+            __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r][0]), f254, _mm512_cvtepi32_ps(e[r][0]));
+            t = _mm512_fnmadd_ps(zv, _mm512_set1_ps(xz[r * nb + b]), t);
+            c[r] = _mm512_fmadd_ps(t, _mm512_mul_ps(sv, _mm512_set1_ps(xq[r * nb + b])), c[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(j->y + (m + r) * N + p * 16, c[r]);
+}
+
+/* row m's two int8 digits per block of B: x = sx (x0 + x1 / 254), sx = max|x| / 127, so
+   x0 = round(x / sx) and x1 = round(254 (x / sx - x0)) (|x1| <= 127): each activation to
+   1 / (2 * 127 * 254) of its block's largest, far below the weights' rounding */
+static void gaf_gq_digits(const float *x, int8_t *x0, int8_t *x1, float *xq, float *xz,
+                          int64_t K, int64_t B, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + b * B;
+        int64_t k = 0;
+        __m512 mx = _mm512_setzero_ps();
+        for (; k + 16 <= B; k += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(xb + k)));
+        float amax = _mm512_reduce_max_ps(mx);
+        for (; k < B; k++) amax = fabsf(xb[k]) > amax ? fabsf(xb[k]) : amax;
+        float sx = amax > 0.f ? amax / 127.f : 1.f, inv = 1.f / sx;
+        __m512 vi = _mm512_set1_ps(inv), v254 = _mm512_set1_ps(254.f);
+        __m512i s0 = _mm512_setzero_si512(), s1 = s0;
+        for (k = 0; k + 16 <= B; k += 16) {
+            __m512 t = _mm512_mul_ps(_mm512_loadu_ps(xb + k), vi);
+            __m512i q0 = _mm512_cvtps_epi32(t);
+            __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(t, _mm512_cvtepi32_ps(q0)), v254));
+            q0 = _mm512_max_epi32(_mm512_min_epi32(q0, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+            q1 = _mm512_max_epi32(_mm512_min_epi32(q1, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+            _mm_storeu_si128((__m128i *)(x0 + b * B + k), _mm512_cvtepi32_epi8(q0));
+            _mm_storeu_si128((__m128i *)(x1 + b * B + k), _mm512_cvtepi32_epi8(q1));
+            s0 = _mm512_add_epi32(s0, q0); s1 = _mm512_add_epi32(s1, q1);
+        }
+        int64_t t0 = _mm512_reduce_add_epi32(s0), t1 = _mm512_reduce_add_epi32(s1);
+        for (; k < B; k++) {
+            float t = xb[k] * inv, r0 = nearbyintf(t), r1 = nearbyintf((t - r0) * 254.f);
+            r0 = r0 > 127.f ? 127.f : r0 < -127.f ? -127.f : r0;
+            r1 = r1 > 127.f ? 127.f : r1 < -127.f ? -127.f : r1;
+            x0[b * B + k] = (int8_t)r0; x1[b * B + k] = (int8_t)r1;
+            t0 += (int64_t)r0; t1 += (int64_t)r1;
+        }
+        xq[b] = sx / 254.f;
+        xz[b] = 254.f * (float)t0 + (float)t1;
+    }
+    (void)K;
+}
+#else
+/* fp32 paths: the weights widened to fp32 and multiplied by the activations; a block's sums
+   per output as 4-lane partial sums over k, reduced at the block's end */
+#if defined(__AVX512F__)
+#define GAF_GQ_ROWS 4
+/* the sums of four accumulators (outputs 4q + l, lanes 4l + kk) as outputs 0-15 in order */
+GAF_GQ_INL __m512 gaf_gq_reduce(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+    __m512 u0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+    __m512 u1 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+    __m512 t = _mm512_add_ps(_mm512_shuffle_ps(u0, u1, 0x44), _mm512_shuffle_ps(u0, u1, 0xEE));
+    /* t[4l + q] = output 4q + l */
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(idx, t);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+#define GAF_GQ_ROWS 1
+/* the sums of four accumulators (outputs 2q, 2q + 1 by lanes 4h + kk) as 8 outputs in order */
+GAF_GQ_INL __m256 gaf_gq_reduce8(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    /* h = outputs 0, 2, 4, 6 | 1, 3, 5, 7 */
+    return _mm256_permutevar8x32_ps(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+#else
+#define GAF_GQ_ROWS 1
+#endif
+
+GAF_GQ_INL void gaf_gq_tile(const GafGemvQ *j, int64_t p, int64_t m, const int R, const int bits) {
+    const int64_t K = j->K, B = j->B, nb = j->nb, N = j->N;
+    const uint8_t *w = j->w + p * K * (bits == 8 ? 16 : 8);
+    const float *xs = j->xs + m * nb, *s = j->s + p * nb * 16;
     const uint8_t *z = j->zfull ? j->z + p * nb * 16 : 0;
     float *y = j->y + m * N + p * 16;
 #if defined(__AVX512F__)
-    __m512 c[8], a[8], e[8];
     const __m512 z0 = _mm512_set1_ps((float)j->z[0]);
+    __m512 c[4], a[4][4];
     for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        for (int r = 0; r < R; r++) a[r] = e[r] = _mm512_setzero_ps();
-        int64_t k = b * B, end = k + B;
-        for (; k + 2 <= end; k += 2) {
-            __m512 v0 = gaf_gq_w(w, k, bits), v1 = gaf_gq_w(w, k + 1, bits);
+        for (int r = 0; r < R; r++) a[r][0] = a[r][1] = a[r][2] = a[r][3] = _mm512_setzero_ps();
+        for (int64_t g = b * B / 4; g < (b + 1) * B / 4; g++) {
+            __m512i wv = gaf_gq_group(w, g, bits);
+            __m512 v[4];
+            v[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_castsi512_si128(wv)));
+            v[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(wv, 1)));
+            v[2] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(wv, 2)));
+            v[3] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(wv, 3)));
             for (int r = 0; r < R; r++) {
-                a[r] = _mm512_fmadd_ps(v0, _mm512_set1_ps(x[r * K + k]), a[r]);
-                e[r] = _mm512_fmadd_ps(v1, _mm512_set1_ps(x[r * K + k + 1]), e[r]);
+                __m512 x4 = _mm512_broadcast_f32x4(_mm_loadu_ps(j->x + (m + r) * K + 4 * g));
+                for (int q = 0; q < 4; q++) a[r][q] = _mm512_fmadd_ps(v[q], x4, a[r][q]);
             }
-        }
-        if (k < end) {
-            __m512 v0 = gaf_gq_w(w, k, bits);
-            for (int r = 0; r < R; r++) a[r] = _mm512_fmadd_ps(v0, _mm512_set1_ps(x[r * K + k]), a[r]);
         }
         __m512 sv = _mm512_loadu_ps(s + b * 16);
         __m512 zv = z ? _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(z + b * 16)))) : z0;
         __m512 zs = _mm512_mul_ps(sv, zv);
         for (int r = 0; r < R; r++) {
-            c[r] = _mm512_fmadd_ps(_mm512_add_ps(a[r], e[r]), sv, c[r]);
-            c[r] = _mm512_fnmadd_ps(zs, _mm512_set1_ps(xs[r * nb + b]), c[r]);
+            __m512 t = gaf_gq_reduce(a[r][0], a[r][1], a[r][2], a[r][3]);
+            c[r] = _mm512_fnmadd_ps(zs, _mm512_set1_ps(xs[r * nb + b]), _mm512_fmadd_ps(t, sv, c[r]));
         }
     }
     for (int r = 0; r < R; r++) _mm512_storeu_ps(y + r * N, c[r]);
 #elif defined(__AVX2__) && defined(__FMA__)
-    __m256 cl[2], ch[2], al[2], ah[2], el[2], eh[2];
+    (void)R;
     const __m256 z0 = _mm256_set1_ps((float)j->z[0]);
-    for (int r = 0; r < R; r++) cl[r] = ch[r] = _mm256_setzero_ps();
+    const float *x = j->x + m * K;
+    __m256 cl = _mm256_setzero_ps(), ch = cl, a[8];
     for (int64_t b = 0; b < nb; b++) {
-        for (int r = 0; r < R; r++) al[r] = ah[r] = el[r] = eh[r] = _mm256_setzero_ps();
-        int64_t k = b * B, end = k + B;
-        for (; k + 2 <= end; k += 2) {
-            __m256 l0, h0, l1, h1;
-            gaf_gq_w2(w, k, bits, &l0, &h0);
-            gaf_gq_w2(w, k + 1, bits, &l1, &h1);
-            for (int r = 0; r < R; r++) {
-                __m256 x0 = _mm256_set1_ps(x[r * K + k]), x1 = _mm256_set1_ps(x[r * K + k + 1]);
-                al[r] = _mm256_fmadd_ps(l0, x0, al[r]); ah[r] = _mm256_fmadd_ps(h0, x0, ah[r]);
-                el[r] = _mm256_fmadd_ps(l1, x1, el[r]); eh[r] = _mm256_fmadd_ps(h1, x1, eh[r]);
+        for (int q = 0; q < 8; q++) a[q] = _mm256_setzero_ps();
+        for (int64_t g = b * B / 4; g < (b + 1) * B / 4; g++) {
+            __m128i h[4];
+            if (bits == 8) {
+                for (int i = 0; i < 4; i++) h[i] = _mm_loadu_si128((const __m128i *)(w + g * 64 + 16 * i));
+            } else {
+                __m128i m4 = _mm_set1_epi8(15);
+                __m128i b0 = _mm_loadu_si128((const __m128i *)(w + g * 32)), b1 = _mm_loadu_si128((const __m128i *)(w + g * 32 + 16));
+                h[0] = _mm_and_si128(b0, m4); h[1] = _mm_and_si128(b1, m4);
+                h[2] = _mm_and_si128(_mm_srli_epi16(b0, 4), m4); h[3] = _mm_and_si128(_mm_srli_epi16(b1, 4), m4);
+            }
+            __m256 x4 = _mm256_broadcast_ps((const __m128 *)(x + 4 * g));
+            for (int i = 0; i < 4; i++) {
+                a[2 * i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h[i])), x4, a[2 * i]);
+                a[2 * i + 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(h[i], 8))), x4, a[2 * i + 1]);
             }
         }
-        if (k < end) {
-            __m256 l0, h0;
-            gaf_gq_w2(w, k, bits, &l0, &h0);
-            for (int r = 0; r < R; r++) {
-                __m256 x0 = _mm256_set1_ps(x[r * K + k]);
-                al[r] = _mm256_fmadd_ps(l0, x0, al[r]); ah[r] = _mm256_fmadd_ps(h0, x0, ah[r]);
-            }
-        }
+        __m256 tl = gaf_gq_reduce8(a[0], a[1], a[2], a[3]), th = gaf_gq_reduce8(a[4], a[5], a[6], a[7]);
         __m256 sl = _mm256_loadu_ps(s + b * 16), sh = _mm256_loadu_ps(s + b * 16 + 8), zl = z0, zh = z0;
         if (z) {
             __m128i zb = _mm_loadu_si128((const __m128i *)(z + b * 16));
             zl = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(zb));
             zh = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(zb, 8)));
         }
-        zl = _mm256_mul_ps(sl, zl); zh = _mm256_mul_ps(sh, zh);
-        for (int r = 0; r < R; r++) {
-            __m256 xb = _mm256_set1_ps(xs[r * nb + b]);
-            cl[r] = _mm256_fnmadd_ps(zl, xb, _mm256_fmadd_ps(_mm256_add_ps(al[r], el[r]), sl, cl[r]));
-            ch[r] = _mm256_fnmadd_ps(zh, xb, _mm256_fmadd_ps(_mm256_add_ps(ah[r], eh[r]), sh, ch[r]));
-        }
+        __m256 xb = _mm256_set1_ps(xs[b]);
+        cl = _mm256_fnmadd_ps(_mm256_mul_ps(sl, zl), xb, _mm256_fmadd_ps(tl, sl, cl));
+        ch = _mm256_fnmadd_ps(_mm256_mul_ps(sh, zh), xb, _mm256_fmadd_ps(th, sh, ch));
     }
-    for (int r = 0; r < R; r++) { _mm256_storeu_ps(y + r * N, cl[r]); _mm256_storeu_ps(y + r * N + 8, ch[r]); }
+    _mm256_storeu_ps(y, cl);
+    _mm256_storeu_ps(y + 8, ch);
 #else
-    float c[4][16], a[4][16], v[16];
+    (void)R;
+    const float *x = j->x + m * K;
+    float c[16];
     memset(c, 0, sizeof c);
-    for (int64_t b = 0; b < nb; b++) {
-        memset(a, 0, sizeof a);
-        for (int64_t k = b * B; k < b * B + B; k++) {
-            gaf_gq_row(w, k, bits, v);
-            for (int r = 0; r < R; r++)
-                for (int i = 0; i < 16; i++) a[r][i] += v[i] * x[r * K + k];
-        }
+    for (int64_t b = 0; b < nb; b++)
         for (int i = 0; i < 16; i++) {
+            float t = 0.f;
+            for (int64_t k = b * B; k < (b + 1) * B; k++) t += (float)gaf_gq_q(w, k, i, bits) * x[k];
             float sv = s[b * 16 + i], zv = (float)(z ? z[b * 16 + i] : j->z[0]);
-            for (int r = 0; r < R; r++) c[r][i] += a[r][i] * sv - zv * sv * xs[r * nb + b];
+            c[i] += t * sv - zv * sv * xs[b];
         }
-    }
-    for (int r = 0; r < R; r++) memcpy(y + r * N, c[r], sizeof c[r]);
+    memcpy(y, c, sizeof c);
 #endif
 }
-
-/* one activation row (a decode step) by panel p: four accumulators over k, so the multiply-adds
-   do not wait on each other (AVX-512; elsewhere the tile's own) */
-GAF_GQ_INL void gaf_gq_tile1(const GafGemvQ *j, int64_t p, int64_t m, const int bits) {
-#if defined(__AVX512F__)
-    const int64_t K = j->K, B = j->B, nb = j->nb;
-    const uint8_t *w = j->w + p * K * (bits == 8 ? 16 : 8);
-    const float *x = j->x + m * K, *xs = j->xs + m * nb, *s = j->s + p * nb * 16;
-    const uint8_t *z = j->zfull ? j->z + p * nb * 16 : 0;
-    const __m512 z0 = _mm512_set1_ps((float)j->z[0]);
-    __m512 c = _mm512_setzero_ps(), v[4];
-    for (int64_t b = 0; b < nb; b++) {
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        int64_t k = b * B, end = k + B;
-        for (; k + 4 <= end; k += 4) {
-            gaf_gq_w4x(w, k, bits, v);
-            a0 = _mm512_fmadd_ps(v[0], _mm512_set1_ps(x[k]), a0);
-            a1 = _mm512_fmadd_ps(v[1], _mm512_set1_ps(x[k + 1]), a1);
-            a2 = _mm512_fmadd_ps(v[2], _mm512_set1_ps(x[k + 2]), a2);
-            a3 = _mm512_fmadd_ps(v[3], _mm512_set1_ps(x[k + 3]), a3);
-        }
-        for (; k < end; k++) a0 = _mm512_fmadd_ps(gaf_gq_w(w, k, bits), _mm512_set1_ps(x[k]), a0);
-        __m512 sv = _mm512_loadu_ps(s + b * 16);
-        __m512 zv = z ? _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(z + b * 16)))) : z0;
-        c = _mm512_fmadd_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)), sv, c);
-        c = _mm512_fnmadd_ps(_mm512_mul_ps(sv, zv), _mm512_set1_ps(xs[b]), c);
-    }
-    _mm512_storeu_ps(j->y + m * j->N + p * 16, c);
-#else
-    gaf_gq_tile(j, p, m, 1, bits);
-#endif
-}
+#endif /* GAF_GQ_VNNI */
 
 /* panels [p0, p1) against every activation row, in tiles of GAF_GQ_ROWS rows; bits a constant
    in each instance */
@@ -248,7 +325,9 @@ GAF_GQ_INL void gaf_gq_panels_b(const GafGemvQ *j, int64_t p0, int64_t p1, const
         case 3: gaf_gq_tile(j, p, m, 3, bits); break;
         case 2: gaf_gq_tile(j, p, m, 2, bits); break;
 #endif
-        case 1: gaf_gq_tile1(j, p, m, bits); break;
+#if GAF_GQ_ROWS > 1
+        case 1: gaf_gq_tile(j, p, m, 1, bits); break;
+#endif
         default: break;
         }
     }
@@ -266,30 +345,51 @@ static void gaf_gq_chunk(void *data, size_t i) {
     if (b > a) gaf_gq_panels(j, a, b);
 }
 
-/* each activation row's sums over the blocks: xs[m * nb + b] */
-static void gaf_gq_sums(const float *x, float *xs, int64_t M, int64_t K, int64_t B, int64_t nb) {
+/* what a call computes once before the panels: each row's block sums (fp32 paths) or its
+   int8 digits (VNNI), in one buffer the caller frees (NULL: out of memory) */
+static void *gaf_gq_prepare(GafGemvQ *j) {
+    const int64_t M = j->M, K = j->K, B = j->B, nb = j->nb;
+#if GAF_GQ_VNNI
+    char *buf = (char *)malloc((size_t)(2 * M * nb) * sizeof(float) + (size_t)(2 * M * K) + 64);
+    if (!buf) return 0;
+    float *xq = (float *)buf, *xz = xq + M * nb;
+    int8_t *x0 = (int8_t *)(xz + M * nb), *x1 = x0 + M * K;
+    for (int64_t m = 0; m < M; m++)
+        gaf_gq_digits(j->x + m * K, x0 + m * K, x1 + m * K, xq + m * nb, xz + m * nb, K, B, nb);
+    j->x0 = x0; j->x1 = x1; j->xq = xq; j->xz = xz;
+    return buf;
+#else
+    float *xs = (float *)malloc(sizeof(float) * (size_t)(M * nb + 1));
+    if (!xs) return 0;
     for (int64_t m = 0; m < M; m++)
         for (int64_t b = 0; b < nb; b++) {
             float t = 0.f;
-            const float *p = x + m * K + b * B;
+            const float *p = j->x + m * K + b * B;
             for (int64_t k = 0; k < B; k++) t += p[k];
             xs[m * nb + b] = t;
         }
+    j->xs = xs;
+    return xs;
+#endif
 }
 
-/* the exported entry point, for tests outside onnxruntime (one thread); zfull 0: z[0] for all */
+/* the exported entry point, for tests outside onnxruntime (one thread); zfull 0: z[0] for
+   all; -1: a shape the operator refuses */
 __attribute__((visibility("default")))
 int gaf_gemv_q(const float *x, const uint8_t *w, const float *s, const uint8_t *z, int zfull,
                float *y, int64_t M, int64_t N, int64_t K, int64_t nb, int bits) {
-    if (N % 16 || nb < 1 || K % nb || (bits != 8 && bits != 4)) return -1;
-    float *xs = (float *)malloc(sizeof(float) * (size_t)(M * nb + 1));
-    if (!xs) return -2;
-    gaf_gq_sums(x, xs, M, K, K / nb, nb);
-    GafGemvQ j = {x, w, s, z, xs, y, M, N, K, K / nb, nb, 0, bits, zfull};
+    if (N % 16 || K % 4 || nb < 1 || K % nb || (K / nb) % 4 || (bits != 8 && bits != 4)) return -1;
+    GafGemvQ j = {x, w, s, z, y, 0, 0, 0, 0, 0, M, N, K, K / nb, nb, 0, bits, zfull};
+    void *buf = gaf_gq_prepare(&j);
+    if (!buf) return -2;
     gaf_gq_panels(&j, 0, N / 16);
-    free(xs);
+    free(buf);
     return 0;
 }
+
+/* whether the library runs GemvQ on int8 digits of the activations (VNNI) */
+__attribute__((visibility("default")))
+int gaf_gemv_q_vnni(void) { return GAF_GQ_VNNI; }
 
 /* the dims of input i (rank at most 3) */
 static OrtStatus *gaf_gq_dims(OrtKernelContext *ctx, size_t i, const OrtValue **v, int64_t *d, size_t *rank) {
@@ -317,10 +417,10 @@ static OrtStatus *gaf_gq_compute(OrtKernelContext *ctx) {
     if (err) return err;
     if ((err = gaf_gq_dims(ctx, 1, &wv, wd, &wr)) || (err = gaf_gq_dims(ctx, 2, &sv, sd, &sr)) ||
         (err = gaf_gq_dims(ctx, 3, &zv, zd, &zr))) return err;
-    if (wr != 3 || (wd[2] != 16 && wd[2] != 8)) return gaf_gv_err("GemvQ", "Wq must be [N / 16, K, 16] (8-bit) or [N / 16, K, 8] (4-bit)");
-    int64_t P = wd[0], K = wd[1], N = 16 * P, nb = sr == 3 ? sd[1] : 0;
-    int bits = wd[2] == 16 ? 8 : 4;
-    if (sr != 3 || sd[0] != P || sd[2] != 16 || nb < 1 || K % nb) return gaf_gv_err("GemvQ", "S must be [N / 16, nb, 16] with nb dividing K");
+    if (wr != 3 || (wd[2] != 64 && wd[2] != 32)) return gaf_gv_err("GemvQ", "Wq must be [N / 16, K / 4, 64] (8-bit) or [N / 16, K / 4, 32] (4-bit)");
+    int64_t P = wd[0], K = 4 * wd[1], N = 16 * P, nb = sr == 3 ? sd[1] : 0;
+    int bits = wd[2] == 64 ? 8 : 4;
+    if (sr != 3 || sd[0] != P || sd[2] != 16 || nb < 1 || K % nb || (K / nb) % 4) return gaf_gv_err("GemvQ", "S must be [N / 16, nb, 16] with nb dividing K into blocks of a multiple of 4");
     int zfull = zr == 3;
     if (zfull ? (zd[0] != P || zd[1] != nb || zd[2] != 16) : !(zr == 1 && zd[0] == 1)) return gaf_gv_err("GemvQ", "Z must be [N / 16, nb, 16] or [1]");
     if (xd[xr - 1] != K) return gaf_gv_err("GemvQ", "x's last dim differs from Wq's K");
@@ -334,11 +434,10 @@ static OrtStatus *gaf_gq_compute(OrtKernelContext *ctx) {
         (err = api->GetTensorMutableData(yv, &y))) return err;
     if (M == 0 || N == 0) return 0;
     if (K == 0) { memset(y, 0, sizeof(float) * (size_t)(M * N)); return 0; }
-    float *xs = (float *)malloc(sizeof(float) * (size_t)(M * nb));
-    if (!xs) return api->CreateStatus(ORT_FAIL, "graph-autofusion custom operator GemvQ: out of memory");
-    gaf_gq_sums((const float *)x, xs, M, K, K / nb, nb);
-    GafGemvQ job = {(const float *)x, (const uint8_t *)w, (const float *)s, (const uint8_t *)z, xs, (float *)y,
-                    M, N, K, K / nb, nb, 0, bits, zfull};
+    GafGemvQ job = {(const float *)x, (const uint8_t *)w, (const float *)s, (const uint8_t *)z, (float *)y,
+                    0, 0, 0, 0, 0, M, N, K, K / nb, nb, 0, bits, zfull};
+    void *buf = gaf_gq_prepare(&job);
+    if (!buf) return api->CreateStatus(ORT_FAIL, "graph-autofusion custom operator GemvQ: out of memory");
     int64_t work = N * K * (M < 8 ? M : 8);
     int64_t chunks = gaf_gv_chunks(work, GAF_GQ_CHUNK, GAF_GQ_CHUNK_MID, P);
     if (chunks < 2) gaf_gq_panels(&job, 0, P);
@@ -347,7 +446,7 @@ static OrtStatus *gaf_gq_compute(OrtKernelContext *ctx) {
         chunks = (P + job.rows - 1) / job.rows;
         err = api->KernelContext_ParallelFor(ctx, gaf_gq_chunk, (size_t)chunks, 0, &job);
     }
-    free(xs);
+    free(buf);
     return err;
 }
 
@@ -375,8 +474,8 @@ static void gaf_gemv_q_fill(OrtCustomOp *g) {
 
 def eligible(k: int, n: int, block_size: int) -> bool:
     """Whether a ``[K, N]`` weight quantized in blocks of ``block_size`` can be ``GemvQ``'s:
-    whole panels of 16 outputs and whole blocks along K."""
-    return n % 16 == 0 and k % block_size == 0 and k > 0
+    whole panels of 16 outputs, whole blocks along K, blocks of whole groups of 4."""
+    return n % 16 == 0 and k > 0 and k % block_size == 0 and block_size % 4 == 0
 
 
 def to_panels(
@@ -389,13 +488,13 @@ def to_panels(
     p = n // 16
     if bits == 8:
         q = b.reshape(n, -1)[:, :k]  # [N, K]
-        wq = q.reshape(p, 16, k).transpose(0, 2, 1)  # [P, K, 16]
     else:
         packed = b.reshape(n, -1)  # [N, nb * B / 2]: weight 2i low nibble, 2i + 1 high
         q = np.empty((n, packed.shape[1] * 2), np.uint8)
         q[:, 0::2], q[:, 1::2] = packed & 15, packed >> 4
-        q = q[:, :k].reshape(p, 16, k).transpose(0, 2, 1)  # [P, K, 16]
-        wq = q[..., 0::2] | (q[..., 1::2] << 4)  # [P, K, 8]
+        q = q[:, :k]
+    groups = q.reshape(p, 16, k // 4, 4).transpose(0, 2, 1, 3).reshape(p, k // 4, 64)
+    wq = groups if bits == 8 else groups[..., :32] | (groups[..., 32:] << 4)
     s = scales.reshape(p, 16, nb).transpose(0, 2, 1)
     if zero_points is None:
         z = np.array([1 << (bits - 1)], np.uint8)

@@ -170,8 +170,8 @@ def check_speed(
     kept = []
     for s, a in items:
         choose_kernel(s, a, packs, records, level, threads, acts[s.y.name], policy)
-        fast = ort_session(probe_model([(s.name, a, packs[s.name], s.bias)], level), "all", threads)
-        slow = ort_session(reference_model([(s.name, a, s.weight, s.bias)]), "all", threads)
+        fast = _timed_session(probe_model([(s.name, a, packs[s.name], s.bias)], level), threads)
+        slow = _timed_session(reference_model([(s.name, a, s.weight, s.bias)]), threads)
         key = f"weights@{s.name}"
         t_f, t_q, slower = policy.measure(
             lambda slow=slow, a=a: slow.run(None, {"a0": a}),
@@ -207,8 +207,8 @@ def choose_kernel(
     if p.bits == 16 or not p.gemvq or library_for([Q_OP]) is None:
         return
     q = replace(p, kernel=Q_OP)
-    nbits = ort_session(probe_model([(s.name, a, p, s.bias)], level), "all", threads)
-    gemvq = ort_session(probe_model([(s.name, a, q, s.bias)], level), "all", threads)
+    nbits = _timed_session(probe_model([(s.name, a, p, s.bias)], level), threads)
+    gemvq = _timed_session(probe_model([(s.name, a, q, s.bias)], level), threads)
     cos, rel = stats(gemvq.run(None, {"a0": a})[0], want)
     if (
         cos < defaults.WEIGHTS_LAYER_COSINE[_form(p)]
@@ -228,6 +228,13 @@ def choose_kernel(
     if t[Q_OP] < t[p.kernel]:
         packs[s.name] = q
         r.kernel, r.cosine, r.rel_err = Q_OP, cos, rel
+
+
+def _timed_session(model: Any, threads: int) -> Any:
+    """A session as a deployment runs the layer (prepacked, ``all``), its workers spinning
+    inside a run (a decode step's many small contractions; asleep, each call would also
+    time their wake-up, which a serving session does not pay) and asleep after it."""
+    return ort_session(model, "all", threads, spinning="run")
 
 
 def _form(p: Packed) -> str:
