@@ -286,3 +286,43 @@ def test_safe_mode_puts_a_layer_on_gemvq_where_it_times_faster(form, tmp_path):
     assert cos(got) > (0.9999 if form == "int8" else 0.99) and cos(got) >= cos(other) - 1e-5
     again = fused_session(path, threads=2).run(None, {"x": np.concatenate([x] * 5, 1)})[0]
     np.testing.assert_allclose(again, np.concatenate([got] * 5, 1), rtol=1e-5, atol=1e-6)
+
+
+def test_the_drop_in_module_saves_its_gemvq_layers_and_reloads_them_unchecked(tmp_path):
+    """The torch route: the layers safe mode put on GemvQ are saved as ``"int8+GemvQ"`` in the
+    plan, and a reload that does not time them (safe mode off) keeps that kernel."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from graph_autofusion.testing.small_hf import tiny_llama
+    from graph_autofusion.torch_module import PLAN_FILE, load_fused
+
+    model = tiny_llama()
+    ids = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(3))
+    call = dict(input_ids=ids, attention_mask=torch.ones_like(ids))
+    torch._dynamo.reset()
+    try:
+        gaf = GraphAutoFusion(model, options=FuseOptions(weights="int8"))
+        with use_timer(_timer(True)):
+            fused = gaf.fuse()
+            with torch.no_grad():
+                got = fused(**call).logits
+        on_q = {r.name for r in gaf.result.weights.compressed if r.kernel == "GemvQ"}
+        assert on_q and all(
+            r.form == "int8" for r in gaf.result.weights.compressed if r.name in on_q
+        )
+        fused.save_pretrained(tmp_path)
+        plan = json.loads((tmp_path / PLAN_FILE).read_text())
+        saved = plan["graphs"][0]["compressed"]
+        assert {n for n, f in saved.items() if f == "int8+GemvQ"} == on_q
+        plan["safe_mode"] = False  # reloaded unchecked: the saved kernels, untimed
+        (tmp_path / PLAN_FILE).write_text(json.dumps(plan))
+        torch._dynamo.reset()
+        loaded = load_fused(transformers.LlamaForCausalLM.from_pretrained(tmp_path), tmp_path)
+        with torch.no_grad():
+            again = loaded(**call).logits
+        (graph,) = loaded.autofusion.graphs
+        kernels = {r.name: r.kernel for r in graph.ort_result.weights.compressed}
+        assert {n for n, k in kernels.items() if k == "GemvQ"} == on_q
+        np.testing.assert_allclose(again.numpy(), got.numpy(), rtol=0, atol=1e-5)
+    finally:
+        torch._dynamo.reset()

@@ -170,8 +170,12 @@ def check_speed(
     kept = []
     for s, a in items:
         choose_kernel(s, a, packs, records, level, threads, acts[s.y.name], policy)
-        fast = _timed_session(probe_model([(s.name, a, packs[s.name], s.bias)], level), threads)
-        slow = _timed_session(reference_model([(s.name, a, s.weight, s.bias)]), threads)
+        # workers asleep between calls, as before GemvQ: a layer timed alone has its weights
+        # in cache, which favours fp32 over the step a decoder streams; the wake-up this
+        # adds to every multi-threaded call partly offsets that (spinning sessions rolled
+        # back 8 of the zoo Llama's 22 fp16-all layers on the EPYC, 2026-12-06)
+        fast = ort_session(probe_model([(s.name, a, packs[s.name], s.bias)], level), "all", threads)
+        slow = ort_session(reference_model([(s.name, a, s.weight, s.bias)]), "all", threads)
         key = f"weights@{s.name}"
         t_f, t_q, slower = policy.measure(
             lambda slow=slow, a=a: slow.run(None, {"a0": a}),
@@ -232,8 +236,9 @@ def choose_kernel(
 
 def _timed_session(model: Any, threads: int) -> Any:
     """A session as a deployment runs the layer (prepacked, ``all``), its workers spinning
-    inside a run (a decode step's many small contractions; asleep, each call would also
-    time their wake-up, which a serving session does not pay) and asleep after it."""
+    inside a run (a served decoder's are; asleep, each call would also time their wake-up:
+    a hot 512x1376 int8 layer alone, ``GemvQ`` 33-38 us and ``MatMulNBits`` 30-32 asleep, 13-16
+    and 14 spinning, in a probe on the EPYC) and asleep after it."""
     return ort_session(model, "all", threads, spinning="run")
 
 
