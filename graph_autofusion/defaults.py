@@ -100,6 +100,14 @@ WEIGHTS_ZERO_POINT = {"int8": False, "int4": True}
 WEIGHTS_ACCURACY_LEVEL = 4
 #: Matrices with fewer weights stay fp32 (nothing to save, a reason in the report).
 WEIGHTS_MIN_ELEMENTS = 4096
+#: Safe mode times a compressed layer against fp32 at a decode step's cache pressure: where the
+#: candidate layers' fp32 bytes together exceed half the last-level cache (a step streams them
+#: from memory), each side's session holds copies of the layer, as many as make this many
+#: times the cache in fp32 (each side with its own bytes: the compressed copies may fit)...
+WEIGHTS_TIMING_CACHE_MULTIPLE = 2
+#: ... at most this many copies and this many fp32 bytes of them.
+WEIGHTS_TIMING_MAX_COPIES = 64
+WEIGHTS_TIMING_MAX_BYTES = 256 << 20
 #: Safe mode's per-layer floor: the compressed layer's output on real activations against its
 #: fp32 output (cosine at least, relative L2 error at most).
 WEIGHTS_LAYER_COSINE = {"fp16": 0.9999, "int8": 0.999, "int4": 0.99}

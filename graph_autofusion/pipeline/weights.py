@@ -123,6 +123,7 @@ class LayerRecord:
     reason: str = ""
     kernel: str = ""  # MatMulNBits or GemvQ (8/4 bits), GemvF16 (fp16); "" where kept fp32
     kernel_times_us: dict[str, float] | None = None  # MatMulNBits' and GemvQ's, where timed
+    timing_copies: int = 1  # copies of the layer its speed check timed in one run (per copy)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

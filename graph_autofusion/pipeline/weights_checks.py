@@ -12,6 +12,7 @@ fails, its "kept fp32: ..." reason into the layer's record.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Mapping
@@ -26,6 +27,7 @@ from graph_autofusion.codegen.ort_gemv_f16 import OP as F16_OP
 from graph_autofusion.codegen.ort_gemv_q import OP as Q_OP
 from graph_autofusion.codegen.weights import Embedding, Packed, Site
 from graph_autofusion.codegen.weights_probe import probe_model, reference_model
+from graph_autofusion.cost.measure_host import read_caches
 from graph_autofusion.ir.core import Model
 from graph_autofusion.runtime.ort_session import model_weights, ort_session
 from graph_autofusion.runtime.timing import current_timer
@@ -168,27 +170,51 @@ def check_speed(
     ``MatMulNBits`` and ``GemvQ`` (:func:`choose_kernel`)."""
     policy = SpeedPolicy(options.speed_margin)
     kept = []
+    total = sum(s.fp32_bytes for s, _a in items)
     for s, a in items:
-        choose_kernel(s, a, packs, records, level, threads, acts[s.y.name], policy)
-        # workers asleep between calls, as before GemvQ: a layer timed alone has its weights
-        # in cache, which favours fp32 over the step a decoder streams; the wake-up this
-        # adds to every multi-threaded call partly offsets that (spinning sessions rolled
-        # back 8 of the zoo Llama's 22 fp16-all layers on the EPYC, 2026-12-06)
-        fast = ort_session(probe_model([(s.name, a, packs[s.name], s.bias)], level), "all", threads)
-        slow = ort_session(reference_model([(s.name, a, s.weight, s.bias)]), "all", threads)
+        n = timing_copies(total, s.fp32_bytes)
+        feeds = {f"a{i}": a for i in range(n)}
+        choose_kernel(s, a, packs, records, level, threads, acts[s.y.name], policy, n)
+        # workers asleep between calls, as before GemvQ (spinning ones favour fp32's
+        # multi-threaded GEMM on a layer hot in cache: they rolled back 8 of the zoo Llama's
+        # 22 fp16-all layers on the EPYC, 2026-12-06, timed one copy each)
+        probe = probe_model([(s.name, a, packs[s.name], s.bias)] * n, level)
+        fast = ort_session(probe, "all", threads)
+        slow = ort_session(reference_model([(s.name, a, s.weight, s.bias)] * n), "all", threads)
         key = f"weights@{s.name}"
         t_f, t_q, slower = policy.measure(
-            lambda slow=slow, a=a: slow.run(None, {"a0": a}),
-            lambda fast=fast, a=a: fast.run(None, {"a0": a}),
+            lambda slow=slow, f=feeds: slow.run(None, f),
+            lambda fast=fast, f=feeds: fast.run(None, f),
             key,
         )
+        t_q, t_f = t_q / n, t_f / n
         r = records[s.name]
-        r.time_us, r.time_fp32_us = t_q, t_f
+        r.time_us, r.time_fp32_us, r.timing_copies = t_q, t_f, n
         if slower:
             r.reason = f"kept fp32: slower compressed ({t_q:.0f} us vs {t_f:.0f} us fp32)"
         else:
             kept.append((s, a))
     return kept
+
+
+@functools.lru_cache(maxsize=1)
+def _llc_bytes() -> int:
+    caches = read_caches()[0]
+    return int((caches.get("l3") or caches.get("l2") or 32768.0) * 1024)
+
+
+def timing_copies(total_bytes: int, layer_bytes: int) -> int:
+    """How many copies of a layer of ``layer_bytes`` (fp32) its speed check times in one
+    session run, when the candidate layers' fp32 bytes are ``total_bytes``: one where they fit
+    in half the last-level cache (a step keeps them there), else enough for
+    ``WEIGHTS_TIMING_CACHE_MULTIPLE`` times the cache in fp32 (the copies stream from memory
+    as a step's layers do; the compressed side's copies are its own, fewer, bytes)."""
+    llc = _llc_bytes()
+    if total_bytes * 2 < llc or layer_bytes <= 0:
+        return 1
+    want = -(-defaults.WEIGHTS_TIMING_CACHE_MULTIPLE * llc // layer_bytes)
+    cap = min(defaults.WEIGHTS_TIMING_MAX_COPIES, defaults.WEIGHTS_TIMING_MAX_BYTES // layer_bytes)
+    return int(max(1, min(want, cap)))
 
 
 def choose_kernel(
@@ -200,34 +226,36 @@ def choose_kernel(
     threads: int,
     want: np.ndarray,
     policy: SpeedPolicy,
+    copies: int = 1,
 ) -> None:
     """``packs[s.name]`` on ``GemvQ`` where that operator's library is registered, the weight
     fits it, its output on the real activation ``a`` passes the layer's floors against fp32's
-    ``want``, and its median time over safe mode's engine rounds is below ``MatMulNBits``'
-    (interleaved calls in onnxruntime sessions as a deployment runs them). The record's ``kernel`` and
-    figures follow the choice."""
+    ``want``, and its median time (``copies`` of the layer a run, as the speed check's) is
+    below ``MatMulNBits``' (interleaved calls in sessions as a deployment runs them). The
+    record's ``kernel`` and figures follow the choice."""
     p, r = packs[s.name], records[s.name]
     r.kernel = p.kernel if p.bits != 16 else F16_OP
     if p.bits == 16 or not p.gemvq or library_for([Q_OP]) is None:
         return
     q = replace(p, kernel=Q_OP)
-    nbits = _timed_session(probe_model([(s.name, a, p, s.bias)], level), threads)
-    gemvq = _timed_session(probe_model([(s.name, a, q, s.bias)], level), threads)
-    cos, rel = stats(gemvq.run(None, {"a0": a})[0], want)
+    feeds = {f"a{i}": a for i in range(copies)}
+    nbits = _timed_session(probe_model([(s.name, a, p, s.bias)] * copies, level), threads)
+    gemvq = _timed_session(probe_model([(s.name, a, q, s.bias)] * copies, level), threads)
+    cos, rel = stats(gemvq.run(None, feeds)[0], want)
     if (
         cos < defaults.WEIGHTS_LAYER_COSINE[_form(p)]
         or rel > defaults.WEIGHTS_LAYER_REL_ERR[_form(p)]
     ):
         return
     ta, tb = policy.times(
-        lambda: nbits.run(None, {"a0": a}),
-        lambda: gemvq.run(None, {"a0": a}),
+        lambda: nbits.run(None, feeds),
+        lambda: gemvq.run(None, feeds),
         f"weights-kernel@{s.name}",
         policy.runs,
         current_timer(),
         early=False,
     )  # interleaved calls, as the fp32 comparison's
-    t = {p.kernel: statistics.median(ta), Q_OP: statistics.median(tb)}
+    t = {p.kernel: statistics.median(ta) / copies, Q_OP: statistics.median(tb) / copies}
     r.kernel_times_us = {k: round(v, 1) for k, v in t.items()}
     if t[Q_OP] < t[p.kernel]:
         packs[s.name] = q

@@ -1,0 +1,74 @@
+"""Safe mode's speed check of compressed weights times a layer at a decode step's cache
+pressure: copies of the layer in one session run where the candidate layers outgrow the
+last-level cache, one where they fit."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from graph_autofusion import GraphAutoFusion, defaults
+from graph_autofusion.options import FuseOptions
+from graph_autofusion.pipeline import weights_checks
+from graph_autofusion.pipeline.weights_checks import timing_copies
+from graph_autofusion.runtime.timing import use_timer
+
+
+def test_copies_follow_the_cache(monkeypatch):
+    monkeypatch.setattr(weights_checks, "_llc_bytes", lambda: 32 << 20)
+    assert timing_copies(10 << 20, 1 << 20) == 1  # the layers fit in half the cache
+    want = 2 * (32 << 20) // (3 << 20) + 1  # ceil(2 x cache / layer)
+    assert timing_copies(100 << 20, 3 << 20) == want
+    assert timing_copies(100 << 20, 3 << 20) * (3 << 20) >= 2 * (32 << 20)
+    assert timing_copies(10 << 30, 1 << 10) == defaults.WEIGHTS_TIMING_MAX_COPIES
+    assert timing_copies(10 << 30, 300 << 20) == 1  # a layer beyond the cache: itself
+    monkeypatch.setattr(weights_checks, "_llc_bytes", lambda: 2 << 30)
+    assert timing_copies(10 << 30, 10 << 20) == 25  # 256 MB of copies at most
+
+
+def _mlp() -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    w1 = (rng.standard_normal((64, 128)) * 0.1).astype(np.float32)
+    w2 = (rng.standard_normal((128, 64)) * 0.1).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+            helper.make_node("Relu", ["h"], ["r"]),
+            helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2"),
+        ],
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 64])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("cache,copies", [(32 << 20, 1), (64 << 10, 4)])
+def test_the_speed_check_times_copies_and_reports_per_layer(monkeypatch, cache, copies):
+    """With a 64 KB cache the MLP's 64 KB of fp32 weights outgrow half of it: each layer is
+    timed as copies (enough for twice the cache) and its times are per copy; each timed run
+    really runs that many copies (the timer counts the outputs)."""
+    monkeypatch.setattr(weights_checks, "_llc_bytes", lambda: cache)
+    seen = []
+
+    def timer(key, side, fn):
+        out = fn()
+        if key.startswith("weights@"):
+            seen.append(len(out))
+        return 4e-5 if side == "unfused" else 2e-5
+
+    x = np.random.default_rng(1).standard_normal((1, 1, 64)).astype(np.float32)
+    opts = FuseOptions(weights="int8", weights_policy="all")  # fc2 gives the output: a head
+    gaf = GraphAutoFusion(_mlp(), sample_inputs={"x": x}, options=opts)
+    with use_timer(timer):
+        gaf.fuse()
+    layers = {r.name: r for r in gaf.result.weights.layers}
+    assert all(r.form == "int8" for r in layers.values())
+    assert {r.timing_copies for r in layers.values()} == {copies}
+    assert set(seen) == {copies}
+    for r in layers.values():
+        assert r.time_us == pytest.approx(20.0 / copies)
+        assert r.time_fp32_us == pytest.approx(40.0 / copies)
