@@ -75,3 +75,54 @@ def test_the_speed_check_times_copies_and_reports_per_layer(monkeypatch, cache, 
     for r in layers.values():
         assert r.time_us == pytest.approx(20.0 / copies)
         assert r.time_fp32_us == pytest.approx(40.0 / copies)
+
+
+def _repeated() -> onnx.ModelProto:
+    """Three 64x64 layers (the same shapes) and a 64x96 one."""
+    rng = np.random.default_rng(2)
+    ws = [(rng.standard_normal((64, 64)) * 0.1).astype(np.float32) for _ in range(3)]
+    ws.append((rng.standard_normal((64, 96)) * 0.1).astype(np.float32))
+    nodes, x = [], "x"
+    for i in range(4):
+        nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"h{i}"], name=f"fc{i}"))
+        if i < 3:
+            nodes.append(helper.make_node("Relu", [f"h{i}"], [f"r{i}"]))
+            x = f"r{i}"
+    graph = helper.make_graph(
+        nodes,
+        "repeated",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 64])],
+        [helper.make_tensor_value_info("h3", TensorProto.FLOAT, [1, 1, 96])],
+        [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(ws)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("slower", [False, True])
+def test_repeated_layers_are_timed_once_and_share_the_verdict(slower):
+    keys = set()
+
+    def timer(key, side, fn):
+        fn()
+        keys.add(key.split("@")[0] + "@" + key.split("@")[1])
+        if slower and key.startswith("weights@"):
+            return 4e-5 if side == "fused" else 2e-5
+        return 2e-5 if side == "fused" else 4e-5
+
+    x = np.random.default_rng(1).standard_normal((1, 1, 64)).astype(np.float32)
+    opts = FuseOptions(weights="int8", weights_policy="all")
+    gaf = GraphAutoFusion(_repeated(), sample_inputs={"x": x}, options=opts)
+    with use_timer(timer):
+        gaf.fuse()
+    layers = {r.name: r for r in gaf.result.weights.layers}
+    assert {k for k in keys if k.startswith("weights@")} == {"weights@fc0", "weights@fc3"}
+    assert layers["fc1"].timed_as == layers["fc2"].timed_as == "fc0"
+    assert layers["fc0"].timed_as == layers["fc3"].timed_as == ""
+    assert layers["fc1"].time_us == layers["fc0"].time_us
+    if slower:  # every layer slower compressed: the shared verdict names the layer timed
+        assert all(r.form == "fp32" for r in layers.values())
+        assert "timed as fc0" in layers["fc2"].reason
+    else:
+        assert all(r.form == "int8" for r in layers.values())
+        kernels = {r.kernel for r in layers.values()}
+        assert len(kernels) == 1  # the shared kernel verdict (GemvQ where it builds)

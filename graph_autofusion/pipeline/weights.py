@@ -124,6 +124,7 @@ class LayerRecord:
     kernel: str = ""  # MatMulNBits or GemvQ (8/4 bits), GemvF16 (fp16); "" where kept fp32
     kernel_times_us: dict[str, float] | None = None  # MatMulNBits' and GemvQ's, where timed
     timing_copies: int = 1  # copies of the layer its speed check timed in one run (per copy)
+    timed_as: str = ""  # the layer of the same shapes whose timing this one shares
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -167,11 +167,20 @@ def check_speed(
     """Time each layer compressed and fp32 on its activation by safe mode's one speed policy
     (:class:`~graph_autofusion.verify.speed.SpeedPolicy`); a layer slower than
     ``speed_margin`` x its fp32 form stays fp32. An 8- or 4-bit layer first gets the faster of
-    ``MatMulNBits`` and ``GemvQ`` (:func:`choose_kernel`)."""
+    ``MatMulNBits`` and ``GemvQ`` (:func:`choose_kernel`). Repeated layers are timed once: a
+    layer of the same form, shapes and bias as one timed before takes its verdicts and times
+    (``timed_as`` in its record; a GemvQ verdict only where its own output passes the floors)."""
     policy = SpeedPolicy(options.speed_margin)
     kept = []
     total = sum(s.fp32_bytes for s, _a in items)
+    timed: dict[tuple, str] = {}  # a layer's shape key -> the layer timed for it
     for s, a in items:
+        shape = _shape_key(s, a, packs[s.name])
+        if shape in timed:
+            if _share_timing(s, a, timed[shape], packs, records, level, threads, acts[s.y.name]):
+                kept.append((s, a))
+            continue
+        timed[shape] = s.name
         n = timing_copies(total, s.fp32_bytes)
         feeds = {f"a{i}": a for i in range(n)}
         choose_kernel(s, a, packs, records, level, threads, acts[s.y.name], policy, n)
@@ -252,16 +261,14 @@ def choose_kernel(
     if p.bits == 16 or not p.gemvq or library_for([Q_OP]) is None:
         return
     q = replace(p, kernel=Q_OP)
+    checked = _gemvq_output(s, a, q, want, level, threads)
+    if checked is None:
+        return
+    cos, rel = checked
     feeds = {f"a{i}": a for i in range(copies)}
     sides = [[(s.name, a, _copy(k, i), s.bias) for i in range(copies)] for k in (p, q)]
     nbits = _timed_session(probe_model(sides[0], level), threads)
     gemvq = _timed_session(probe_model(sides[1], level), threads)
-    cos, rel = stats(gemvq.run(None, feeds)[0], want)
-    if (
-        cos < defaults.WEIGHTS_LAYER_COSINE[_form(p)]
-        or rel > defaults.WEIGHTS_LAYER_REL_ERR[_form(p)]
-    ):
-        return
     ta, tb = policy.times(
         lambda: nbits.run(None, feeds),
         lambda: gemvq.run(None, feeds),
@@ -275,6 +282,54 @@ def choose_kernel(
     if t[Q_OP] < t[p.kernel]:
         packs[s.name] = q
         r.kernel, r.cosine, r.rel_err = Q_OP, cos, rel
+
+
+def _gemvq_output(
+    s: Site, a: np.ndarray, q: Packed, want: np.ndarray, level: int, threads: int
+) -> tuple[float, float] | None:
+    """``(cosine, relative error)`` of the layer on ``GemvQ`` (``q``) against fp32's ``want``,
+    or ``None`` where they miss the layer's floors."""
+    sess = ort_session(probe_model([(s.name, a, q, s.bias)], level), "all", threads)
+    cos, rel = stats(sess.run(None, {"a0": a})[0], want)
+    form = _form(q)
+    if cos < defaults.WEIGHTS_LAYER_COSINE[form] or rel > defaults.WEIGHTS_LAYER_REL_ERR[form]:
+        return None
+    return cos, rel
+
+
+def _shape_key(s: Site, a: np.ndarray, p: Packed) -> tuple:
+    """What a layer's speed depends on: its form, layout, shapes and bias (not its values)."""
+    zp = p.zero_points is not None
+    return (p.bits, p.block_size, zp, p.gemvq, s.k, s.n, s.bias is not None, a.shape, a.dtype)
+
+
+def _share_timing(
+    s: Site,
+    a: np.ndarray,
+    first: str,
+    packs: dict[str, Packed],
+    records: Mapping[str, Any],
+    level: int,
+    threads: int,
+    want: np.ndarray,
+) -> bool:
+    """Layer ``s`` takes the speed verdicts of ``first`` (timed, same shape key): its kernel
+    (``GemvQ`` only where ``s``'s own output on it passes the floors) and whether it stays fp32
+    as slower; returns whether it stays compressed."""
+    r, r0 = records[s.name], records[first]
+    r.time_us, r.time_fp32_us = r0.time_us, r0.time_fp32_us
+    r.kernel_times_us, r.timing_copies, r.timed_as = r0.kernel_times_us, r0.timing_copies, first
+    r.kernel = packs[s.name].kernel if packs[s.name].bits != 16 else F16_OP
+    if r0.kernel == Q_OP:
+        q = replace(packs[s.name], kernel=Q_OP)
+        checked = _gemvq_output(s, a, q, want, level, threads)
+        if checked is not None:
+            packs[s.name] = q
+            r.kernel, (r.cosine, r.rel_err) = Q_OP, checked
+    if r0.reason.startswith("kept fp32: slower compressed"):
+        r.reason = f"{r0.reason} (timed as {first}, the same shapes)"
+        return False
+    return True
 
 
 def _timed_session(model: Any, threads: int) -> Any:
