@@ -114,12 +114,15 @@ def test_the_panels_hold_the_same_quantized_values():
         np.testing.assert_array_equal(w.T, p.dequantized)
 
 
-def test_a_block_that_is_not_a_vector_multiple_takes_the_tail_paths():
+@pytest.mark.parametrize("m,block", [(3, 12), (1, 20), (2, 20)])
+def test_a_block_that_is_not_a_vector_multiple_takes_the_tail_paths(m, block):
     """The kernel takes any block of whole groups of 4 that divides K (the stage writes powers
-    of two >= 16): blocks of 12 run the loops' tails; a block of 9 is refused."""
+    of two >= 16): blocks of 12 (all tail) and 20 (a vector and a tail, five groups: four in
+    flight and one more for one or two rows) run the loops' tails; a block of 9 is refused."""
     fn = _kernel()
     rng = np.random.default_rng(5)
-    m, k, n, nb = 3, 36, 32, 3
+    nb, n = 3, 32
+    k = nb * block
     for bits in (8, 4):
         q = rng.integers(0, 2**bits, (n, k), dtype=np.uint8)
         z = rng.integers(0, 2**bits, (n, nb), dtype=np.uint8)
@@ -130,18 +133,61 @@ def test_a_block_that_is_not_a_vector_multiple_takes_the_tail_paths():
         y = np.empty((m, n), np.float32)
         ptr = [a.ctypes.data for a in (x, wq, s, zq)]
         assert fn(*ptr, 1, y.ctypes.data, m, n, k, nb, bits) == 0
-        blocks = np.arange(k) // 12
+        blocks = np.arange(k) // block
         w = (q.astype(np.float64) - z[:, blocks]) * scales[:, blocks]  # [N, K]
         _assert_close(y, x.astype(np.float64) @ w.T, f"bits {bits}")
-        assert fn(*ptr, 1, y.ctypes.data, m, n, k, 4, bits) == -1  # blocks of 9
+    k, nb = 36, 4  # blocks of 9
+    x = np.ones((1, k), np.float32)
+    wq = np.zeros((2, k // 4, 64), np.uint8)
+    s, z = np.ones((2, nb, 16), np.float32), np.zeros(1, np.uint8)
+    y = np.empty((1, 32), np.float32)
+    ptr = [a.ctypes.data for a in (x, wq, s, z)]
+    assert fn(*ptr, 0, y.ctypes.data, 1, 32, k, nb, 8) == -1
 
 
-@pytest.mark.parametrize("march", ["x86-64-v4", "x86-64-v3", "x86-64"])
+def test_a_nan_or_infinite_activation_gives_a_non_finite_row():
+    """As the fp32 product does (the VNNI path's digits would otherwise clamp a NaN to a
+    finite value): that row's outputs are not finite, the other rows exact."""
+    fn = _kernel()
+    rng = np.random.default_rng(6)
+    k, n = 96, 32
+    p = quantize(rng.standard_normal((k, n)).astype(np.float32), 8, 32)
+    wq, s, z = to_panels(p.b, p.scales, p.zero_points, 8, k, n)
+    for bad in (np.nan, np.inf):
+        for pos in (3, 40, 95):
+            x = rng.standard_normal((2, k)).astype(np.float32)
+            x[0, pos] = bad
+            y = np.zeros((2, n), np.float32)
+            ptr = [a.ctypes.data for a in (x, wq, s, z)]
+            assert fn(*ptr, 0, y.ctypes.data, 2, n, k, 3, 8) == 0
+            assert not np.isfinite(y[0]).any()
+            _assert_close(y[1:], x[1:].astype(np.float64) @ p.dequantized.astype(np.float64))
+
+
+def _host_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(
+                (set(ln.split(":", 1)[1].split()) for ln in f if ln.startswith("flags")), set()
+            )
+    except OSError:  # pragma: no cover - not Linux
+        return set()
+
+
+#: the ISA levels built, and the CPU flags a host needs to run each build
+MARCH_NEEDS = {"x86-64-v4": {"avx512f", "avx512bw"}, "x86-64-v3": {"avx2", "fma"}, "x86-64": set()}
+
+
+@pytest.mark.parametrize("march", list(MARCH_NEEDS))
 def test_the_kernel_is_right_on_avx512_without_vnni_avx2_and_plain_c(march, tmp_path):
     """Compiled per machine (``-march=native``): AVX-512 without VNNI (fp32 products), AVX2 and
-    plain C, built here for another ISA level (the other tests run this machine's path)."""
+    plain C, built here for another ISA level (the other tests run this machine's path); a
+    level this CPU cannot execute is not run (it would die of an illegal instruction)."""
     from graph_autofusion.codegen.ort_customop_c import customop_library_source
 
+    missing = MARCH_NEEDS[march] - _host_flags()
+    if missing:
+        pytest.skip(f"this CPU cannot run {march} code (no {', '.join(sorted(missing))})")
     gcc = shutil.which("gcc")
     if gcc is None:  # pragma: no cover - the suite's kernels need it too
         pytest.fail("no gcc")
@@ -288,9 +334,10 @@ def test_safe_mode_puts_a_layer_on_gemvq_where_it_times_faster(form, tmp_path):
     np.testing.assert_allclose(again, np.concatenate([got] * 5, 1), rtol=1e-5, atol=1e-6)
 
 
-def test_the_drop_in_module_saves_its_gemvq_layers_and_reloads_them_unchecked(tmp_path):
+def test_the_drop_in_module_saves_its_gemvq_layers_and_an_untimed_reload_keeps_them(tmp_path):
     """The torch route: the layers safe mode put on GemvQ are saved as ``"int8+GemvQ"`` in the
-    plan, and a reload that does not time them (safe mode off) keeps that kernel."""
+    plan, and a reload, which does not time them (``load_fused`` fuses with ``check_speed``
+    off), keeps that kernel (each layer's output still checked)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from graph_autofusion.testing.small_hf import tiny_llama
@@ -314,8 +361,6 @@ def test_the_drop_in_module_saves_its_gemvq_layers_and_reloads_them_unchecked(tm
         plan = json.loads((tmp_path / PLAN_FILE).read_text())
         saved = plan["graphs"][0]["compressed"]
         assert {n for n, f in saved.items() if f == "int8+GemvQ"} == on_q
-        plan["safe_mode"] = False  # reloaded unchecked: the saved kernels, untimed
-        (tmp_path / PLAN_FILE).write_text(json.dumps(plan))
         torch._dynamo.reset()
         loaded = load_fused(transformers.LlamaForCausalLM.from_pretrained(tmp_path), tmp_path)
         with torch.no_grad():
@@ -326,3 +371,49 @@ def test_the_drop_in_module_saves_its_gemvq_layers_and_reloads_them_unchecked(tm
         np.testing.assert_allclose(again.numpy(), got.numpy(), rtol=0, atol=1e-5)
     finally:
         torch._dynamo.reset()
+
+
+def test_layers_gemvq_cannot_run_stay_on_matmulnbits():
+    """N not a multiple of 16 (64x120) and K not whole blocks (120x64): MatMulNBits, however
+    the timer ranks GemvQ; the 64x64 layer goes to GemvQ; the saved model runs."""
+    rng = np.random.default_rng(4)
+    shapes = {"fc1": (64, 120), "fc2": (120, 64), "fc3": (64, 64)}
+    nodes, inits, x = [], [], "x"
+    for i, (name, shape) in enumerate(shapes.items()):
+        w = (rng.standard_normal(shape) * 0.1).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"h{i}"], name=name))
+        if i < 2:
+            nodes.append(helper.make_node("Relu", [f"h{i}"], [f"r{i}"]))
+            x = f"r{i}"
+    graph = helper.make_graph(
+        nodes,
+        "mixed",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 64])],
+        [helper.make_tensor_value_info("h2", TensorProto.FLOAT, [1, 1, 64])],
+        inits,
+    )
+    src = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": rng.standard_normal((1, 1, 64)).astype(np.float32)}
+    opts = FuseOptions(weights="int8", weights_policy="all")
+    gaf = GraphAutoFusion(src, sample_inputs=feeds, options=opts)
+    with use_timer(_timer(True)):
+        fused = gaf.fuse()
+    kernels = {r.name: r.kernel for r in gaf.result.weights.layers}
+    assert kernels == {"fc1": "MatMulNBits", "fc2": "MatMulNBits", "fc3": "GemvQ"}
+    assert _ops(fused).get("GemvQ") == 1 and _ops(fused).get("MatMulNBits") == 2
+    note = " ".join(gaf.result.weights.notes)
+    assert "3 contractions are MatMulNBits (2) and GemvQ (1)" in note
+    got = fused_session_of(gaf, feeds)
+    want = ort_session(src, "disable", 2).run(None, feeds)[0]
+    assert float((got * want).sum() / np.linalg.norm(got) / np.linalg.norm(want)) > 0.999
+
+
+def fused_session_of(gaf, feeds):
+    """The fused model saved and run as a deployment opens it."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "m.onnx")
+        gaf.save(path)
+        return fused_session(path, threads=2).run(None, feeds)[0]

@@ -112,7 +112,7 @@ def write_kernel_dir(library: CustomOpLibrary, directory: str, groups: Sequence[
                 (
                     GEMV_Q_OP,
                     "ort_gemv_q",
-                    "u8 Wq[N/16, K, 16 or 8], f32 S[N/16, nb, 16], u8 Z",
+                    "u8 Wq[N/16, K/4, 64 or 32], f32 S[N/16, nb, 16], u8 Z",
                     ("u8", "f32", "u8"),
                 ),
             )

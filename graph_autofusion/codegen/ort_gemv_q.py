@@ -50,6 +50,8 @@ import numpy as np
 
 #: The operator's name in the ``ai.graph_autofusion`` domain.
 OP = "GemvQ"
+#: The largest block along K (the C's ``GAF_GQ_MAX_BLOCK``: exact int32 sums).
+MAX_BLOCK = 16384
 
 SOURCE = r"""
 /* ---- GemvQ: y[..., N] = x[..., K] @ dequant(Wq)^T, 8- or 4-bit weights in panels of 16
@@ -57,6 +59,8 @@ SOURCE = r"""
 #ifndef GAF_GQ_CHUNK
 #define GAF_GQ_CHUNK 2097152 /* weight-products per pool chunk (as GemvF16) */
 #endif
+/* the largest block: its int32 sums of u8 x int8 products stay exact (16384 x 255 x 127 < 2^31) */
+#define GAF_GQ_MAX_BLOCK 16384
 #ifndef GAF_GQ_PREFETCH
 #define GAF_GQ_PREFETCH 1024 /* bytes ahead of the weight stream to prefetch (0: none) */
 #endif
@@ -89,7 +93,7 @@ GAF_GQ_INL unsigned gaf_gq_q(const uint8_t *w, int64_t k, int i, int bits) {
     return e < 32 ? (b & 15u) : (b >> 4);
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(__AVX512F__)
 /* the 64 weights of group g as bytes (16 outputs x 4 k, output-major) */
 GAF_GQ_INL __m512i gaf_gq_group(const uint8_t *w, int64_t g, const int bits) {
     if (bits == 8) return _mm512_loadu_si512((const void *)(w + g * 64));
@@ -167,10 +171,20 @@ static void gaf_gq_digits(const float *x, int8_t *x0, int8_t *x1, float *xq, flo
         const float *xb = x + b * B;
         int64_t k = 0;
         __m512 mx = _mm512_setzero_ps();
-        for (; k + 16 <= B; k += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(xb + k)));
+        __mmask16 nan = 0;
+        for (; k + 16 <= B; k += 16) {
+            __m512 v = _mm512_loadu_ps(xb + k);
+            nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+            mx = _mm512_max_ps(mx, _mm512_abs_ps(v));
+        }
         float amax = _mm512_reduce_max_ps(mx);
-        for (; k < B; k++) amax = fabsf(xb[k]) > amax ? fabsf(xb[k]) : amax;
-        float sx = amax > 0.f ? amax / 127.f : 1.f, inv = 1.f / sx;
+        int bad = nan != 0;
+        for (; k < B; k++) {
+            bad |= xb[k] != xb[k];
+            amax = fabsf(xb[k]) > amax ? fabsf(xb[k]) : amax;
+        }
+        bad |= amax > 3.4e38f; /* an infinite activation */
+        float sx = amax > 0.f && !bad ? amax / 127.f : 1.f, inv = 1.f / sx;
         __m512 vi = _mm512_set1_ps(inv), v254 = _mm512_set1_ps(254.f);
         __m512i s0 = _mm512_setzero_si512(), s1 = s0;
         for (k = 0; k + 16 <= B; k += 16) {
@@ -191,7 +205,7 @@ static void gaf_gq_digits(const float *x, int8_t *x0, int8_t *x1, float *xq, flo
             x0[b * B + k] = (int8_t)r0; x1[b * B + k] = (int8_t)r1;
             t0 += (int64_t)r0; t1 += (int64_t)r1;
         }
-        xq[b] = sx / 254.f;
+        xq[b] = bad ? NAN : sx / 254.f; /* a NaN or infinite activation: the block's products NaN */
         xz[b] = 254.f * (float)t0 + (float)t1;
     }
     (void)K;
@@ -378,7 +392,7 @@ static void *gaf_gq_prepare(GafGemvQ *j) {
 __attribute__((visibility("default")))
 int gaf_gemv_q(const float *x, const uint8_t *w, const float *s, const uint8_t *z, int zfull,
                float *y, int64_t M, int64_t N, int64_t K, int64_t nb, int bits) {
-    if (N % 16 || K % 4 || nb < 1 || K % nb || (K / nb) % 4 || (bits != 8 && bits != 4)) return -1;
+    if (N % 16 || K % 4 || nb < 1 || K % nb || (K / nb) % 4 || K / nb > GAF_GQ_MAX_BLOCK || (bits != 8 && bits != 4)) return -1;
     GafGemvQ j = {x, w, s, z, y, 0, 0, 0, 0, 0, M, N, K, K / nb, nb, 0, bits, zfull};
     void *buf = gaf_gq_prepare(&j);
     if (!buf) return -2;
@@ -420,7 +434,7 @@ static OrtStatus *gaf_gq_compute(OrtKernelContext *ctx) {
     if (wr != 3 || (wd[2] != 64 && wd[2] != 32)) return gaf_gv_err("GemvQ", "Wq must be [N / 16, K / 4, 64] (8-bit) or [N / 16, K / 4, 32] (4-bit)");
     int64_t P = wd[0], K = 4 * wd[1], N = 16 * P, nb = sr == 3 ? sd[1] : 0;
     int bits = wd[2] == 64 ? 8 : 4;
-    if (sr != 3 || sd[0] != P || sd[2] != 16 || nb < 1 || K % nb || (K / nb) % 4) return gaf_gv_err("GemvQ", "S must be [N / 16, nb, 16] with nb dividing K into blocks of a multiple of 4");
+    if (sr != 3 || sd[0] != P || sd[2] != 16 || nb < 1 || K % nb || (K / nb) % 4 || K / nb > GAF_GQ_MAX_BLOCK) return gaf_gv_err("GemvQ", "S must be [N / 16, nb, 16] with nb dividing K into blocks of a multiple of 4, at most 16384");
     int zfull = zr == 3;
     if (zfull ? (zd[0] != P || zd[1] != nb || zd[2] != 16) : !(zr == 1 && zd[0] == 1)) return gaf_gv_err("GemvQ", "Z must be [N / 16, nb, 16] or [1]");
     if (xd[xr - 1] != K) return gaf_gv_err("GemvQ", "x's last dim differs from Wq's K");
@@ -475,7 +489,13 @@ static void gaf_gemv_q_fill(OrtCustomOp *g) {
 def eligible(k: int, n: int, block_size: int) -> bool:
     """Whether a ``[K, N]`` weight quantized in blocks of ``block_size`` can be ``GemvQ``'s:
     whole panels of 16 outputs, whole blocks along K, blocks of whole groups of 4."""
-    return n % 16 == 0 and k > 0 and k % block_size == 0 and block_size % 4 == 0
+    return (
+        n % 16 == 0
+        and k > 0
+        and k % block_size == 0
+        and block_size % 4 == 0
+        and block_size <= MAX_BLOCK
+    )
 
 
 def to_panels(

@@ -77,6 +77,7 @@ from graph_autofusion.pipeline.ort_kernels import CustomOpsUnavailable, with_gem
 from graph_autofusion.pipeline.result import clone_model
 from graph_autofusion.pipeline.weights_checks import (
     LAYER_CHECK,
+    Timing,
     check_layers,
     check_tables,
     end_to_end,
@@ -274,13 +275,20 @@ def compress_weights(
         forms[e.name] = table_form
         t = np.ascontiguousarray(e.table.T)
         packs[e.name] = to_half(t) if table_form == "fp16" else quantize(t, 8, block8, False)
+    timing = Timing(
+        gemvq=library is not None and not half, pressure_bytes=sum(s.fp32_bytes for s in todo)
+    )
     if options.safe_mode and todo:
         first = todo
-        todo = check_layers(model, result.feeds, todo, packs, records, options, level, forms)
+        todo = check_layers(
+            model, result.feeds, todo, packs, records, options, level, forms, timing=timing
+        )
         if form in FALLBACK:  # a layer whose int4 failed its check gets a chance at int8
             ok = {s.name for s in todo}
             failed = [s for s in first if s.name not in ok and _failed_accuracy(records[s.name])]
-            todo += _fall_back(model, result.feeds, failed, packs, records, options, level, forms)
+            todo += _fall_back(
+                model, result.feeds, failed, packs, records, options, level, forms, timing
+            )
     if options.safe_mode and tables:
         tables = check_tables(model, result.feeds, tables, packs, records, threads, forms)
     chosen = [s.name for s in todo] + [e.name for e in tables]
@@ -288,7 +296,7 @@ def compress_weights(
         r, p = records[name], packs[name]
         r.form, r.block_size, r.bytes = forms[name], p.block_size or None, p.nbytes
         r.zero_point = p.zero_points is not None
-        r.kernel = F16_OP if p.bits == 16 else p.kernel
+        r.kernel = _kernel(r, p)
     if not chosen:
         report.notes.append("no layer compressed")
         return report
@@ -310,6 +318,7 @@ def compress_weights(
                 e2e,
                 report,
                 threads,
+                timing,
             )
             if done is not None:
                 work, e2e = done
@@ -321,6 +330,9 @@ def compress_weights(
                 report.notes.append("the end-to-end check failed: every layer stays fp32")
                 return report
     result.model = work
+    for r in report.layers:  # the kernels as the model holds them (after demotions, rollbacks)
+        p = packs.get(r.name)
+        r.kernel = "" if r.form == "fp32" or p is None else _kernel(r, p)
     ours = {F16_OP, Q_OP}
     if library is not None and any(records[n].kernel in ours for n in chosen):
         result.custom_ops = library  # the fused model needs our library (saved with it)
@@ -350,6 +362,13 @@ def compress_weights(
         )
     )
     return report
+
+
+def _kernel(r: LayerRecord, p: Packed) -> str:
+    """The operator a compressed layer runs on."""
+    if r.op == "Gather":
+        return "Gather" if p.bits == 16 else "GatherBlockQuantized"
+    return F16_OP if p.bits == 16 else p.kernel
 
 
 def _fallback_note(chosen: list[str], heads: list[Site], records: Mapping, form: str) -> str:
@@ -383,6 +402,7 @@ def _fall_back(
     options: Any,
     level: int,
     forms: dict[str, str],
+    timing: Timing | None = None,
 ) -> list[Site]:
     """The layers of ``failed`` (their int4 form missed its layer check) that pass the same
     check, and the speed check, at :data:`FALLBACK`'s form; their records say why they are
@@ -397,7 +417,7 @@ def _fall_back(
         forms[s.name] = FALLBACK[forms[s.name]]
         packs[s.name] = _quantize(s.weight, forms[s.name])
         records[s.name].reason = ""
-    kept = check_layers(model, feeds, failed, packs, records, options, level, forms)
+    kept = check_layers(model, feeds, failed, packs, records, options, level, forms, timing=timing)
     passed_now = {s.name for s in kept}
     for s in failed:
         r = records[s.name]
@@ -424,6 +444,7 @@ def _demote_fewest(
     failed: dict[str, Any],
     report: WeightsReport,
     threads: int,
+    timing: Timing | None = None,
 ) -> tuple[Model, dict[str, Any]] | None:
     """The end-to-end check failed: demote the fewest of the worst int4 layers (ranked by their
     own relative error) to :data:`FALLBACK`'s form, found by bisection on their count, each
@@ -440,7 +461,7 @@ def _demote_fewest(
     low_packs = {n: _quantize(by_name[n].weight, low) for n in pool}
     ok = check_layers(
         model, result.feeds, [by_name[n] for n in pool], low_packs, trial, options, level,
-        {n: low for n in pool}, threads,
+        {n: low for n in pool}, threads, timing=timing,
     )  # fmt: skip
     ok_names = {s.name for s in ok}
     ranked = sorted((n for n in pool if n in ok_names), key=lambda n: -(records[n].rel_err or 0.0))
@@ -464,6 +485,8 @@ def _demote_fewest(
         r.zero_point = p.zero_points is not None
         r.cosine, r.rel_err = t.cosine, t.rel_err
         r.time_us, r.time_fp32_us = t.time_us, t.time_fp32_us
+        r.kernel, r.kernel_times_us = t.kernel, t.kernel_times_us
+        r.timing_copies, r.timed_as = t.timing_copies, t.timed_as
         r.reason = (
             f"{low}: demoted from {form} by the end-to-end check (the {hi} layers of largest "
             f"relative error are the fewest whose demotion passes it; with {lo} demoted: output "

@@ -16,7 +16,7 @@ import functools
 import math
 import statistics
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,17 @@ from graph_autofusion.verify.speed import SpeedPolicy
 
 #: The start of the reason the layer check writes for a layer whose output missed its floors.
 LAYER_CHECK = "kept fp32: layer check:"
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How the speed check times a stage's layers: whether ``GemvQ`` may be chosen (the
+    stage's own custom-operator library built) and the fp32 bytes whose cache pressure the
+    copies stand for (``None``: the layers being checked; a fallback's or demotion's few
+    layers pass the whole stage's)."""
+
+    gemvq: bool = False
+    pressure_bytes: int | None = None
 
 
 def passed(e2e: Mapping[str, Mapping[str, Any]]) -> bool:
@@ -120,6 +131,7 @@ def check_layers(
     level: int,
     forms: Mapping[str, str],
     threads: int = 2,
+    timing: Timing | None = None,
 ) -> list[Site]:
     """Safe mode's per-layer check (each layer against its own form's floors); returns the
     sites that pass (the others' records carry their reason)."""
@@ -151,7 +163,7 @@ def check_layers(
         else:
             passed.append((s, _a))
     if options.check_speed and passed:
-        passed = check_speed(passed, packs, records, options, level, threads, acts)
+        passed = check_speed(passed, packs, records, options, level, threads, acts, timing)
     return [s for s, _a in passed]
 
 
@@ -163,6 +175,7 @@ def check_speed(
     level: int,
     threads: int,
     acts: Mapping[str, np.ndarray],
+    timing: Timing | None = None,
 ) -> list[tuple[Site, np.ndarray]]:
     """Time each layer compressed and fp32 on its activation by safe mode's one speed policy
     (:class:`~graph_autofusion.verify.speed.SpeedPolicy`); a layer slower than
@@ -171,19 +184,28 @@ def check_speed(
     layer of the same form, shapes and bias as one timed before takes its verdicts and times
     (``timed_as`` in its record; a GemvQ verdict only where its own output passes the floors)."""
     policy = SpeedPolicy(options.speed_margin)
+    timing = timing or Timing()
     kept = []
-    total = sum(s.fp32_bytes for s, _a in items)
+    total = timing.pressure_bytes or sum(s.fp32_bytes for s, _a in items)
     timed: dict[tuple, str] = {}  # a layer's shape key -> the layer timed for it
     for s, a in items:
         shape = _shape_key(s, a, packs[s.name])
         if shape in timed:
-            if _share_timing(s, a, timed[shape], packs, records, level, threads, acts[s.y.name]):
-                kept.append((s, a))
-            continue
-        timed[shape] = s.name
+            shared = _share_timing(
+                s, a, timed[shape], packs, records, level, threads, acts[s.y.name]
+            )
+            if shared is not None:
+                if shared:
+                    kept.append((s, a))
+                continue
+        else:
+            timed[shape] = s.name
         n = timing_copies(total, s.fp32_bytes)
         feeds = {f"a{i}": a for i in range(n)}
-        choose_kernel(s, a, packs, records, level, threads, acts[s.y.name], policy, n)
+        if timing.gemvq:
+            choose_kernel(s, a, packs, records, level, threads, acts[s.y.name], policy, n)
+        else:
+            records[s.name].kernel = F16_OP if packs[s.name].bits == 16 else packs[s.name].kernel
         # workers asleep between calls, as before GemvQ (spinning ones favour fp32's
         # multi-threaded GEMM on a layer hot in cache: they rolled back 8 of the zoo Llama's
         # 22 fp16-all layers on the EPYC, 2026-12-06, timed one copy each)
@@ -314,18 +336,20 @@ def _share_timing(
     want: np.ndarray,
 ) -> bool:
     """Layer ``s`` takes the speed verdicts of ``first`` (timed, same shape key): its kernel
-    (``GemvQ`` only where ``s``'s own output on it passes the floors) and whether it stays fp32
-    as slower; returns whether it stays compressed."""
+    (``GemvQ`` where ``first`` got it, checked on ``s``'s own output) and whether it stays fp32
+    as slower; returns whether it stays compressed, or ``None`` where ``s`` must be timed
+    itself (``first`` on GemvQ, ``s``'s own output on it missing the floors)."""
     r, r0 = records[s.name], records[first]
-    r.time_us, r.time_fp32_us = r0.time_us, r0.time_fp32_us
-    r.kernel_times_us, r.timing_copies, r.timed_as = r0.kernel_times_us, r0.timing_copies, first
-    r.kernel = packs[s.name].kernel if packs[s.name].bits != 16 else F16_OP
     if r0.kernel == Q_OP:
         q = replace(packs[s.name], kernel=Q_OP)
         checked = _gemvq_output(s, a, q, want, level, threads)
-        if checked is not None:
-            packs[s.name] = q
-            r.kernel, (r.cosine, r.rel_err) = Q_OP, checked
+        if checked is None:
+            return None
+        packs[s.name] = q
+        r.cosine, r.rel_err = checked
+    r.kernel = F16_OP if packs[s.name].bits == 16 else packs[s.name].kernel
+    r.time_us, r.time_fp32_us = r0.time_us, r0.time_fp32_us
+    r.kernel_times_us, r.timing_copies, r.timed_as = r0.kernel_times_us, r0.timing_copies, first
     if r0.reason.startswith("kept fp32: slower compressed"):
         r.reason = f"{r0.reason} (timed as {first}, the same shapes)"
         return False
