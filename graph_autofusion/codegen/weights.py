@@ -83,6 +83,12 @@ class Packed:
         return int(self.b.nbytes + self.scales.nbytes + zp)
 
     @property
+    def op(self) -> str:
+        """The operator a contraction by this weight runs on: ``GemvF16`` for fp16, else
+        :attr:`kernel`."""
+        return F16_OP if self.bits == 16 else self.kernel
+
+    @property
     def gemvq(self) -> bool:
         """Whether ``GemvQ`` can run this weight (8 or 4 bits, 16 dividing N, whole blocks)."""
         return self.bits in (4, 8) and eligible(self.k, self.n, self.block_size)

@@ -28,13 +28,12 @@ def probe_model(
     for i, (_name, act, p, bias) in enumerate(items):
         ins.append(helper.make_tensor_value_info(f"a{i}", TensorProto.FLOAT, list(act.shape)))
         outs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None))
-        if p.bits == 16 or p.kernel == Q_OP:
+        if p.op in (F16_OP, Q_OP):
             arrays = [p.b] if p.bits == 16 else list(p.panels())
             names = [f"{t}{i}" for t in "bsz"[: len(arrays)]]
             inits += [numpy_helper.from_array(v, n) for v, n in zip(arrays, names)]
             out = f"y{i}" if bias is None else f"m{i}"
-            op = F16_OP if p.bits == 16 else Q_OP
-            nodes.append(helper.make_node(op, [f"a{i}", *names], [out], domain=DOMAIN))
+            nodes.append(helper.make_node(p.op, [f"a{i}", *names], [out], domain=DOMAIN))
             if bias is not None:
                 inits.append(numpy_helper.from_array(bias, f"c{i}"))
                 nodes.append(helper.make_node("Add", [out, f"c{i}"], [f"y{i}"]))

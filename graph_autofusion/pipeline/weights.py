@@ -239,22 +239,22 @@ def compress_weights(
             if kernel == Q_OP:
                 saved_q.add(name)
     timed = bool(options.safe_mode and options.check_speed)
-    if not half and (timed or saved_q):  # GemvQ: timed against MatMulNBits, where it builds
+    gemvq = not half and (timed or saved_q)  # GemvQ: timed against MatMulNBits, or saved
+    fp16 = half or (heads and head_form == "fp16")  # GemvF16: its library must build here
+    if gemvq or fp16:  # one library holds both
         try:
             library = with_gemv(getattr(result, "custom_ops", None), options.codegen)
         except CustomOpsUnavailable as exc:
-            report.notes.append(f"GemvQ not tried: {exc}")
-            saved_q = set()
-    if half or (heads and head_form == "fp16"):  # GemvF16: its library must build here
-        try:
-            library = with_gemv(getattr(result, "custom_ops", None), options.codegen)
-        except CustomOpsUnavailable as exc:
-            for r in report.layers:
-                if half or r.name in {s.name for s in heads}:
-                    r.reason = r.reason or KEPT_FP16
-            report.notes.append(f"{KEPT_FP16[len('kept fp32: ') :]} ({exc})")
-            if half:
-                return report
+            if gemvq:
+                report.notes.append(f"GemvQ not tried: {exc}")
+                saved_q = set()
+            if fp16:
+                for r in report.layers:
+                    if half or r.name in {s.name for s in heads}:
+                        r.reason = r.reason or KEPT_FP16
+                report.notes.append(f"{KEPT_FP16[len('kept fp32: ') :]} ({exc})")
+                if half:
+                    return report
     level = defaults.WEIGHTS_ACCURACY_LEVEL
     if only is not None:
         for r in report.layers:
@@ -368,7 +368,7 @@ def _kernel(r: LayerRecord, p: Packed) -> str:
     """The operator a compressed layer runs on."""
     if r.op == "Gather":
         return "Gather" if p.bits == 16 else "GatherBlockQuantized"
-    return F16_OP if p.bits == 16 else p.kernel
+    return p.op
 
 
 def _fallback_note(chosen: list[str], heads: list[Site], records: Mapping, form: str) -> str:

@@ -22,8 +22,6 @@ from typing import Any
 import numpy as np
 
 from graph_autofusion import defaults
-from graph_autofusion.codegen.ort_customop_registry import library_for
-from graph_autofusion.codegen.ort_gemv_f16 import OP as F16_OP
 from graph_autofusion.codegen.ort_gemv_q import OP as Q_OP
 from graph_autofusion.codegen.weights import Embedding, Packed, Site
 from graph_autofusion.codegen.weights_probe import probe_model, reference_model
@@ -205,7 +203,7 @@ def check_speed(
         if timing.gemvq:
             choose_kernel(s, a, packs, records, level, threads, acts[s.y.name], policy, n)
         else:
-            records[s.name].kernel = F16_OP if packs[s.name].bits == 16 else packs[s.name].kernel
+            records[s.name].kernel = packs[s.name].op
         # workers asleep between calls, as before GemvQ (spinning ones favour fp32's
         # multi-threaded GEMM on a layer hot in cache: they rolled back 8 of the zoo Llama's
         # 22 fp16-all layers on the EPYC, 2026-12-06, timed one copy each)
@@ -273,14 +271,14 @@ def choose_kernel(
     policy: SpeedPolicy,
     copies: int = 1,
 ) -> None:
-    """``packs[s.name]`` on ``GemvQ`` where that operator's library is registered, the weight
-    fits it, its output on the real activation ``a`` passes the layer's floors against fp32's
+    """``packs[s.name]`` on ``GemvQ`` where the weight fits it (the caller knows its library
+    built: :attr:`Timing.gemvq`), its output on the real activation ``a`` passes the layer's floors against fp32's
     ``want``, and its median time (``copies`` of the layer a run, as the speed check's) is
     below ``MatMulNBits``' (interleaved calls in sessions as a deployment runs them). The
     record's ``kernel`` and figures follow the choice."""
     p, r = packs[s.name], records[s.name]
-    r.kernel = p.kernel if p.bits != 16 else F16_OP
-    if p.bits == 16 or not p.gemvq or library_for([Q_OP]) is None:
+    r.kernel = p.op
+    if p.bits == 16 or not p.gemvq:
         return
     q = replace(p, kernel=Q_OP)
     checked = _gemvq_output(s, a, q, want, level, threads)
@@ -347,7 +345,7 @@ def _share_timing(
             return None
         packs[s.name] = q
         r.cosine, r.rel_err = checked
-    r.kernel = F16_OP if packs[s.name].bits == 16 else packs[s.name].kernel
+    r.kernel = packs[s.name].op
     r.time_us, r.time_fp32_us = r0.time_us, r0.time_fp32_us
     r.kernel_times_us, r.timing_copies, r.timed_as = r0.kernel_times_us, r0.timing_copies, first
     if r0.reason.startswith("kept fp32: slower compressed"):
