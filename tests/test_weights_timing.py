@@ -121,6 +121,7 @@ def test_repeated_layers_are_timed_once_and_share_the_verdict(slower):
     assert layers["fc1"].time_us == layers["fc0"].time_us
     if slower:  # every layer slower compressed: the shared verdict names the layer timed
         assert all(r.form == "fp32" for r in layers.values())
+        assert all(r.kernel == "" for r in layers.values())  # no kernel runs a layer kept fp32
         assert "timed as fc0" in layers["fc2"].reason
     else:
         assert all(r.form == "int8" for r in layers.values())

@@ -296,8 +296,8 @@ def compress_weights(
         r, p = records[name], packs[name]
         r.form, r.block_size, r.bytes = forms[name], p.block_size or None, p.nbytes
         r.zero_point = p.zero_points is not None
-        r.kernel = _kernel(r, p)
     if not chosen:
+        _settle_kernels(report, packs)
         report.notes.append("no layer compressed")
         return report
     work = _apply(model, chosen, packs, level)
@@ -327,12 +327,11 @@ def compress_weights(
                 result, model, chosen, packs, records, level, form, threads, e2e, report
             )
             if not chosen:
+                _settle_kernels(report, packs)
                 report.notes.append("the end-to-end check failed: every layer stays fp32")
                 return report
     result.model = work
-    for r in report.layers:  # the kernels as the model holds them (after demotions, rollbacks)
-        p = packs.get(r.name)
-        r.kernel = "" if r.form == "fp32" or p is None else _kernel(r, p)
+    _settle_kernels(report, packs)
     ours = {F16_OP, Q_OP}
     if library is not None and any(records[n].kernel in ours for n in chosen):
         result.custom_ops = library  # the fused model needs our library (saved with it)
@@ -362,6 +361,14 @@ def compress_weights(
         )
     )
     return report
+
+
+def _settle_kernels(report: WeightsReport, packs: Mapping[str, Packed]) -> None:
+    """Each record's ``kernel`` as the model holds it, after demotions and rollbacks ("" for a
+    layer kept fp32, whatever the speed check had timed it on)."""
+    for r in report.layers:
+        p = packs.get(r.name)
+        r.kernel = "" if r.form == "fp32" or p is None else _kernel(r, p)
 
 
 def _kernel(r: LayerRecord, p: Packed) -> str:
