@@ -17,6 +17,7 @@ from graph_autofusion.codegen.weights import KEPT_FP16, KEPT_HEAD, find_sites, q
 from graph_autofusion.frontend.onnx_frontend import load_onnx, to_onnx
 from graph_autofusion.options import FuseOptions, OptionsError
 from graph_autofusion.runtime.ort_session import ort_session
+from tests.tiny_models import matmul_chain
 
 FAST = dict(check_speed=False)
 #: fp16 weights (and an int model's LM head) are the GemvF16 custom operator: its library needs
@@ -40,25 +41,7 @@ def _mlp(*, outlier: float = 0.0, head: bool = False, seed: int = 0) -> onnx.Mod
     if outlier:
         w1[:, K0] = 0.0
         w2[K0, :] = outlier
-    nodes = [
-        helper.make_node("MatMul", ["x", "w1"], ["h1"], name="fc1"),
-        helper.make_node("Relu", ["h1"], ["r1"]),
-        helper.make_node("MatMul", ["r1", "w2"], ["h2"], name="fc2"),
-        helper.make_node("Relu", ["h2"], ["r2"]),
-        helper.make_node("MatMul", ["r2", "w3"], ["y" if head else "h3"], name="fc3"),
-    ]
-    inits = [numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (w2, "w2"), (w3, "w3"))]
-    if not head:
-        nodes.append(helper.make_node("Add", ["h3", "b3"], ["y"]))
-        inits.append(numpy_helper.from_array(np.full(64, 0.1, np.float32), "b3"))
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 64])],
-        inits,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return matmul_chain([w1, w2, w3], bias=None if head else np.full(64, 0.1, np.float32))
 
 
 def _feeds(seed: int = 1) -> dict[str, np.ndarray]:

@@ -22,6 +22,7 @@ from graph_autofusion.codegen.weights import quantize
 from graph_autofusion.options import FuseOptions
 from graph_autofusion.runtime.ort_session import fused_session, ort_session
 from graph_autofusion.runtime.timing import use_timer
+from tests.tiny_models import matmul_chain
 
 pytestmark = pytest.mark.skipif(
     ort_include_dir() is None, reason="onnxruntime C API header not available"
@@ -256,24 +257,7 @@ def _mlp() -> onnx.ModelProto:
     rng = np.random.default_rng(0)
     ws = [(rng.standard_normal(s) * 0.1).astype(np.float32) for s in ((64, 128), (128, 128))]
     ws.append((rng.standard_normal((128, 64)) * 0.1).astype(np.float32))
-    nodes = [
-        helper.make_node("MatMul", ["x", "w1"], ["h1"], name="fc1"),
-        helper.make_node("Relu", ["h1"], ["r1"]),
-        helper.make_node("MatMul", ["r1", "w2"], ["h2"], name="fc2"),
-        helper.make_node("Relu", ["h2"], ["r2"]),
-        helper.make_node("MatMul", ["r2", "w3"], ["h3"], name="fc3"),
-        helper.make_node("Add", ["h3", "b3"], ["y"]),
-    ]
-    inits = [numpy_helper.from_array(w, f"w{i + 1}") for i, w in enumerate(ws)]
-    inits.append(numpy_helper.from_array(np.full(64, 0.1, np.float32), "b3"))
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 64])],
-        inits,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return matmul_chain(ws, bias=np.full(64, 0.1, np.float32))
 
 
 def _timer(gemvq_faster: bool):
@@ -377,23 +361,10 @@ def test_layers_gemvq_cannot_run_stay_on_matmulnbits():
     """N not a multiple of 16 (64x120) and K not whole blocks (120x64): MatMulNBits, however
     the timer ranks GemvQ; the 64x64 layer goes to GemvQ; the saved model runs."""
     rng = np.random.default_rng(4)
-    shapes = {"fc1": (64, 120), "fc2": (120, 64), "fc3": (64, 64)}
-    nodes, inits, x = [], [], "x"
-    for i, (name, shape) in enumerate(shapes.items()):
-        w = (rng.standard_normal(shape) * 0.1).astype(np.float32)
-        inits.append(numpy_helper.from_array(w, f"w{i}"))
-        nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"h{i}"], name=name))
-        if i < 2:
-            nodes.append(helper.make_node("Relu", [f"h{i}"], [f"r{i}"]))
-            x = f"r{i}"
-    graph = helper.make_graph(
-        nodes,
-        "mixed",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 64])],
-        [helper.make_tensor_value_info("h2", TensorProto.FLOAT, [1, 1, 64])],
-        inits,
-    )
-    src = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    ws = [
+        (rng.standard_normal(s) * 0.1).astype(np.float32) for s in ((64, 120), (120, 64), (64, 64))
+    ]
+    src = matmul_chain(ws, x_shape=[1, 1, 64])  # fc1, fc2, fc3
     feeds = {"x": rng.standard_normal((1, 1, 64)).astype(np.float32)}
     opts = FuseOptions(weights="int8", weights_policy="all")
     gaf = GraphAutoFusion(src, sample_inputs=feeds, options=opts)

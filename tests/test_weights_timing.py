@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from graph_autofusion import GraphAutoFusion, defaults
 from graph_autofusion.options import FuseOptions
 from graph_autofusion.pipeline import weights_checks
 from graph_autofusion.pipeline.weights_checks import timing_copies
 from graph_autofusion.runtime.timing import use_timer
+from tests.tiny_models import matmul_chain
 
 
 def test_copies_follow_the_cache(monkeypatch):
@@ -32,18 +32,7 @@ def _mlp() -> onnx.ModelProto:
     rng = np.random.default_rng(0)
     w1 = (rng.standard_normal((64, 128)) * 0.1).astype(np.float32)
     w2 = (rng.standard_normal((128, 64)) * 0.1).astype(np.float32)
-    graph = helper.make_graph(
-        [
-            helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
-            helper.make_node("Relu", ["h"], ["r"]),
-            helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2"),
-        ],
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 64])],
-        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return matmul_chain([w1, w2], x_shape=[1, 1, 64])
 
 
 @pytest.mark.parametrize("cache,copies", [(32 << 20, 1), (64 << 10, 4)])
@@ -82,20 +71,7 @@ def _repeated() -> onnx.ModelProto:
     rng = np.random.default_rng(2)
     ws = [(rng.standard_normal((64, 64)) * 0.1).astype(np.float32) for _ in range(3)]
     ws.append((rng.standard_normal((64, 96)) * 0.1).astype(np.float32))
-    nodes, x = [], "x"
-    for i in range(4):
-        nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"h{i}"], name=f"fc{i}"))
-        if i < 3:
-            nodes.append(helper.make_node("Relu", [f"h{i}"], [f"r{i}"]))
-            x = f"r{i}"
-    graph = helper.make_graph(
-        nodes,
-        "repeated",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 64])],
-        [helper.make_tensor_value_info("h3", TensorProto.FLOAT, [1, 1, 96])],
-        [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(ws)],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return matmul_chain(ws, x_shape=[1, 1, 64], first=0)
 
 
 @pytest.mark.parametrize("slower", [False, True])
