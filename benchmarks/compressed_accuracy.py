@@ -1,7 +1,7 @@
 """Accuracy of compressed weights (issue 22): what fp16 / int8 / int4 weights cost in quality.
 
-Run: ``.venv/bin/python benchmarks/compressed_accuracy.py [--forms fp16,int8,int4]
-[--policies default,all] [--tokens N]`` (``--render`` rewrites the .md from the .json; timing-free: safe mode's speed checks are off, nothing is timed). Writes
+Run: ``.venv/bin/python benchmarks/compressed_accuracy.py [--out DIR] [--forms fp16,int8,int4]
+[--policies default,all] [--kernels auto,GemvQ] [--tokens N]`` (``--render`` rewrites the .md from the .json; timing-free: safe mode's speed checks are off, nothing is timed). Writes
 ``benchmarks/results/compressed_accuracy.json`` and ``compressed_accuracy.md``.
 
 Models, both through the ONNX route ``GraphAutoFusion(export, options=FuseOptions(weights=f,
@@ -22,7 +22,11 @@ check_speed=False)).fuse()`` then ``save()``, each saved file run in onnxruntime
 a row ``int8`` is ``weights_policy="default"`` (the LM head and the embedding tables at a higher
 precision: fp16 in an int8 model, the head int8 and the tables fp16 in an int4 one, fp32 in an
 fp16 one), ``int8/all`` is
-``weights_policy="all"`` (they are compressed too, each verified).
+``weights_policy="all"`` (they are compressed too, each verified). int8/int4 rows run on
+onnxruntime's ``MatMulNBits`` (what an untimed fuse picks); a row ``int8+GemvQ`` is
+``weights_kernel="GemvQ"``: our kernel on the same quantized weights, its activations kept to
+1/64516 of their block's largest where ``MatMulNBits`` (``accuracy_level`` 4) rounds them to
+int8 (``--kernels``).
 Goals (issue 22): perplexity within +1% (int8) / +5% (int4); top-1 >= 98% (int8) / >= 93%
 (int4); MiniLM cosine >= 0.999 (int8); the int8 file at most 0.3x the fp32 export.
 """
@@ -71,25 +75,39 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def _variants(forms: list[str], policies: list[str]) -> list[tuple[str, str, str]]:
-    """``(row label, form, policy)``: fp32, then every form under every policy (the label of
-    the ``default`` policy is the form alone, of another ``form/policy``)."""
-    rows = [("fp32", "fp32", "default")]
+def _variants(
+    forms: list[str], policies: list[str], kernels: list[str] = ("auto",)
+) -> list[tuple[str, str, str, str]]:
+    """``(row label, form, policy, kernel)``: fp32, then every form under every policy (the
+    label of the ``default`` policy is the form alone, of another ``form/policy``), int8/int4
+    on every ``FuseOptions.weights_kernel`` of ``kernels`` (``auto``, untimed, is
+    ``MatMulNBits``; another kernel's label ends ``+kernel``)."""
+    rows = [("fp32", "fp32", "default", "auto")]
     for policy in policies:
-        rows += [(f if policy == "default" else f"{f}/{policy}", f, policy) for f in forms]
+        for f in forms:
+            base = f if policy == "default" else f"{f}/{policy}"
+            for k in kernels if f in ("int8", "int4") else ("auto",):
+                rows.append((base if k == "auto" else f"{base}+{k}", f, policy, k))
     return rows
 
 
 def fuse_save(
-    path: Path, form: str, policy: str, feeds: dict[str, np.ndarray], dest: Path
+    path: Path,
+    form: str,
+    policy: str,
+    feeds: dict[str, np.ndarray],
+    dest: Path,
+    kernel: str = "auto",
 ) -> dict[str, Any]:
-    """Fuse ``path`` with ``weights=form`` under ``policy`` (safe mode on, no timing) and save
-    it to ``dest``."""
+    """Fuse ``path`` with ``weights=form`` under ``policy`` on ``kernel`` (safe mode on, no
+    timing) and save it to ``dest``."""
     from graph_autofusion.api import GraphAutoFusion
     from graph_autofusion.options import FuseOptions
 
     t = time.perf_counter()
-    kw = {"weights_policy": policy} if policy != "default" else {}
+    kw: dict[str, str] = {"weights_policy": policy} if policy != "default" else {}
+    if kernel != "auto":
+        kw["weights_kernel"] = kernel
     opts = FuseOptions(weights=form, check_speed=False, **kw)
     gaf = GraphAutoFusion(str(path), options=opts, sample_inputs=feeds)
     gaf.fuse()
@@ -97,6 +115,7 @@ def fuse_save(
     info: dict[str, Any] = {
         "form": form,
         "policy": policy,
+        "kernel": kernel,
         "fuse_s": round(time.perf_counter() - t, 2),
         "bytes": dest.stat().st_size,
     }
@@ -104,7 +123,7 @@ def fuse_save(
     if report is not None:
         d = report.to_dict()
         kept = [r for r in d["layers"] if r["form"] == "fp32"]
-        keys = ("name", "k", "n", "form", "block_size", "cosine", "rel_err", "reason")
+        keys = ("name", "k", "n", "form", "kernel", "block_size", "cosine", "rel_err", "reason")
         info.update(
             compressed=d["compressed"],
             kept_fp32=d["kept_fp32"],
@@ -118,7 +137,7 @@ def fuse_save(
 
 
 def trained_lm_rows(
-    variants: list[tuple[str, str, str]], tokens: int, work: Path
+    variants: list[tuple[str, str, str, str]], tokens: int, work: Path
 ) -> dict[str, Any]:
     from graph_autofusion.testing.trained_lm import (
         export_trained_lm,
@@ -152,10 +171,10 @@ def trained_lm_rows(
         "uniform_ppl": 256,
         "rows": {},
     }
-    for label, form, policy in variants:
+    for label, form, policy, kernel in variants:
         log(f"trained LM: {label}")
         dest = work / f"trained_lm-{form}-{policy}.onnx"
-        row = fuse_save(path, form, policy, feeds, dest)
+        row = fuse_save(path, form, policy, feeds, dest, kernel)
         row.update(compare_lm(ref, ort_logits_runner(dest), held, WINDOW))
         row["size_vs_fp32"] = row["bytes"] / out["export_bytes"]
         out["rows"][label] = row
@@ -166,7 +185,7 @@ def trained_lm_rows(
     return out
 
 
-def minilm_rows(variants: list[tuple[str, str, str]], work: Path) -> dict[str, Any]:
+def minilm_rows(variants: list[tuple[str, str, str, str]], work: Path) -> dict[str, Any]:
     from graph_autofusion.testing.builders import minilm_tokenize
     from graph_autofusion.testing.export import (
         MINILM_CHECK_SENTENCES,
@@ -188,10 +207,10 @@ def minilm_rows(variants: list[tuple[str, str, str]], work: Path) -> dict[str, A
         "seq_len": 32,
         "rows": {},
     }
-    for label, form, policy in variants:
+    for label, form, policy, kernel in variants:
         log(f"MiniLM: {label}")
         dest = work / f"minilm-{form}-{policy}.onnx"
-        row = fuse_save(path, form, policy, feeds, dest)
+        row = fuse_save(path, form, policy, feeds, dest, kernel)
         cos = row_cosines(ref, minilm_onnx_embeddings(dest, sentences, seq_len=32))
         row.update(min_cosine=float(cos.min()), mean_cosine=float(cos.mean()))
         row["size_vs_fp32"] = row["bytes"] / out["export_bytes"]
@@ -304,12 +323,26 @@ def main() -> None:
     ap.add_argument(
         "--policies", default="default,all", help="FuseOptions.weights_policy values (rows each)"
     )
+    ap.add_argument(
+        "--kernels",
+        default="auto,GemvQ",
+        help="FuseOptions.weights_kernel values for the int8/int4 rows (auto: MatMulNBits, "
+        "untimed; GemvQ: our kernel, rows labelled +GemvQ)",
+    )
     ap.add_argument("--tokens", type=int, default=8192, help="held-out bytes (trained LM)")
     ap.add_argument("--render", action="store_true", help="only rewrite the .md from the .json")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=OUT,
+        help="results folder (another machine's results in a folder of their own, e.g. "
+        "benchmarks/results/epyc)",
+    )
     args = ap.parse_args()
+    out = args.out
     if args.render:
-        data = json.loads((OUT / "compressed_accuracy.json").read_text())
-        (OUT / "compressed_accuracy.md").write_text(markdown(data))
+        data = json.loads((out / "compressed_accuracy.json").read_text())
+        (out / "compressed_accuracy.md").write_text(markdown(data))
         return
     forms = [f for f in args.forms.split(",") if f]
     from graph_autofusion.options import FuseOptions
@@ -319,14 +352,17 @@ def main() -> None:
     policies = [p for p in args.policies.split(",") if p]
     if "weights_policy" not in FuseOptions.__dataclass_fields__:
         policies = ["default"]
-    variants = _variants(forms, policies)
+    kernels = [k for k in args.kernels.split(",") if k]
+    if "weights_kernel" not in FuseOptions.__dataclass_fields__:
+        kernels = ["auto"]
+    variants = _variants(forms, policies, kernels)
     data: dict[str, Any] = {"environment": environment(), "command": " ".join(sys.argv[1:])}
     with tempfile.TemporaryDirectory(prefix="compressed_accuracy-") as tmp:
         data["trained_lm"] = trained_lm_rows(variants, args.tokens, Path(tmp))
         data["minilm"] = minilm_rows(variants, Path(tmp))
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "compressed_accuracy.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
-    (OUT / "compressed_accuracy.md").write_text(markdown(data))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compressed_accuracy.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
+    (out / "compressed_accuracy.md").write_text(markdown(data))
     print(markdown(data))
 
 

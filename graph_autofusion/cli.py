@@ -158,7 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     from graph_autofusion.cli_analyze import add_analyze_command
     from graph_autofusion.cost.hardware_cli import add_hardware_commands
-    from graph_autofusion.options import DENORMAL_MODES, WEIGHT_FORMS, WEIGHT_POLICIES
+    from graph_autofusion.options import (
+        DENORMAL_MODES,
+        WEIGHT_FORMS,
+        WEIGHT_KERNELS,
+        WEIGHT_POLICIES,
+    )
     from graph_autofusion.planner.plan import STRATEGIES
 
     add_hardware_commands(sub)
@@ -222,6 +227,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="'default' keeps the LM head and the embedding tables at a higher precision "
         "(fp16 in an int8/int4 model, fp32 in an fp16 one); 'all' compresses them too (head "
         "and tables int8, or fp16 in an fp16 model), each verified",
+    )
+    p.add_argument(
+        "--weights-kernel",
+        default="auto",
+        choices=list(WEIGHT_KERNELS),
+        help="what runs an int8/int4 contraction: 'auto' (default: safe mode times "
+        "onnxruntime's MatMulNBits against our GemvQ per layer shape and keeps the faster; "
+        "MatMulNBits when speed checks are off), or that kernel, untimed (a layer GemvQ "
+        "cannot take stays MatMulNBits)",
     )
     p.add_argument(
         "--denormals",

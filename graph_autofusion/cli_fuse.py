@@ -151,6 +151,7 @@ def cmd_fuse(args: argparse.Namespace) -> int:
         keep_fp32=(args.keep_fp32,) if args.keep_fp32 else (),
         weights=args.weights,
         weights_policy=args.weights_policy,
+        weights_kernel=args.weights_kernel,
         denormals=args.denormals,
     )
     gaf = GraphAutoFusion(

@@ -34,6 +34,11 @@ WEIGHT_FORMS = ("fp32", "fp16", "int8", "int4")
 #: in an fp16 one); ``all`` compresses them
 #: too (the head at int8 at most, the tables at int8; fp16 in an fp16 model), still verified.
 WEIGHT_POLICIES = ("default", "all")
+#: ``FuseOptions.weights_kernel``: what runs an int8/int4 contraction. ``auto``: safe mode times
+#: onnxruntime's ``MatMulNBits`` against our ``GemvQ`` per layer shape (with ``check_speed``;
+#: untimed, ``MatMulNBits``); ``MatMulNBits`` / ``GemvQ``: that kernel, not timed against the
+#: other (a layer ``GemvQ`` cannot take stays ``MatMulNBits``, the report says which).
+WEIGHT_KERNELS = ("auto", "MatMulNBits", "GemvQ")
 #: onnxruntime's idle workers in the sessions that serve a fused model (``FuseOptions.spinning``)
 SPINNING = ("auto", "run", "on", "off")
 
@@ -81,6 +86,12 @@ class FuseOptions:
             fp16; fp32 in an fp16 one); ``all``: they are
             compressed too (head int8 even for int4, fp16 in an fp16 model; tables int8
             ``GatherBlockQuantized`` in int models), each verified like every layer.
+        weights_kernel: What runs an ``int8`` / ``int4`` contraction: ``auto`` (the default:
+            with ``check_speed``, safe mode times onnxruntime's ``MatMulNBits`` against our
+            ``GemvQ`` custom operator per layer shape and keeps the faster; without,
+            ``MatMulNBits``), ``MatMulNBits`` or ``GemvQ`` (that kernel, not timed against the
+            other; each layer still checked against fp32; a layer ``GemvQ`` cannot take, N not
+            a multiple of 16, stays ``MatMulNBits``). Only with ``weights`` ``int8`` / ``int4``.
         spinning: onnxruntime's worker threads in the sessions that serve the fused model in
             this process (the PyTorch route's graphs, the cpu target's onnxruntime engine):
             ``auto`` (the default: ``run``, but ``on`` for a graph once it serves the drop-in
@@ -125,6 +136,7 @@ class FuseOptions:
     keep_fp32: tuple[str, ...] = ()
     weights: str = "fp32"
     weights_policy: str = "default"
+    weights_kernel: str = "auto"
     spinning: str = "auto"
     denormals: str = "flush"
 
@@ -150,6 +162,16 @@ class FuseOptions:
         if self.weights_policy not in WEIGHT_POLICIES:
             raise OptionsError(
                 f"unknown weights policy {self.weights_policy!r}; known: {list(WEIGHT_POLICIES)}"
+            )
+        if self.weights_kernel not in WEIGHT_KERNELS:
+            raise OptionsError(
+                f"unknown weights kernel {self.weights_kernel!r}; known: {list(WEIGHT_KERNELS)}"
+            )
+        if self.weights_kernel != "auto" and self.weights not in ("int8", "int4"):
+            raise OptionsError(
+                f"weights_kernel={self.weights_kernel!r} chooses the kernel of int8/int4 "
+                f"weights; weights={self.weights!r} has none to choose (use weights='int8' or "
+                f"'int4', or leave weights_kernel='auto')"
             )
         if self.spinning not in SPINNING:
             raise OptionsError(f"unknown spinning mode {self.spinning!r}; known: {list(SPINNING)}")

@@ -239,7 +239,11 @@ def compress_weights(
             if kernel == Q_OP:
                 saved_q.add(name)
     timed = bool(options.safe_mode and options.check_speed)
-    gemvq = not half and (timed or saved_q)  # GemvQ: timed against MatMulNBits, or saved
+    kernel = getattr(options, "weights_kernel", "auto")
+    if kernel == "MatMulNBits":  # the user's choice over a saved plan's GemvQ layers
+        saved_q = set()
+    # GemvQ: timed against MatMulNBits, asked for, or saved
+    gemvq = not half and (kernel == "GemvQ" or (kernel == "auto" and (timed or saved_q)))
     fp16 = half or (heads and head_form == "fp16")  # GemvF16: its library must build here
     if gemvq or fp16:  # one library holds both
         try:
@@ -248,6 +252,8 @@ def compress_weights(
             if gemvq:
                 report.notes.append(f"GemvQ not tried: {exc}")
                 saved_q = set()
+                if kernel == "GemvQ":  # every layer on MatMulNBits, as the note says
+                    options = options.replace(weights_kernel="MatMulNBits")
             if fp16:
                 for r in report.layers:
                     if half or r.name in {s.name for s in heads}:
@@ -265,7 +271,7 @@ def compress_weights(
     for s in todo:  # a layer the saved plan holds at the fallback form (int8 in an int4 model)
         if not s.head and form in FALLBACK and saved.get(s.name) == FALLBACK[form]:
             forms[s.name] = FALLBACK[form]
-    packs = {s.name: _quantize(s.weight, forms[s.name]) for s in todo}
+    packs = {s.name: _quantize(s.weight, forms[s.name], options) for s in todo}
     for name in saved_q & set(packs):  # untimed (or timed again below): the saved kernel
         if packs[name].gemvq and not timed:
             packs[name] = replace(packs[name], kernel=Q_OP)
@@ -276,8 +282,11 @@ def compress_weights(
         t = np.ascontiguousarray(e.table.T)
         packs[e.name] = to_half(t) if table_form == "fp16" else quantize(t, 8, block8, False)
     timing = Timing(
-        gemvq=library is not None and not half, pressure_bytes=sum(s.fp32_bytes for s in todo)
+        gemvq=library is not None and not half and kernel == "auto",
+        pressure_bytes=sum(s.fp32_bytes for s in todo),
     )
+    if kernel != "auto":
+        report.notes.append(_forced_note(getattr(options, "weights_kernel", kernel), kernel, packs))
     if options.safe_mode and todo:
         first = todo
         todo = check_layers(
@@ -422,7 +431,7 @@ def _fall_back(
     stats = {s.name: (records[s.name].cosine, records[s.name].rel_err) for s in failed}
     for s in failed:
         forms[s.name] = FALLBACK[forms[s.name]]
-        packs[s.name] = _quantize(s.weight, forms[s.name])
+        packs[s.name] = _quantize(s.weight, forms[s.name], options)
         records[s.name].reason = ""
     kept = check_layers(model, feeds, failed, packs, records, options, level, forms, timing=timing)
     passed_now = {s.name for s in kept}
@@ -465,7 +474,7 @@ def _demote_fewest(
         return None
     low = FALLBACK[form]
     trial = {n: _record(by_name[n]) for n in pool}
-    low_packs = {n: _quantize(by_name[n].weight, low) for n in pool}
+    low_packs = {n: _quantize(by_name[n].weight, low, options) for n in pool}
     ok = check_layers(
         model, result.feeds, [by_name[n] for n in pool], low_packs, trial, options, level,
         {n: low for n in pool}, threads, timing=timing,
@@ -568,12 +577,32 @@ def _fewest(
     return lo, hi, best, fail
 
 
-def _quantize(w: np.ndarray, form: str) -> Packed:
+def _quantize(w: np.ndarray, form: str, options: Any = None) -> Packed:
+    """``w`` in ``form``'s layout; on ``GemvQ`` where ``options.weights_kernel`` asks for it and
+    the weight fits it (else the kernel safe mode's timing or a saved plan decides)."""
     if form == "fp16":
         return to_half(w, panels=True)
-    return quantize(
+    p = quantize(
         w, BITS[form], defaults.WEIGHTS_BLOCK_SIZE[form], defaults.WEIGHTS_ZERO_POINT[form]
     )
+    if getattr(options, "weights_kernel", "auto") == Q_OP and p.gemvq:
+        p = replace(p, kernel=Q_OP)
+    return p
+
+
+def _forced_note(effective: str, asked: str, packs: Mapping[str, Packed]) -> str:
+    """The report's note on a kernel the options chose (``weights_kernel``), not safe mode."""
+    ints = [p for p in packs.values() if p.bits in (4, 8)]
+    if effective == asked == Q_OP:
+        misfits = sum(1 for p in ints if not p.gemvq)
+        why = f"; {misfits} that GemvQ cannot take (N not a multiple of 16) on MatMulNBits"
+        return (
+            f"weights_kernel='{Q_OP}': {len(ints) - misfits} int8/int4 contractions on {Q_OP}, "
+            f"not timed against MatMulNBits{why if misfits else ''}"
+        )
+    if asked == Q_OP:
+        return f"weights_kernel='{Q_OP}' asked for, but its library did not build: MatMulNBits"
+    return f"weights_kernel='{asked}': {len(ints)} int8/int4 contractions on {asked}, untimed"
 
 
 def _record(s: Site) -> LayerRecord:
