@@ -173,7 +173,7 @@ def trained_lm_rows(
     }
     for label, form, policy, kernel in variants:
         log(f"trained LM: {label}")
-        dest = work / f"trained_lm-{form}-{policy}.onnx"
+        dest = work / f"trained_lm-{form}-{policy}-{kernel}.onnx"
         row = fuse_save(path, form, policy, feeds, dest, kernel)
         row.update(compare_lm(ref, ort_logits_runner(dest), held, WINDOW))
         row["size_vs_fp32"] = row["bytes"] / out["export_bytes"]
@@ -209,7 +209,7 @@ def minilm_rows(variants: list[tuple[str, str, str, str]], work: Path) -> dict[s
     }
     for label, form, policy, kernel in variants:
         log(f"MiniLM: {label}")
-        dest = work / f"minilm-{form}-{policy}.onnx"
+        dest = work / f"minilm-{form}-{policy}-{kernel}.onnx"
         row = fuse_save(path, form, policy, feeds, dest, kernel)
         cos = row_cosines(ref, minilm_onnx_embeddings(dest, sentences, seq_len=32))
         row.update(min_cosine=float(cos.min()), mean_cosine=float(cos.mean()))

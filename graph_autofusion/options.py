@@ -37,7 +37,7 @@ WEIGHT_POLICIES = ("default", "all")
 #: ``FuseOptions.weights_kernel``: what runs an int8/int4 contraction. ``auto``: safe mode times
 #: onnxruntime's ``MatMulNBits`` against our ``GemvQ`` per layer shape (with ``check_speed``;
 #: untimed, ``MatMulNBits``); ``MatMulNBits`` / ``GemvQ``: that kernel, not timed against the
-#: other (a layer ``GemvQ`` cannot take stays ``MatMulNBits``, the report says which).
+#: other (a layer ``GemvQ`` cannot take stays ``MatMulNBits``, the report's note counts them).
 WEIGHT_KERNELS = ("auto", "MatMulNBits", "GemvQ")
 #: onnxruntime's idle workers in the sessions that serve a fused model (``FuseOptions.spinning``)
 SPINNING = ("auto", "run", "on", "off")
@@ -90,8 +90,10 @@ class FuseOptions:
             with ``check_speed``, safe mode times onnxruntime's ``MatMulNBits`` against our
             ``GemvQ`` custom operator per layer shape and keeps the faster; without,
             ``MatMulNBits``), ``MatMulNBits`` or ``GemvQ`` (that kernel, not timed against the
-            other; each layer still checked against fp32; a layer ``GemvQ`` cannot take, N not
-            a multiple of 16, stays ``MatMulNBits``). Only with ``weights`` ``int8`` / ``int4``.
+            other; each layer still checked against fp32, a layer that fails going to int8 or
+            fp32 as on ``auto``, never to the other kernel; a layer ``GemvQ`` cannot take, N not
+            a multiple of 16 or K not in whole blocks, stays ``MatMulNBits``). Only with
+            ``weights`` ``int8`` / ``int4``.
         spinning: onnxruntime's worker threads in the sessions that serve the fused model in
             this process (the PyTorch route's graphs, the cpu target's onnxruntime engine):
             ``auto`` (the default: ``run``, but ``on`` for a graph once it serves the drop-in

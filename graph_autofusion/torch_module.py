@@ -244,10 +244,14 @@ def _plan_backend(
 ) -> Any:
     """The backend of a fused module; with a saved ``plan``, one that applies its fusions."""
     if plan is not None:  # the saved fusions were timed when planned: numerics only now
-        options = (options or FuseOptions(target="cpu")).replace(
+        options = options or FuseOptions(target="cpu")
+        weights = plan.get("weights", "fp32")
+        options = options.replace(
             check_speed=False,
-            weights=plan.get("weights", "fp32"),
+            weights=weights,
             weights_policy=plan.get("weights_policy", "default"),
+            # a kernel choice applies to int weights only: a plan of others ignores it
+            weights_kernel=options.weights_kernel if weights in ("int8", "int4") else "auto",
         )
     backend = make_backend(preset=preset, hardware=hardware, options=options, rules=rules)
     if plan is not None:

@@ -53,7 +53,7 @@ def test_gemvq_asked_for_runs_every_layer_untimed_against_matmulnbits(form, chec
     assert all(r.kernel_times_us is None and r.cosine is not None for r in layers)
     assert _ops(fused).get("GemvQ") == 3 and "MatMulNBits" not in _ops(fused)
     note = " ".join(gaf.result.weights.notes)
-    assert "weights_kernel='GemvQ': 3 int8/int4 contractions on GemvQ" in note
+    assert "weights_kernel='GemvQ': 3 of the 3 int8/int4 contractions on GemvQ" in note
     got = fused_session_of(gaf, {"x": x})
     want = ort_session(src, "disable", 2).run(None, {"x": x})[0]
     assert _cos(got, want) > (0.9999 if form == "int8" else 0.99)
@@ -71,6 +71,73 @@ def test_matmulnbits_asked_for_is_kept_where_gemvq_would_time_faster():
     assert {r.kernel for r in gaf.result.weights.layers} == {"MatMulNBits"}
     assert _ops(fused).get("MatMulNBits") == 3 and "GemvQ" not in _ops(fused)
     assert gaf.result.custom_ops is None  # onnxruntime's own operator: no library to ship
+    note = " ".join(gaf.result.weights.notes)
+    assert "the 3 int8/int4 contractions on MatMulNBits, not timed against GemvQ" in note
+
+
+def test_the_note_counts_what_the_model_holds_after_the_speed_check():
+    """A layer the speed check keeps fp32 is not counted on GemvQ; nor is an embedding table
+    (``weights_policy="all"``: its own operator), and a head GemvQ cannot take (N = 300) is
+    counted on MatMulNBits."""
+    src = _mlp()
+    x = np.random.default_rng(3).standard_normal((1, 1, 64)).astype(np.float32)
+    opts = FuseOptions(weights="int8", weights_kernel="GemvQ")
+    gaf = GraphAutoFusion(src, sample_inputs={"x": x}, options=opts)
+    inner = _timer(False, [])
+
+    def timer(key, side, fn):  # fc2 slower compressed than fp32
+        return (3e-5 if side == "fused" else 2e-5) if key == "weights@fc2" else inner(key, side, fn)
+
+    with use_timer(timer):
+        gaf.fuse()
+    kernels = {r.name: r.kernel for r in gaf.result.weights.layers}
+    assert kernels == {"fc1": "GemvQ", "fc2": "", "fc3": "GemvQ"}
+    assert "2 of the 2 int8/int4 contractions on GemvQ" in " ".join(gaf.result.weights.notes)
+
+    from tests.test_compressed_weights import _tiny_lm
+
+    ids = {"ids": np.array([[1, 5, 299, 7]], np.int64)}
+    opts = FuseOptions(
+        weights="int8", weights_policy="all", weights_kernel="GemvQ", check_speed=False
+    )
+    lm = GraphAutoFusion(_tiny_lm(), sample_inputs=ids, options=opts)
+    fused = lm.fuse()
+    kernels = {r.name: r.kernel for r in lm.result.weights.layers}
+    assert kernels["fc"] == "GemvQ" and kernels["lm_head"] == "MatMulNBits"
+    assert _ops(fused).get("GatherBlockQuantized") == 1
+    note = " ".join(lm.result.weights.notes)
+    assert "1 of the 2 int8/int4 contractions on GemvQ" in note and "1 on MatMulNBits" in note
+
+
+def test_gemvq_asked_for_without_its_library_runs_on_matmulnbits(monkeypatch):
+    from graph_autofusion.pipeline import weights
+    from graph_autofusion.pipeline.ort_kernels import CustomOpsUnavailable
+
+    def unavailable(*_a, **_k):
+        raise CustomOpsUnavailable("no compiler here (test)")
+
+    monkeypatch.setattr(weights, "with_gemv", unavailable)
+    x = np.random.default_rng(5).standard_normal((1, 1, 64)).astype(np.float32)
+    opts = FuseOptions(weights="int4", weights_kernel="GemvQ", check_speed=False)
+    gaf = GraphAutoFusion(_mlp(), sample_inputs={"x": x}, options=opts)
+    fused = gaf.fuse()
+    assert {r.kernel for r in gaf.result.weights.layers} == {"MatMulNBits"}
+    assert _ops(fused).get("MatMulNBits") == 3 and gaf.result.custom_ops is None
+    note = " ".join(gaf.result.weights.notes)
+    assert "GemvQ not tried: no compiler here (test)" in note
+    assert "asked for, but its library did not build: the 3 int8/int4" in note
+
+
+def test_a_saved_plan_of_other_weights_ignores_the_kernel_choice():
+    """Rebuilding a plan's options with its own weights: a plan without int weights drops
+    ``weights_kernel`` instead of raising for a combination the user never wrote."""
+    from graph_autofusion.torch_module import PLAN_VERSION, _plan_backend
+
+    opts = FuseOptions(target="cpu", weights="int8", weights_kernel="GemvQ")
+    for plan, kernel in (({}, "auto"), ({"weights": "int4"}, "GemvQ")):
+        full = {"version": PLAN_VERSION, "graphs": [], **plan}
+        backend = _plan_backend(full, preset="all", hardware="host", options=opts, rules=None)
+        assert backend.config.options.weights_kernel == kernel
 
 
 def test_gemvq_asked_for_leaves_the_layers_it_cannot_take_on_matmulnbits():
@@ -89,7 +156,8 @@ def test_gemvq_asked_for_leaves_the_layers_it_cannot_take_on_matmulnbits():
     kernels = {r.name: r.kernel for r in gaf.result.weights.layers}
     assert kernels == {"fc1": "MatMulNBits", "fc2": "MatMulNBits", "fc3": "GemvQ"}
     note = " ".join(gaf.result.weights.notes)
-    assert "1 int8/int4 contractions on GemvQ" in note and "2 that GemvQ cannot take" in note
+    assert "1 of the 3 int8/int4 contractions on GemvQ" in note
+    assert "2 on MatMulNBits (GemvQ needs N a multiple of 16 and K in whole blocks)" in note
     got = fused_session_of(gaf, feeds)
     want = ort_session(src, "disable", 2).run(None, feeds)[0]
     assert _cos(got, want) > 0.999

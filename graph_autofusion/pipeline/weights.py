@@ -285,8 +285,6 @@ def compress_weights(
         gemvq=library is not None and not half and kernel == "auto",
         pressure_bytes=sum(s.fp32_bytes for s in todo),
     )
-    if kernel != "auto":
-        report.notes.append(_forced_note(getattr(options, "weights_kernel", kernel), kernel, packs))
     if options.safe_mode and todo:
         first = todo
         todo = check_layers(
@@ -369,6 +367,9 @@ def compress_weights(
             else ""
         )
     )
+    if kernel != "auto":
+        on = [records[n].kernel for n in chosen if records[n].op != "Gather" and forms[n] != "fp16"]
+        report.notes.append(_forced_note(getattr(options, "weights_kernel", kernel), kernel, on))
     return report
 
 
@@ -590,19 +591,29 @@ def _quantize(w: np.ndarray, form: str, options: Any = None) -> Packed:
     return p
 
 
-def _forced_note(effective: str, asked: str, packs: Mapping[str, Packed]) -> str:
-    """The report's note on a kernel the options chose (``weights_kernel``), not safe mode."""
-    ints = [p for p in packs.values() if p.bits in (4, 8)]
+def _forced_note(effective: str, asked: str, kernels: list[str]) -> str:
+    """The report's note on a kernel the options chose (``weights_kernel``), not safe mode's
+    race; ``kernels``: those of the int8/int4 contractions the model holds."""
+    n, on_q = len(kernels), kernels.count(Q_OP)
     if effective == asked == Q_OP:
-        misfits = sum(1 for p in ints if not p.gemvq)
-        why = f"; {misfits} that GemvQ cannot take (N not a multiple of 16) on MatMulNBits"
+        rest = (
+            f"; {n - on_q} on MatMulNBits (GemvQ needs N a multiple of 16 and K in whole blocks)"
+            if n - on_q
+            else ""
+        )
         return (
-            f"weights_kernel='{Q_OP}': {len(ints) - misfits} int8/int4 contractions on {Q_OP}, "
-            f"not timed against MatMulNBits{why if misfits else ''}"
+            f"weights_kernel='{Q_OP}': {on_q} of the {n} int8/int4 contractions on {Q_OP}, "
+            f"not timed against MatMulNBits{rest}"
         )
     if asked == Q_OP:
-        return f"weights_kernel='{Q_OP}' asked for, but its library did not build: MatMulNBits"
-    return f"weights_kernel='{asked}': {len(ints)} int8/int4 contractions on {asked}, untimed"
+        return (
+            f"weights_kernel='{Q_OP}' asked for, but its library did not build: the {n} "
+            f"int8/int4 contractions on MatMulNBits"
+        )
+    return (
+        f"weights_kernel='{asked}': the {n} int8/int4 contractions on {asked}, not timed "
+        f"against {Q_OP}"
+    )
 
 
 def _record(s: Site) -> LayerRecord:
