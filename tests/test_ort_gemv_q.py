@@ -46,15 +46,20 @@ def _kernel(path: str | None = None):
 #: its AVX-512 VNNI path multiplies the weights by two int8 digits of each activation (x to
 #: 1 / 64516 of its block's largest); the fp32 paths round in fp32 alone
 REL = 4e-5
+#: The AVX2 int8 path's (digits within 63: x to 1 / 7938 of its block's largest; Gaussian
+#: blocks of 16-128 measured 0.5-1.1e-4 on the shapes below)
+REL_AVX2_INT = 4e-4
 
 
-def _assert_close(y: np.ndarray, want: np.ndarray, what: str = "") -> None:
+def _assert_close(y: np.ndarray, want: np.ndarray, what: str = "", rel_max: float = REL) -> None:
     assert np.all(np.isfinite(y)), what
     rel = float(np.linalg.norm(y - want) / np.linalg.norm(want))
-    assert rel < REL, f"{what}: relative error {rel:.2e}"
+    assert rel < rel_max, f"{what}: relative error {rel:.2e}"
 
 
-def _check(fn, bits: int, zp: bool, m: int, k: int, n: int, block: int, what: str = "") -> None:
+def _check(
+    fn, bits: int, zp: bool, m: int, k: int, n: int, block: int, what: str = "", rel: float = REL
+) -> None:
     """``gaf_gemv_q`` on a quantized random weight against numpy on its dequantized values."""
     rng = np.random.default_rng(m * k + n + bits)
     p = quantize(rng.standard_normal((k, n)).astype(np.float32), bits, block, zp)
@@ -66,8 +71,8 @@ def _check(fn, bits: int, zp: bool, m: int, k: int, n: int, block: int, what: st
     assert fn(*ptr, int(z.size > 1), y.ctypes.data, m, n, k, s.shape[1], bits) == 0
     want = x.astype(np.float64) @ p.dequantized.astype(np.float64)
     if m > 1:
-        _assert_close(y[1:], want[1:], what)  # rows of ordinary size
-    _assert_close(y[:1], want[:1], what)
+        _assert_close(y[1:], want[1:], what, rel)  # rows of ordinary size
+    _assert_close(y[:1], want[:1], what, rel)
 
 
 @pytest.mark.parametrize("bits,zp", FORMS)
@@ -175,18 +180,25 @@ def _host_flags() -> set[str]:
         return set()
 
 
-#: the ISA levels built, and the CPU flags a host needs to run each build
-MARCH_NEEDS = {"x86-64-v4": {"avx512f", "avx512bw"}, "x86-64-v3": {"avx2", "fma"}, "x86-64": set()}
+#: the builds (ISA level, defines), the CPU flags a host needs to run each, the path's error
+MARCH_NEEDS = {
+    ("x86-64-v4", ""): ({"avx512f", "avx512bw"}, REL),
+    ("x86-64-v3", ""): ({"avx2", "fma"}, REL_AVX2_INT),  # int8 digits by vpmaddubsw
+    ("x86-64-v3", "-DGAF_GQ_NO_I2"): ({"avx2", "fma"}, REL),  # fp32 products
+    ("x86-64", ""): (set(), REL),
+}
 
 
-@pytest.mark.parametrize("march", list(MARCH_NEEDS))
-def test_the_kernel_is_right_on_avx512_without_vnni_avx2_and_plain_c(march, tmp_path):
-    """Compiled per machine (``-march=native``): AVX-512 without VNNI (fp32 products), AVX2 and
-    plain C, built here for another ISA level (the other tests run this machine's path); a
-    level this CPU cannot execute is not run (it would die of an illegal instruction)."""
+@pytest.mark.parametrize("march,define", list(MARCH_NEEDS))
+def test_the_kernel_is_right_on_avx512_without_vnni_avx2_and_plain_c(march, define, tmp_path):
+    """Compiled per machine (``-march=native``): AVX-512 without VNNI (fp32 products), AVX2
+    (int8 digits, and fp32 products where built so) and plain C, built here for another ISA
+    level (the other tests run this machine's path); a level this CPU cannot execute is not
+    run (it would die of an illegal instruction)."""
     from graph_autofusion.codegen.ort_customop_c import customop_library_source
 
-    missing = MARCH_NEEDS[march] - _host_flags()
+    needs, rel = MARCH_NEEDS[(march, define)]
+    missing = needs - _host_flags()
     if missing:
         pytest.skip(f"this CPU cannot run {march} code (no {', '.join(sorted(missing))})")
     gcc = shutil.which("gcc")
@@ -195,14 +207,27 @@ def test_the_kernel_is_right_on_avx512_without_vnni_avx2_and_plain_c(march, tmp_
     (tmp_path / "k.c").write_text(customop_library_source([], gemv=True))
     so = tmp_path / f"k_{march}.so"
     subprocess.run(
-        [gcc, "-O2", "-fPIC", "-shared", "-std=gnu11", f"-march={march}",
+        [gcc, "-O2", "-fPIC", "-shared", "-std=gnu11", f"-march={march}", *define.split(),
          f"-I{ort_include_dir()}", str(tmp_path / "k.c"), "-o", str(so)],
         check=True,
     )  # fmt: skip
+    lib = ctypes.CDLL(str(so))
+    want_path = 1 if (march == "x86-64-v3" and not define) else 0
+    assert lib.gaf_gemv_q_vnni() == want_path  # the path this build runs
     fn = _kernel(str(so))
     for bits, zp in FORMS:
         for m, k, n, block in SHAPES:
-            _check(fn, bits, zp, m, k, n, block, f"{march} bits {bits} zp {zp} m {m}")
+            _check(fn, bits, zp, m, k, n, block, f"{march}{define} bits {bits} zp {zp} m {m}", rel)
+    if want_path:  # a NaN or infinite activation: that row's outputs non-finite, not the next
+        p = quantize(np.ones((64, 16), np.float32), 8, 32, False)
+        wq, s, z = to_panels(p.b, p.scales, p.zero_points, 8, 64, 16)
+        for bad in (np.nan, np.inf):
+            x = np.ones((2, 64), np.float32)
+            x[0, 3] = bad
+            y = np.zeros((2, 16), np.float32)
+            ptr = [a.ctypes.data for a in (x, wq, s, z)]
+            assert fn(*ptr, 0, y.ctypes.data, 2, 16, 64, 2, 8) == 0
+            assert not np.isfinite(y[0]).any() and np.allclose(y[1], 64.0, rtol=1e-3)
 
 
 def _one_node(k: int, arrays, x_shape) -> onnx.ModelProto:

@@ -30,12 +30,18 @@ Paths (the library is compiled with ``-march=native``):
   result scaled by ``s sx / 254``. Up to 8 activation rows a tile share each weight load; one
   or two rows keep four groups in flight (independent accumulator chains); a line 1 KB ahead
   of the weight stream is prefetched.
-* **AVX-512 without VNNI, AVX2, plain C**: the weights widened to fp32 and multiplied by the
+* **AVX2 without AVX-512** (:mod:`~graph_autofusion.codegen.ort_gemv_q_paths`): int8 digits
+  of the activations too, multiplied by AVX2's ``vpmaddubsw``, which saturates a pair's sum:
+  digits within 63, ``x = sx (x0 + x1 / 126)`` (each activation to 1 / 7938 of its block's
+  largest); two rows a tile.
+* **AVX-512 without VNNI, plain C** (and AVX2 built with ``GAF_GQ_NO_I2``): the weights widened
+  to fp32 and multiplied by the
   fp32 activations (four k a lane, reduced per block), the zero point subtracted as
   ``z s sum(x)`` over the block.
 
 Measured (``benchmarks/gemv_stream.py``, one token, weights streamed from memory): see
-``benchmarks/results/epyc/gemv_stream.md``.
+``benchmarks/results/epyc/gemv_stream.md``; each path's arithmetic on warm weights, one thread
+(``benchmarks/gemv_q_paths.py``): ``benchmarks/results/epyc/gemv_q_paths.md``.
 
 Rows: any ``M`` works; a prefill is a GEMM at a register tile's rate (safe mode decides per
 layer on the real activation, where ``MatMulNBits`` may be faster). Chunks of panels run on
@@ -48,12 +54,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from graph_autofusion.codegen.ort_gemv_q_paths import AVX2_INT, FP32
+
 #: The operator's name in the ``ai.graph_autofusion`` domain.
 OP = "GemvQ"
 #: The largest block along K (the C's ``GAF_GQ_MAX_BLOCK``: exact int32 sums).
 MAX_BLOCK = 16384
 
-SOURCE = r"""
+_HEAD = r"""
 /* ---- GemvQ: y[..., N] = x[..., K] @ dequant(Wq)^T, 8- or 4-bit weights in panels of 16
    outputs by groups of 4 k, block scales and zero points (graph-autofusion) ---- */
 #ifndef GAF_GQ_CHUNK
@@ -71,6 +79,12 @@ SOURCE = r"""
 #define GAF_GQ_VNNI 1
 #else
 #define GAF_GQ_VNNI 0
+#endif
+/* AVX2 without AVX-512: int8 digits too, by vpmaddubsw (ort_gemv_q_paths.AVX2_INT) */
+#if !GAF_GQ_VNNI && !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && !defined(GAF_GQ_NO_I2)
+#define GAF_GQ_I2 1
+#else
+#define GAF_GQ_I2 0
 #endif
 
 typedef struct {
@@ -210,117 +224,9 @@ static void gaf_gq_digits(const float *x, int8_t *x0, int8_t *x1, float *xq, flo
     }
     (void)K;
 }
-#else
-/* fp32 paths: the weights widened to fp32 and multiplied by the activations; a block's sums
-   per output as 4-lane partial sums over k, reduced at the block's end */
-#if defined(__AVX512F__)
-#define GAF_GQ_ROWS 4
-/* the sums of four accumulators (outputs 4q + l, lanes 4l + kk) as outputs 0-15 in order */
-GAF_GQ_INL __m512 gaf_gq_reduce(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
-    __m512 u0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
-    __m512 u1 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
-    __m512 t = _mm512_add_ps(_mm512_shuffle_ps(u0, u1, 0x44), _mm512_shuffle_ps(u0, u1, 0xEE));
-    /* t[4l + q] = output 4q + l */
-    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    return _mm512_permutexvar_ps(idx, t);
-}
-#elif defined(__AVX2__) && defined(__FMA__)
-#define GAF_GQ_ROWS 1
-/* the sums of four accumulators (outputs 2q, 2q + 1 by lanes 4h + kk) as 8 outputs in order */
-GAF_GQ_INL __m256 gaf_gq_reduce8(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
-    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    /* h = outputs 0, 2, 4, 6 | 1, 3, 5, 7 */
-    return _mm256_permutevar8x32_ps(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-#else
-#define GAF_GQ_ROWS 1
-#endif
+"""
 
-GAF_GQ_INL void gaf_gq_tile(const GafGemvQ *j, int64_t p, int64_t m, const int R, const int bits) {
-    const int64_t K = j->K, B = j->B, nb = j->nb, N = j->N;
-    const uint8_t *w = j->w + p * K * (bits == 8 ? 16 : 8);
-    const float *xs = j->xs + m * nb, *s = j->s + p * nb * 16;
-    const uint8_t *z = j->zfull ? j->z + p * nb * 16 : 0;
-    float *y = j->y + m * N + p * 16;
-#if defined(__AVX512F__)
-    const __m512 z0 = _mm512_set1_ps((float)j->z[0]);
-    __m512 c[4], a[4][4];
-    for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        for (int r = 0; r < R; r++) a[r][0] = a[r][1] = a[r][2] = a[r][3] = _mm512_setzero_ps();
-        for (int64_t g = b * B / 4; g < (b + 1) * B / 4; g++) {
-            __m512i wv = gaf_gq_group(w, g, bits);
-            __m512 v[4];
-            v[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_castsi512_si128(wv)));
-            v[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(wv, 1)));
-            v[2] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(wv, 2)));
-            v[3] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(wv, 3)));
-            for (int r = 0; r < R; r++) {
-                __m512 x4 = _mm512_broadcast_f32x4(_mm_loadu_ps(j->x + (m + r) * K + 4 * g));
-                for (int q = 0; q < 4; q++) a[r][q] = _mm512_fmadd_ps(v[q], x4, a[r][q]);
-            }
-        }
-        __m512 sv = _mm512_loadu_ps(s + b * 16);
-        __m512 zv = z ? _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(z + b * 16)))) : z0;
-        __m512 zs = _mm512_mul_ps(sv, zv);
-        for (int r = 0; r < R; r++) {
-            __m512 t = gaf_gq_reduce(a[r][0], a[r][1], a[r][2], a[r][3]);
-            c[r] = _mm512_fnmadd_ps(zs, _mm512_set1_ps(xs[r * nb + b]), _mm512_fmadd_ps(t, sv, c[r]));
-        }
-    }
-    for (int r = 0; r < R; r++) _mm512_storeu_ps(y + r * N, c[r]);
-#elif defined(__AVX2__) && defined(__FMA__)
-    (void)R;
-    const __m256 z0 = _mm256_set1_ps((float)j->z[0]);
-    const float *x = j->x + m * K;
-    __m256 cl = _mm256_setzero_ps(), ch = cl, a[8];
-    for (int64_t b = 0; b < nb; b++) {
-        for (int q = 0; q < 8; q++) a[q] = _mm256_setzero_ps();
-        for (int64_t g = b * B / 4; g < (b + 1) * B / 4; g++) {
-            __m128i h[4];
-            if (bits == 8) {
-                for (int i = 0; i < 4; i++) h[i] = _mm_loadu_si128((const __m128i *)(w + g * 64 + 16 * i));
-            } else {
-                __m128i m4 = _mm_set1_epi8(15);
-                __m128i b0 = _mm_loadu_si128((const __m128i *)(w + g * 32)), b1 = _mm_loadu_si128((const __m128i *)(w + g * 32 + 16));
-                h[0] = _mm_and_si128(b0, m4); h[1] = _mm_and_si128(b1, m4);
-                h[2] = _mm_and_si128(_mm_srli_epi16(b0, 4), m4); h[3] = _mm_and_si128(_mm_srli_epi16(b1, 4), m4);
-            }
-            __m256 x4 = _mm256_broadcast_ps((const __m128 *)(x + 4 * g));
-            for (int i = 0; i < 4; i++) {
-                a[2 * i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h[i])), x4, a[2 * i]);
-                a[2 * i + 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(h[i], 8))), x4, a[2 * i + 1]);
-            }
-        }
-        __m256 tl = gaf_gq_reduce8(a[0], a[1], a[2], a[3]), th = gaf_gq_reduce8(a[4], a[5], a[6], a[7]);
-        __m256 sl = _mm256_loadu_ps(s + b * 16), sh = _mm256_loadu_ps(s + b * 16 + 8), zl = z0, zh = z0;
-        if (z) {
-            __m128i zb = _mm_loadu_si128((const __m128i *)(z + b * 16));
-            zl = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(zb));
-            zh = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(zb, 8)));
-        }
-        __m256 xb = _mm256_set1_ps(xs[b]);
-        cl = _mm256_fnmadd_ps(_mm256_mul_ps(sl, zl), xb, _mm256_fmadd_ps(tl, sl, cl));
-        ch = _mm256_fnmadd_ps(_mm256_mul_ps(sh, zh), xb, _mm256_fmadd_ps(th, sh, ch));
-    }
-    _mm256_storeu_ps(y, cl);
-    _mm256_storeu_ps(y + 8, ch);
-#else
-    (void)R;
-    const float *x = j->x + m * K;
-    float c[16];
-    memset(c, 0, sizeof c);
-    for (int64_t b = 0; b < nb; b++)
-        for (int i = 0; i < 16; i++) {
-            float t = 0.f;
-            for (int64_t k = b * B; k < (b + 1) * B; k++) t += (float)gaf_gq_q(w, k, i, bits) * x[k];
-            float sv = s[b * 16 + i], zv = (float)(z ? z[b * 16 + i] : j->z[0]);
-            c[i] += t * sv - zv * sv * xs[b];
-        }
-    memcpy(y, c, sizeof c);
-#endif
-}
-#endif /* GAF_GQ_VNNI */
+_TAIL = r"""#endif /* GAF_GQ_VNNI */
 
 /* panels [p0, p1) against every activation row, in tiles of GAF_GQ_ROWS rows; bits a constant
    in each instance */
@@ -363,7 +269,7 @@ static void gaf_gq_chunk(void *data, size_t i) {
    int8 digits (VNNI), in one buffer the caller frees (NULL: out of memory) */
 static void *gaf_gq_prepare(GafGemvQ *j) {
     const int64_t M = j->M, K = j->K, B = j->B, nb = j->nb;
-#if GAF_GQ_VNNI
+#if GAF_GQ_VNNI || GAF_GQ_I2
     char *buf = (char *)malloc((size_t)(2 * M * nb) * sizeof(float) + (size_t)(2 * M * K) + 64);
     if (!buf) return 0;
     float *xq = (float *)buf, *xz = xq + M * nb;
@@ -401,9 +307,10 @@ int gaf_gemv_q(const float *x, const uint8_t *w, const float *s, const uint8_t *
     return 0;
 }
 
-/* whether the library runs GemvQ on int8 digits of the activations (VNNI) */
+/* the path the library runs GemvQ on: 2 int8 digits of the activations by VNNI, 1 by AVX2's
+   vpmaddubsw, 0 fp32 products */
 __attribute__((visibility("default")))
-int gaf_gemv_q_vnni(void) { return GAF_GQ_VNNI; }
+int gaf_gemv_q_vnni(void) { return GAF_GQ_VNNI ? 2 : GAF_GQ_I2; }
 
 /* the dims of input i (rank at most 3) */
 static OrtStatus *gaf_gq_dims(OrtKernelContext *ctx, size_t i, const OrtValue **v, int64_t *d, size_t *rank) {
@@ -484,6 +391,9 @@ static void gaf_gemv_q_fill(OrtCustomOp *g) {
     g->KernelComputeV2 = gaf_gq_compute2;
 }
 """
+
+#: The C of the operator (all paths; the compiler picks one by the ISA macros).
+SOURCE = _HEAD + "#elif GAF_GQ_I2\n" + AVX2_INT + "#else\n" + FP32 + _TAIL
 
 
 def eligible(k: int, n: int, block_size: int) -> bool:
