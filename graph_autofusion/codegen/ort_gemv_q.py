@@ -30,11 +30,11 @@ Paths (the library is compiled with ``-march=native``):
   result scaled by ``s sx / 254``. Up to 8 activation rows a tile share each weight load; one
   or two rows keep four groups in flight (independent accumulator chains); a line 1 KB ahead
   of the weight stream is prefetched.
-* **AVX2 without AVX-512** (:mod:`~graph_autofusion.codegen.ort_gemv_q_paths`): int8 digits
+* **AVX2, and AVX-512 without VNNI** (:mod:`~graph_autofusion.codegen.ort_gemv_q_paths`): int8 digits
   of the activations too, multiplied by AVX2's ``vpmaddubsw``, which saturates a pair's sum:
   digits within 63, ``x = sx (x0 + x1 / 126)`` (each activation to 1 / 7938 of its block's
   largest); two rows a tile.
-* **AVX-512 without VNNI, plain C** (and AVX2 built with ``GAF_GQ_NO_I2``): the weights widened
+* **plain C** (and AVX2 / AVX-512 built with ``GAF_GQ_NO_I2``): the weights widened
   to fp32 and multiplied by the
   fp32 activations (four k a lane, reduced per block), the zero point subtracted as
   ``z s sum(x)`` over the block.
@@ -80,8 +80,8 @@ _HEAD = r"""
 #else
 #define GAF_GQ_VNNI 0
 #endif
-/* AVX2 without AVX-512: int8 digits too, by vpmaddubsw (ort_gemv_q_paths.AVX2_INT) */
-#if !GAF_GQ_VNNI && !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && !defined(GAF_GQ_NO_I2)
+/* AVX2 (or AVX-512) without VNNI: int8 digits too, by vpmaddubsw (ort_gemv_q_paths.AVX2_INT) */
+#if !GAF_GQ_VNNI && defined(__AVX2__) && defined(__FMA__) && !defined(GAF_GQ_NO_I2)
 #define GAF_GQ_I2 1
 #else
 #define GAF_GQ_I2 0
@@ -90,8 +90,9 @@ _HEAD = r"""
 typedef struct {
     const float *x; const uint8_t *w; const float *s; const uint8_t *z; float *y;
     const float *xs;   /* fp32 paths: each row's sums over the blocks [M, nb] */
-    const int8_t *x0, *x1; const float *xq, *xz; /* VNNI: the rows' two int8 digits [M, K],
-                          their scale / 254 and 254 * sum(x0) + sum(x1) per row and block */
+    const int8_t *x0, *x1; const float *xq, *xz; /* int8 paths: the rows' two digits [M, K],
+                          their scale / R and R sum(x0) + sum(x1) per row and block (R: 254
+                          VNNI, 126 AVX2) */
     int64_t M, N, K, B, nb, rows; /* rows: panels per chunk */
     int bits, zfull;              /* zfull: z per output and block (else z[0] for all) */
 } GafGemvQ;
@@ -198,7 +199,9 @@ static void gaf_gq_digits(const float *x, int8_t *x0, int8_t *x1, float *xq, flo
             amax = fabsf(xb[k]) > amax ? fabsf(xb[k]) : amax;
         }
         bad |= amax > 3.4e38f; /* an infinite activation */
-        float sx = amax > 0.f && !bad ? amax / 127.f : 1.f, inv = 1.f / sx;
+        /* a block whose largest is below 1e-30 counts as zeros (its digits' scale would be
+           denormal, its inverse infinite) */
+        float sx = amax > 1e-30f && !bad ? amax / 127.f : 1.f, inv = 1.f / sx;
         __m512 vi = _mm512_set1_ps(inv), v254 = _mm512_set1_ps(254.f);
         __m512i s0 = _mm512_setzero_si512(), s1 = s0;
         for (k = 0; k + 16 <= B; k += 16) {
@@ -266,7 +269,7 @@ static void gaf_gq_chunk(void *data, size_t i) {
 }
 
 /* what a call computes once before the panels: each row's block sums (fp32 paths) or its
-   int8 digits (VNNI), in one buffer the caller frees (NULL: out of memory) */
+   int8 digits (VNNI, AVX2), in one buffer the caller frees (NULL: out of memory) */
 static void *gaf_gq_prepare(GafGemvQ *j) {
     const int64_t M = j->M, K = j->K, B = j->B, nb = j->nb;
 #if GAF_GQ_VNNI || GAF_GQ_I2

@@ -1,14 +1,15 @@
 """The C of ``GemvQ``'s paths for CPUs without AVX-512 VNNI (:mod:`graph_autofusion.codegen.
 ort_gemv_q` holds the operator, its VNNI path and its layout; its ``SOURCE`` takes these in).
 
-* ``AVX2_INT`` (AVX2 + FMA, no AVX-512): the weights multiplied by int8 digits of the
+* ``AVX2_INT`` (AVX2 + FMA without AVX-512 VNNI, AVX-512 F/BW included: there it ran 1.8x the
+  AVX-512 fp32 path, ``benchmarks/results/epyc/gemv_q_paths.md``): the weights multiplied by int8 digits of the
   activations as VNNI does, with AVX2's ``vpmaddubsw`` (u8 x s8 pairs summed into int16, then
   ``vpmaddwd`` by ones into int32). ``vpmaddubsw`` saturates a pair's sum at 32767, so the
   digits stay within 63 (2 x 255 x 63 = 32130): ``x = sx (x0 + x1 / 126)``, ``sx = max|x| / 63``
   over the block, each activation to 1 / 7938 of its block's largest (VNNI's 1 / 64516;
   ``MatMulNBits``' int8 rounding 1 / 254). Two rows a tile share each weight load.
-* ``FP32``: the weights widened to fp32 and multiplied by the fp32 activations (AVX-512 without
-  VNNI, plain C, and AVX2 where the library is built with ``GAF_GQ_NO_I2``).
+* ``FP32``: the weights widened to fp32 and multiplied by the fp32 activations (plain C, and
+  AVX2 / AVX-512 without VNNI where the library is built with ``GAF_GQ_NO_I2``).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ static void gaf_gq_digits(const float *x, int8_t *x0, int8_t *x1, float *xq, flo
             bad |= !(a <= 3.4e38f); /* NaN or infinite */
             amax = a > amax ? a : amax;
         }
-        float sx = amax > 0.f && !bad ? amax / D : 1.f, inv = 1.f / sx;
+        float sx = amax > 1e-30f && !bad ? amax / D : 1.f, inv = 1.f / sx; /* tiny: zeros */
         int64_t t0 = 0, t1 = 0;
         for (int64_t k = 0; k < B; k++) {
             float t = bad ? 0.f : xb[k] * inv, r0 = nearbyintf(t), r1 = nearbyintf((t - r0) * R);
