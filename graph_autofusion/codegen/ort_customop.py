@@ -69,6 +69,7 @@ from graph_autofusion.codegen.ort_customop_save import (
     save_with_library,
     write_kernel_dir,
 )
+from graph_autofusion.codegen.ort_gelu import OPS as GELU_OPS
 from graph_autofusion.codegen.ort_gemv import OP as GEMV_OP
 from graph_autofusion.codegen.ort_gemv_f16 import OP as GEMV_F16_OP
 from graph_autofusion.codegen.ort_gemv_q import OP as GEMV_Q_OP
@@ -116,6 +117,8 @@ __all__ = [
 #: ``$GRAPH_AUTOFUSION_CUSTOM_OP_CFLAGS``: extra compiler flags for the custom-operator
 #: library only (``-DGAF_BREAK`` style flags to test the fallback of a failing build).
 ENV_CFLAGS = env.CUSTOM_OP_CFLAGS
+#: The hand-written operators a library built with ``gemv=True`` defines.
+BUILTIN_OPS = (GEMV_OP, GEMV_F16_OP, GEMV_Q_OP, *GELU_OPS)
 
 
 HEADER = "onnxruntime_c_api.h"
@@ -217,8 +220,9 @@ def build_library(
     kernels: Sequence[Kernel], base: CodegenOptions | None = None, *, gemv: bool = False
 ) -> CustomOpLibrary:
     """Compile ``kernels`` (finalized) and their operators into one library (cached);
-    ``gemv``: with the few-row ``Gemv`` operator (:mod:`graph_autofusion.codegen.ort_gemv`)
-    and ``GemvF16`` (:mod:`graph_autofusion.codegen.ort_gemv_f16`).
+    ``gemv``: with the hand-written operators (:data:`BUILTIN_OPS`): the few-row ``Gemv``
+    family (:mod:`graph_autofusion.codegen.ort_gemv`, ``ort_gemv_f16``, ``ort_gemv_q``) and the
+    one-pass GELUs (:mod:`graph_autofusion.codegen.ort_gelu`).
 
     Raises:
         CustomOpBuildError: no header, no compiler, or the compiler failed.
@@ -231,7 +235,7 @@ def build_library(
         built: BuiltSource = compile_source(source, opts, what="custom-operator library")
     except (KernelCompileError, CompilerNotFoundError) as exc:
         raise CustomOpBuildError(f"custom-operator library failed to build: {exc}") from exc
-    ops = tuple(op_name(k) for k in unique) + ((GEMV_OP, GEMV_F16_OP, GEMV_Q_OP) if gemv else ())
+    ops = tuple(op_name(k) for k in unique) + (BUILTIN_OPS if gemv else ())
     return CustomOpLibrary(
         built.path, built.source_path, ops, tuple(unique), opts, built.from_cache, built.compile_s
     )

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from graph_autofusion.codegen import ort_gemv, ort_gemv_f16, ort_gemv_q
+from graph_autofusion.codegen import ort_gelu, ort_gemv, ort_gemv_f16, ort_gemv_q
 from graph_autofusion.codegen.c_backend import library_source
 from graph_autofusion.codegen.kernel_ir import ROW, Kernel
 from graph_autofusion.codegen.ort_customop_prelude import PRELUDE
@@ -218,7 +218,8 @@ def customop_library_source(
     ``kernels`` are finalized (named ``gaf_<digest>``, inner stride classes set) and distinct.
     ``gemv``: the library also defines the few-row ``Gemv`` operator and its fp16- and
     8/4-bit-weight twins ``GemvF16`` and ``GemvQ`` (:mod:`graph_autofusion.codegen.ort_gemv`,
-    :mod:`~graph_autofusion.codegen.ort_gemv_f16`, :mod:`~graph_autofusion.codegen.ort_gemv_q`).
+    :mod:`~graph_autofusion.codegen.ort_gemv_f16`, :mod:`~graph_autofusion.codegen.ort_gemv_q`),
+    and the one-pass GELUs ``GeluErf`` and ``GeluTanh`` (:mod:`~graph_autofusion.codegen.ort_gelu`).
     """
 
     unique = list({op_name(k): k for k in kernels}.values())
@@ -228,7 +229,7 @@ def customop_library_source(
         PRELUDE,
     ]
     if gemv:
-        parts += [ort_gemv.SOURCE, ort_gemv_f16.SOURCE, ort_gemv_q.SOURCE]
+        parts += [ort_gemv.SOURCE, ort_gemv_f16.SOURCE, ort_gemv_q.SOURCE, ort_gelu.SOURCE]
     parts += [_descriptor(k) for k in unique]
     descs = ", ".join(f"&gaf_d_{k.digest()}" for k in unique)
     parts.append(
@@ -252,6 +253,8 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
         gaf_gemv_fill(&gaf_gemv_op);
         gaf_gemv_f16_fill(&gaf_gemv_f16_op);
         gaf_gemv_q_fill(&gaf_gemv_q_op);
+        gaf_gelu_fill(&gaf_gelu_erf_op, 0);
+        gaf_gelu_fill(&gaf_gelu_tanh_op, 1);
 #endif
         __atomic_store_n(&gaf_filled, 1, __ATOMIC_RELEASE);
     }
@@ -261,6 +264,8 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
     if ((err = gaf_api->CustomOpDomain_Add(domain, &gaf_gemv_op))) return err;
     if ((err = gaf_api->CustomOpDomain_Add(domain, &gaf_gemv_f16_op))) return err;
     if ((err = gaf_api->CustomOpDomain_Add(domain, &gaf_gemv_q_op))) return err;
+    if ((err = gaf_api->CustomOpDomain_Add(domain, &gaf_gelu_erf_op))) return err;
+    if ((err = gaf_api->CustomOpDomain_Add(domain, &gaf_gelu_tanh_op))) return err;
 #endif
     return gaf_api->AddCustomOpDomain(options, domain);
 }

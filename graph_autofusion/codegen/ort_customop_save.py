@@ -21,6 +21,7 @@ from graph_autofusion.codegen.ort_customop_registry import (
     library_ops,
     meta_for,
 )
+from graph_autofusion.codegen.ort_gelu import OPS as GELU_OPS
 from graph_autofusion.codegen.ort_gemv import OP as GEMV_OP
 from graph_autofusion.codegen.ort_gemv_f16 import OP as GEMV_F16_OP
 from graph_autofusion.codegen.ort_gemv_q import OP as GEMV_Q_OP
@@ -56,6 +57,10 @@ def kernel_dir_for(model_path: str) -> str:
         if not os.path.lexists(cand) or (os.path.isdir(cand) and _ours(cand)):
             return cand
     raise GraphAutoFusionError(f"no free kernel folder name next to {model_path}")
+
+
+def _gemv_sig(op: str, weights: str) -> str:
+    return f"{op}(x f32[..., K], {weights}) -> f32[..., N]"
 
 
 def write_kernel_dir(library: CustomOpLibrary, directory: str, groups: Sequence[Any]) -> dict:
@@ -102,20 +107,34 @@ def write_kernel_dir(library: CustomOpLibrary, directory: str, groups: Sequence[
             {
                 "name": op,
                 "kernel": f"graph_autofusion/codegen/{src}.py",
-                "signature": f"{op}(x f32[..., K], {w}) -> f32[..., N]",
-                "inputs": ["f32", *types],
+                "signature": signature,
+                "inputs": list(types),
                 "outputs": ["f32"],
             }
-            for op, src, w, types in (
-                (GEMV_OP, "ort_gemv", "f32 Wt[N, K]", ("f32",)),
-                (GEMV_F16_OP, "ort_gemv_f16", "f16 Wp[N/16, K, 16] or Wt[N, K]", ("f16",)),
+            for op, src, signature, types in (
+                (GEMV_OP, "ort_gemv", _gemv_sig(GEMV_OP, "f32 Wt[N, K]"), ("f32", "f32")),
+                (
+                    GEMV_F16_OP,
+                    "ort_gemv_f16",
+                    _gemv_sig(GEMV_F16_OP, "f16 Wp[N/16, K, 16] or Wt[N, K]"),
+                    ("f32", "f16"),
+                ),
                 (
                     GEMV_Q_OP,
                     "ort_gemv_q",
-                    "u8 Wq[N/16, K/4, 64 or 32], f32 S[N/16, nb, 16], u8 Z",
-                    ("u8", "f32", "u8"),
+                    _gemv_sig(GEMV_Q_OP, "u8 Wq[N/16, K/4, 64 or 32], f32 S[N/16, nb, 16], u8 Z"),
+                    ("f32", "u8", "f32", "u8"),
                 ),
-            )
+                *(
+                    (
+                        op,
+                        "ort_gelu",
+                        f"{op}(x f32[..., N], bias f32[N] optional) -> f32[..., N]",
+                        ("f32", "f32"),
+                    )
+                    for op in GELU_OPS
+                ),
+            )  # fmt: skip
             if op in library.ops
         ],
         "groups": [

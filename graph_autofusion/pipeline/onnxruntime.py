@@ -110,7 +110,7 @@ def _lower(
         chosen = [by_key[k] for k in keys if k in by_key]
     lowering = lower_onnxruntime(work, chosen)
     if custom is not None:
-        lowering.lowered += custom.lower(work, keys)
+        lowering.lowered += custom.lower(work, keys, lowering.lowered)
     drop_dead_initializers(work)  # other dead code is left as the user wrote it
     return lowering, [low.key for low in lowering.lowered]
 

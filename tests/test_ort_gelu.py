@@ -1,0 +1,204 @@
+"""The one-pass ``GeluErf`` / ``GeluTanh`` custom operators: the kernel against a float64
+reference, inside onnxruntime against its own ``BiasGelu`` / ``Gelu`` / ``FastGelu``, and in
+place of those in the fusions of a model fused with custom operators (checked, timed and rolled
+back by safe mode like any fusion)."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+from scipy.special import ndtr
+
+from graph_autofusion import GraphAutoFusion
+from graph_autofusion.codegen.ort_customop import DOMAIN, build_library, ort_include_dir
+from graph_autofusion.frontend.onnx_frontend import to_onnx
+from graph_autofusion.ir.text import parse_model
+from graph_autofusion.runtime.ort_session import fused_session, ort_session
+from graph_autofusion.runtime.timing import use_timer
+
+pytestmark = pytest.mark.skipif(
+    ort_include_dir() is None, reason="onnxruntime C API header not available"
+)
+MS = "com.microsoft"
+
+
+def _library():
+    return build_library([], gemv=True)
+
+
+def _reference(v: np.ndarray, tanh: bool) -> np.ndarray:
+    v = v.astype(np.float64)
+    if tanh:
+        return 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v**3)))
+    return v * ndtr(v)
+
+
+def _gelu(x: np.ndarray, bias: np.ndarray | None, tanh: bool) -> np.ndarray:
+    fn = ctypes.CDLL(_library().path).gaf_gelu
+    p, i = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes, fn.restype = [p, p, p, i, i, ctypes.c_int], None
+    y = np.full_like(x, np.nan)
+    b = None if bias is None else bias.ctypes.data
+    fn(x.ctypes.data, b, y.ctypes.data, x.shape[0], x.shape[1], int(tanh))
+    return y
+
+
+@pytest.mark.parametrize("tanh", [False, True], ids=["erf", "tanh"])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 15), (2, 17), (5, 3072), (1, 100003)])
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "nobias"])
+def test_the_kernel_matches_a_float64_gelu(tanh, shape, with_bias):
+    """Within 4e-7 (1 + |v|) of float64 everywhere, tails and every vector remainder
+    included (the erf and tanh fits are good to 3.7e-7 and 3.0e-7 absolute)."""
+    rng = np.random.default_rng(shape[1])
+    x = (6 * rng.standard_normal(shape)).astype(np.float32)
+    x.reshape(-1)[: min(x.size, 9)] = [0, -0.0, 1e-30, -1e-30, 3.9, -4.1, 40, -40, 8][: x.size]
+    bias = rng.standard_normal(shape[1]).astype(np.float32) if with_bias else None
+    y = _gelu(x, bias, tanh)
+    v = x + bias if with_bias else x
+    err = np.abs(y - _reference(v, tanh))
+    assert np.all(err <= 4e-7 * (1 + np.abs(v))), float(np.max(err / (1 + np.abs(v))))
+
+
+def test_the_kernel_propagates_nan():
+    x = np.array([[1.0, np.nan, -2.0, np.nan] * 8], np.float32)
+    for tanh in (False, True):
+        y = _gelu(x, None, tanh)
+        assert np.array_equal(np.isnan(y), np.isnan(x)), y
+
+
+def _session(op: str, domain: str, shape, bias: np.ndarray | None, threads: int = 2):
+    inputs = ["x", "b"] if bias is not None else ["x"]
+    inits = [] if bias is None else [helper.make_tensor("b", TensorProto.FLOAT, bias.shape, bias)]
+    graph = helper.make_graph(
+        [helper.make_node(op, inputs, ["y"], domain=domain)],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
+        inits,
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)]
+    )
+    return ort_session(
+        model.SerializeToString(),
+        "all",
+        threads=threads,
+        custom_ops_library=_library().path,
+        find_library=False,
+    )
+
+
+@pytest.mark.parametrize(
+    "ours,theirs,with_bias",
+    [("GeluErf", "BiasGelu", True), ("GeluErf", "Gelu", False), ("GeluTanh", "FastGelu", True)],
+)
+@pytest.mark.parametrize("shape", [(2, 5, 48), (3, 40, 1000)])  # one chunk; many, two threads
+def test_inside_onnxruntime_it_computes_what_onnxruntimes_own_operator_does(
+    ours, theirs, with_bias, shape
+):
+    rng = np.random.default_rng(len(shape) + shape[-1])
+    bias = rng.standard_normal(shape[-1]).astype(np.float32) if with_bias else None
+    x = (3 * rng.standard_normal(shape)).astype(np.float32)
+    (got,) = _session(ours, DOMAIN, shape, bias).run(None, {"x": x})
+    (want,) = _session(theirs, MS, shape, bias).run(None, {"x": x})
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * (1 + np.abs(x).max()))
+
+
+def test_a_bias_of_the_wrong_length_is_an_error_naming_the_operator():
+    sess = _session("GeluErf", DOMAIN, ("B", "N"), np.ones(8, np.float32))
+    sess.run(None, {"x": np.ones((2, 8), np.float32)})
+    with pytest.raises(Exception, match="GeluErf: bias must be 1-D, as long as x's last"):
+        sess.run(None, {"x": np.ones((2, 9), np.float32)})
+
+
+# MatMul + bias + erf GELU (bias_gelu) and a tanh GELU (gelu_tanh) after it
+MODEL = """
+model opset {"": 17}
+graph g(%x: f32[B,S,64]) -> (%y) {
+  init %w: f32[64,128] = randn(0)
+  init %b: f32[128] = randn(1)
+  init %c: f32[] = [1.4142135381698608]
+  init %one: f32[] = [1.0]
+  init %half: f32[] = [0.5]
+  init %k: f32[] = [0.044715]
+  init %r: f32[] = [0.7978845834732056]
+  %m = MatMul(%x, %w)
+  %a = Add(%m, %b)
+  %s = Div(%a, %c)
+  %e = Erf(%s)
+  %a1 = Add(%e, %one)
+  %mg = Mul(%a, %a1)
+  %h = Mul(%mg, %half)
+  %h2 = Mul(%h, %h)
+  %h3 = Mul(%h2, %h)
+  %t0 = Mul(%h3, %k)
+  %t1 = Add(%h, %t0)
+  %t2 = Mul(%t1, %r)
+  %t3 = Tanh(%t2)
+  %t4 = Add(%t3, %one)
+  %t5 = Mul(%h, %t4)
+  %y = Mul(%t5, %half)
+}
+"""
+
+
+def _feeds(batch: int = 2, seq: int = 24, seed: int = 0) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(seed).standard_normal((batch, seq, 64)).astype(np.float32)}
+
+
+def _fuse(custom_ops: bool, check_speed: bool = False) -> GraphAutoFusion:
+    gaf = GraphAutoFusion(
+        parse_model(MODEL), preset="all", hardware="x86_avx2", sample_inputs=_feeds()
+    )
+    gaf.options = gaf.options.replace(custom_ops=custom_ops)
+    gaf.fuse(check_speed=check_speed)
+    return gaf
+
+
+def _ops(gaf: GraphAutoFusion) -> list[str]:
+    return sorted(n.qualified_op for n in gaf.result.model.graph.nodes if n.domain)
+
+
+def test_with_custom_operators_the_gelu_fusions_run_the_one_pass_kernels(tmp_path):
+    gaf = _fuse(custom_ops=True)
+    assert _ops(gaf) == [f"{DOMAIN}::GeluErf", f"{DOMAIN}::GeluTanh"]
+    by_rule = {low.rule: low for low in gaf.result.lowered}
+    assert by_rule["bias_gelu"].fused_ops == [f"{DOMAIN}::GeluErf"]
+    assert by_rule["gelu_tanh"].fused_ops == [f"{DOMAIN}::GeluTanh"]
+    assert all(gaf.result.safety[k].passed for k in (low.key for low in gaf.result.lowered))
+    path = str(tmp_path / "fused.onnx")
+    gaf.save(path)
+    manifest = json.loads(open(path + ".kernels/manifest.json").read())
+    names = {op["name"] for op in manifest["operators"]}
+    assert {"GeluErf", "GeluTanh"} <= names, names
+    ref = ort_session(to_onnx(parse_model(MODEL)), "all")
+    sess = fused_session(path)
+    for batch, seq in ((1, 1), (3, 7), (2, 300)):  # other sizes than the sample's
+        feeds = _feeds(batch, seq, seed=seq)
+        (want,) = ref.run(None, feeds)
+        (got,) = sess.run(None, feeds)
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * float(np.abs(want).max()))
+
+
+def test_without_custom_operators_onnxruntimes_own_gelus_stay():
+    assert _ops(_fuse(custom_ops=False)) == [f"{MS}::BiasGelu", f"{MS}::FastGelu"]
+
+
+def _slower_gelus(key, side, fn):
+    """Safe mode's timer: the sessions run; every fused side takes twice the unfused."""
+    fn()
+    return 10e-6 if side == "unfused" else 20e-6
+
+
+def test_a_one_pass_gelu_that_times_slower_is_rolled_back():
+    with use_timer(_slower_gelus):
+        gaf = _fuse(custom_ops=True, check_speed=True)
+    assert {r.code for r in gaf.result.rolled_back} == {"slower"}
+    assert {r.rule for r in gaf.result.rolled_back} == {"bias_gelu", "gelu_tanh"}
+    assert not [n for n in gaf.result.model.graph.nodes if n.domain == DOMAIN]
+    assert gaf.result.custom_ops is None  # no library needed by what is left
