@@ -126,6 +126,7 @@ class GraphAutoFusion(FusedResults):
         self.hardware = hardware
         from graph_autofusion.options import FuseOptions
 
+        options = FuseOptions.coerce(options)  # a dict of its fields too
         if options is None:
             options = FuseOptions(
                 target=target,

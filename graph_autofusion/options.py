@@ -11,6 +11,7 @@ Monte-Carlo samples, the 64-node / 8-input cluster limits.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,13 @@ WEIGHT_POLICIES = ("default", "all")
 WEIGHT_KERNELS = ("auto", "MatMulNBits", "GemvQ")
 #: onnxruntime's idle workers in the sessions that serve a fused model (``FuseOptions.spinning``)
 SPINNING = ("auto", "run", "on", "off")
+
+
+def _known_fields(changes: Mapping[str, Any]) -> None:
+    fields = [f.name for f in dataclasses.fields(FuseOptions)]
+    unknown = sorted(str(k) for k in changes if k not in fields)
+    if unknown:
+        raise OptionsError(f"unknown option(s) {unknown}; FuseOptions has {fields}")
 
 
 @dataclass(frozen=True)
@@ -185,4 +193,23 @@ class FuseOptions:
             raise OptionsError(f"benefit_threshold must be in [0, 1), got {self.benefit_threshold}")
 
     def replace(self, **changes: Any) -> FuseOptions:
+        _known_fields(changes)
         return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def coerce(cls, value: Any, **defaults: Any) -> FuseOptions | None:
+        """``value`` as a :class:`FuseOptions`: itself, ``None`` (kept ``None``), or a mapping
+        of its fields (``{"weights": "int8"}``, what ``torch.compile(..., options=...)``
+        passes), laid over ``defaults``.
+
+        Raises:
+            OptionsError: another type, or a key that is not a field (named, with the fields).
+        """
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, Mapping):
+            _known_fields(value)
+            return cls(**{**defaults, **value})
+        raise OptionsError(
+            f"options must be a FuseOptions or a dict of its fields, got {type(value).__name__}"
+        )

@@ -31,7 +31,7 @@ import statistics
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -1066,12 +1066,52 @@ _DEFAULT: Callable[..., Any] | None = None
 _COMPUTES = frozenset({"call_function", "call_method", "call_module"})
 
 
-def autofusion_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-    """The registered ``autofusion`` backend (default settings; see :func:`make_backend`)."""
+def autofusion_backend(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Any = None
+) -> Any:
+    """The registered ``autofusion`` backend (default settings; see :func:`make_backend`).
+    ``options``: what ``torch.compile(model, backend="autofusion", options={...})`` passes: a
+    dict of :func:`make_backend`'s settings (``preset``, ``hardware``, ``safe_mode``,
+    ``check_speed``, ``engine``) and :class:`FuseOptions` fields (``{"weights": "int8"}``),
+    or a :class:`FuseOptions`; one backend per distinct dict in a process.
+
+    Raises:
+        OptionsError: a key that is neither (named, with the known ones).
+    """
     global _DEFAULT
+    if options:
+        return _options_backend(options)(gm, example_inputs)
     if _DEFAULT is None:
         _DEFAULT = make_backend()
     return _DEFAULT(gm, example_inputs)
+
+
+#: make_backend's settings that ``torch.compile``'s ``options`` dict may carry besides
+#: FuseOptions fields
+_BACKEND_SETTINGS = ("preset", "hardware", "safe_mode", "check_speed", "engine")
+_BY_OPTIONS: dict[str, Callable[..., Any]] = {}
+
+
+def _options_backend(options: Any) -> Callable[..., Any]:
+    """The backend of ``torch.compile``'s ``options`` (made once per distinct value)."""
+    key = repr(sorted(options.items(), key=str) if isinstance(options, Mapping) else options)
+    backend = _BY_OPTIONS.get(key)
+    if backend is not None:
+        return backend
+    if isinstance(options, Mapping):
+        settings = {k: v for k, v in options.items() if k in _BACKEND_SETTINGS}
+        fields = {k: v for k, v in options.items() if k not in _BACKEND_SETTINGS}
+        opts = FuseOptions.coerce(
+            fields,
+            target="cpu",
+            safe_mode=settings.get("safe_mode", True),
+            check_speed=settings.get("check_speed", True),
+        )
+        backend = make_backend(options=opts, **settings)
+    else:
+        backend = make_backend(options=FuseOptions.coerce(options))
+    _BY_OPTIONS[key] = backend
+    return backend
 
 
 def default_graphs() -> list[CompiledGraph]:

@@ -243,6 +243,7 @@ def _plan_backend(
     plan: Mapping[str, Any] | None, *, preset: str, hardware: Any, options: Any, rules: Any
 ) -> Any:
     """The backend of a fused module; with a saved ``plan``, one that applies its fusions."""
+    options = FuseOptions.coerce(options)  # a dict of its fields too
     if plan is not None:  # the saved fusions were timed when planned: numerics only now
         options = options or FuseOptions(target="cpu")
         weights = plan.get("weights", "fp32")

@@ -50,7 +50,7 @@ BITS = {"int8": 8, "int4": 4}
 _SHAPE_ONLY = ("Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten", "Cast")
 
 # reasons a contraction stays fp32
-KEPT_HEAD = "kept fp32: LM head (policy: the layer producing the model's output, or vocabulary-sized, stays fp32)"
+KEPT_HEAD = "kept fp32: LM head (policy: the layer producing the model's output, or vocabulary-sized with no layer after it, stays fp32)"
 KEPT_EMBEDDING = "kept fp32: embedding table (policy: an fp16 model keeps its tables fp32)"
 KEPT_FP16 = (
     "kept fp32: the fp16 form is graph-autofusion's GemvF16 custom operator, and its library "
@@ -236,6 +236,28 @@ def _reaches_output(model: Model, v: Value, depth: int = 6) -> bool:
     return False
 
 
+#: Operators that contract their input with a weight: a layer whose output reaches one is
+#: inside the network, not its LM head (whose logits no later layer reads).
+_CONTRACTIONS = frozenset({"MatMul", "Gemm", "FusedMatMul", "MatMulNBits", GEMV_OP, "Conv"})
+
+
+def _feeds_contraction(v: Value) -> bool:
+    """Whether any contraction reads ``v`` or a value computed from it (a vocabulary-wide
+    layer inside the network, e.g. an FFN whose width equals the vocabulary or the position
+    table's rows, against the LM head, whose logits only reach outputs)."""
+    seen: set[int] = set()
+    todo = [v]
+    while todo:
+        for user, _ in todo.pop().users:
+            if id(user) in seen:
+                continue
+            seen.add(id(user))
+            if user.op_type in _CONTRACTIONS:
+                return True
+            todo.extend(o for o in user.outputs if o is not None)
+    return False
+
+
 def embedding_tables(model: Model) -> list[tuple[str, int, int]]:
     """The ``Gather`` tables of the model's embeddings: ``(node name, rows, columns)``."""
     out = []
@@ -339,7 +361,9 @@ def _reason(
         return f"kept fp32: K={site.k} is smaller than one block"
     if site.k * site.n < min_elements:
         return f"kept fp32: tiny matrix ({site.k}x{site.n} < {min_elements} weights)"
-    site.head = _reaches_output(model, site.y) or (site.n in vocab and site.n >= 1000)
+    site.head = _reaches_output(model, site.y) or (
+        site.n in vocab and site.n >= 1000 and not _feeds_contraction(site.y)
+    )
     if keep_head and site.head:
         return KEPT_HEAD
     return ""
@@ -394,6 +418,28 @@ def _replace(model: Model, node: Node, new: Node, tail: Node | None = None) -> N
     prune_dead_feeders(model, feeders)
     if not graph.has_value_name(name):
         graph.rename_value(out, name)
+
+
+def share_identical(model: Model, old_names: set[str]) -> int:
+    """Initializers added since ``old_names`` that equal another (dtype, shape, bytes) become
+    one: a weight a model shares between layers (ALBERT's layers, a tied matrix read twice)
+    is compressed per reading site, and would otherwise be stored once per site. Returns how
+    many were folded into another."""
+    import hashlib
+
+    graph = model.graph
+    first: dict[tuple, Value] = {}
+    folded = 0
+    for name in [n for n in graph.initializers if n not in old_names]:
+        value = graph.initializers[name]
+        data = np.ascontiguousarray(value.const)
+        key = (data.dtype.str, data.shape, hashlib.sha1(data.view(np.uint8)).hexdigest())
+        keep = first.setdefault(key, value)
+        if keep is not value and np.array_equal(keep.const, data):
+            graph.replace_all_uses_with(value, keep)
+            graph.remove_initializer(name)
+            folded += 1
+    return folded
 
 
 def compress_site(model: Model, site: Site, packed: Packed, accuracy_level: int) -> Node:

@@ -70,6 +70,7 @@ from graph_autofusion.codegen.weights import (
     find_embeddings,
     find_sites,
     quantize,
+    share_identical,
     to_half,
 )
 from graph_autofusion.ir.core import Model
@@ -126,6 +127,7 @@ class LayerRecord:
     kernel_times_us: dict[str, float] | None = None  # MatMulNBits' and GemvQ's, where timed
     timing_copies: int = 1  # copies of the layer its speed check timed in one run (per copy)
     timed_as: str = ""  # the layer of the same shapes whose timing this one shares
+    weight: str = ""  # the weight's initializer (layers sharing one are counted once)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -151,8 +153,18 @@ class WeightsReport:
         return [r for r in self.layers if r.form == "fp32"]
 
     def to_dict(self) -> dict[str, Any]:
-        fp32 = sum(r.fp32_bytes for r in self.layers)
-        now = sum(r.bytes for r in self.layers)
+        # a weight read by several layers (ALBERT's shared layers) is stored once, in each
+        # form its layers took
+        fp32 = now = 0
+        seen: set[Any] = set()
+        for r in self.layers:
+            w = r.weight or r.name
+            if w not in seen:
+                seen.add(w)
+                fp32 += r.fp32_bytes
+            if (w, r.form, r.kernel, r.block_size) not in seen:
+                seen.add((w, r.form, r.kernel, r.block_size))
+                now += r.bytes
         return {
             "form": self.form,
             "compressed": len(self.compressed),
@@ -214,7 +226,13 @@ def compress_weights(
         if s.head and not s.reason and head_form == "fp32":
             s.reason = KEPT_HEAD
     block8 = defaults.WEIGHTS_BLOCK_SIZE["int8"]
-    embs = find_embeddings(model, block8 if table_form == "int8" else 1)
+    embs = find_embeddings(model, 1)
+    # an int8 table needs whole blocks per row; one that has not is fp16, the default policy's
+    # form (never fp32: under "all" the file must not grow past "default"'s)
+    table_forms = {
+        e.name: "fp16" if table_form == "int8" and e.table.shape[1] % block8 else table_form
+        for e in embs
+    }
     report = WeightsReport(form, verified=bool(options.safe_mode))
     records = {s.name: _record(s) for s in sites}
     half = form == "fp16"
@@ -225,7 +243,7 @@ def compress_weights(
         reason = e.reason or (KEPT_EMBEDDING if table_form == "fp32" else "")
         records[e.name] = LayerRecord(
             e.name, "Gather", int(cols), int(rows), "fp32", fp32_bytes=e.fp32_bytes,
-            bytes=e.fp32_bytes, reason=reason,
+            bytes=e.fp32_bytes, reason=reason, weight=e.name,
         )  # fmt: skip
     report.layers = list(records.values())
     result.weights = report
@@ -278,9 +296,9 @@ def compress_weights(
     tables = [e for e in embs if records.get(e.name) is not None and not records[e.name].reason]
     tables = [e for e in tables if records[e.name].op == "Gather"]
     for e in tables:  # int8: symmetric (GatherBlockQuantized's default zero point)
-        forms[e.name] = table_form
+        forms[e.name] = tf = table_forms[e.name]
         t = np.ascontiguousarray(e.table.T)
-        packs[e.name] = to_half(t) if table_form == "fp16" else quantize(t, 8, block8, False)
+        packs[e.name] = to_half(t) if tf == "fp16" else quantize(t, 8, block8, False)
     timing = Timing(
         gemvq=library is not None and not half and kernel == "auto",
         pressure_bytes=sum(s.fp32_bytes for s in todo),
@@ -343,6 +361,7 @@ def compress_weights(
     if library is not None and any(records[n].kernel in ours for n in chosen):
         result.custom_ops = library  # the fused model needs our library (saved with it)
     n_tables = sum(records[n].op == "Gather" for n in chosen)
+    t_forms = sorted({forms[n] for n in chosen if records[n].op == "Gather"})
     head_other_form = any(s.name in chosen and forms[s.name] != form for s in heads)
     how = (
         "fp16 weights, fp32 accumulation"
@@ -362,7 +381,10 @@ def compress_weights(
         f"{len(chosen) - n_tables} contractions are {ops or FORM_OPS[form]} ({how})"
         + (
             f", {n_tables} embedding tables "
-            + ("fp16 (Gather, Cast)" if table_form == "fp16" else "GatherBlockQuantized (int8)")
+            + " or ".join(
+                "fp16 (Gather, Cast)" if tf == "fp16" else "GatherBlockQuantized (int8)"
+                for tf in t_forms
+            )
             if n_tables
             else ""
         )
@@ -617,6 +639,9 @@ def _forced_note(effective: str, asked: str, kernels: list[str]) -> str:
 
 
 def _record(s: Site) -> LayerRecord:
+    b = s.node.inputs[1] if len(s.node.inputs) > 1 else None
+    if s.extra and s.extra[0] is not None and s.extra[0].inputs:  # W through a Transpose
+        b = s.extra[0].inputs[0]
     return LayerRecord(
         s.name,
         s.op,
@@ -626,6 +651,7 @@ def _record(s: Site) -> LayerRecord:
         fp32_bytes=s.fp32_bytes,
         bytes=s.fp32_bytes,
         reason=s.reason,
+        weight=b.name if b is not None else "",
     )
 
 
@@ -634,6 +660,7 @@ def _apply(model: Model, names: list[str], packs: Mapping[str, Packed], level: i
     or ``GemvF16``) and the tables named so as ``GatherBlockQuantized`` (or fp16 ``Gather``)."""
     work = clone_model(model)
     wanted = set(names)
+    old = set(work.graph.initializers)
     sites = find_sites(work, min_elements=defaults.WEIGHTS_MIN_ELEMENTS, keep_head=False)
     for site in sites:
         if site.name in wanted:
@@ -641,5 +668,6 @@ def _apply(model: Model, names: list[str], packs: Mapping[str, Packed], level: i
     for emb in find_embeddings(work, defaults.WEIGHTS_BLOCK_SIZE["int8"]):
         if emb.name in wanted:
             compress_embedding(work, emb, packs[emb.name])
+    share_identical(work, old)  # a shared weight's compressed form, stored once
     drop_dead_initializers(work)
     return work
