@@ -202,3 +202,24 @@ def test_a_one_pass_gelu_that_times_slower_is_rolled_back():
     assert {r.rule for r in gaf.result.rolled_back} == {"bias_gelu", "gelu_tanh"}
     assert not [n for n in gaf.result.model.graph.nodes if n.domain == DOMAIN]
     assert gaf.result.custom_ops is None  # no library needed by what is left
+
+
+@pytest.mark.parametrize("dtype, swapped", [("f32", 1), ("f16", 0)])
+def test_only_float32_gelus_are_swapped(dtype, swapped):
+    """Ours take float32: an fp16 model's GELU stays onnxruntime's."""
+    from graph_autofusion.codegen.onnxruntime import Lowered
+    from graph_autofusion.pipeline.ort_kernels import swap_gelus
+
+    model = parse_model(
+        f"""
+model opset {{"": 17, "com.microsoft": 1}}
+graph g(%x: {dtype}[2,8]) -> (%y) {{
+  %y = com.microsoft::Gelu(%x) @gelu
+}}
+"""
+    )
+    (node,) = model.graph.nodes
+    low = Lowered("gelu_erf@gelu", "gelu_erf", ["gelu"], [node], ["x"], ["y"], [node.qualified_op])
+    assert swap_gelus(model, [low]) == swapped
+    assert node.qualified_op == (f"{DOMAIN}::GeluErf" if swapped else f"{MS}::Gelu")
+    assert low.fused_ops == [node.qualified_op]

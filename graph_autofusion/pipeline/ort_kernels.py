@@ -43,6 +43,7 @@ from graph_autofusion.codegen.ort_gelu import OP_ERF, OP_TANH
 from graph_autofusion.codegen.ort_gemv_q import OP as GEMV_Q_OP
 from graph_autofusion.codegen.ort_matmul import apply_sites, plan_sites
 from graph_autofusion.errors import GraphAutoFusionError
+from graph_autofusion.ir.dtypes import DType
 
 #: onnxruntime's GELU operators (what the GELU rules' native forms make) and the one-pass
 #: operator of :mod:`graph_autofusion.codegen.ort_gelu` that replaces each (same inputs:
@@ -146,14 +147,21 @@ def _plans_gelu(analysis: Any) -> bool:
 
 def swap_gelus(model: Any, lowered: Any) -> int:
     """In each of ``lowered``'s new nodes, onnxruntime's ``BiasGelu`` / ``Gelu`` / ``FastGelu``
-    becomes ``GeluErf`` / ``GeluTanh`` (same inputs and output; the record's fused operators
-    say so). Returns how many were swapped."""
+    over float32 becomes ``GeluErf`` / ``GeluTanh`` (same inputs and output; the record's fused
+    operators say so; fp16 and bf16 GELUs stay onnxruntime's). Returns how many were swapped."""
     n = 0
     for low in lowered:
         swapped = False
         for node in low.new_nodes:
             op = GELU_SWAP.get((node.domain, node.op_type))
-            if op is not None and len(node.inputs) <= 2 and node.inputs[-1] is not None:
+            x = node.inputs[0] if node.inputs else None
+            if (
+                op is not None
+                and len(node.inputs) <= 2
+                and node.inputs[-1] is not None
+                and x is not None
+                and x.dtype == DType.FLOAT  # ours are float32 only
+            ):
                 node.op_type, node.domain = op, DOMAIN
                 node.attrs.clear()
                 swapped = True
