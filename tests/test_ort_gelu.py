@@ -96,17 +96,26 @@ def _session(op: str, domain: str, shape, bias: np.ndarray | None, threads: int 
     "ours,theirs,with_bias",
     [("GeluErf", "BiasGelu", True), ("GeluErf", "Gelu", False), ("GeluTanh", "FastGelu", True)],
 )
-@pytest.mark.parametrize("shape", [(2, 5, 48), (3, 40, 1000)])  # one chunk; many, two threads
+#: one chunk; many, on two threads; no rows
+@pytest.mark.parametrize("shape", [(2, 5, 48), (3, 40, 1000), (0, 7)])
 def test_inside_onnxruntime_it_computes_what_onnxruntimes_own_operator_does(
     ours, theirs, with_bias, shape
 ):
-    rng = np.random.default_rng(len(shape) + shape[-1])
+    rng = np.random.default_rng(len(shape))
     bias = rng.standard_normal(shape[-1]).astype(np.float32) if with_bias else None
-    x = (3 * rng.standard_normal(shape)).astype(np.float32)
+    x = np.asarray(3 * rng.standard_normal(shape), np.float32)
     (got,) = _session(ours, DOMAIN, shape, bias).run(None, {"x": x})
     (want,) = _session(theirs, MS, shape, bias).run(None, {"x": x})
     assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * (1 + np.abs(x).max()))
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * (1 + np.abs(x).max(initial=0)))
+
+
+def test_a_scalar_as_onnxruntimes_gelu_computes_it():
+    for v in (-3.0, 0.5, 7.0):
+        x = np.asarray(v, np.float32)
+        (got,) = _session("GeluErf", DOMAIN, (), None).run(None, {"x": x})
+        (want,) = _session("Gelu", MS, (), None).run(None, {"x": x})
+        assert got.shape == () and abs(float(got) - float(want)) < 4e-6
 
 
 def test_a_bias_of_the_wrong_length_is_an_error_naming_the_operator():

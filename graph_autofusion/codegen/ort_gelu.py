@@ -169,7 +169,7 @@ static OrtStatus *gaf_ge_compute(OrtKernelContext *ctx, int tanh_form) {
     if (nin > 1 && (err = api->KernelContext_GetInput(ctx, 1, &bv))) return err;
     if ((err = api->GetTensorTypeAndShape(xv, &info))) return err;
     err = api->GetDimensionsCount(info, &xr);
-    if (!err && (xr < 1 || xr > GAF_MAXD)) { api->ReleaseTensorTypeAndShapeInfo(info); return gaf_gv_err(op, "x must have rank 1 to 12"); }
+    if (!err && xr > GAF_MAXD) { api->ReleaseTensorTypeAndShapeInfo(info); return gaf_gv_err(op, "x must have rank 0 to 12"); }
     if (!err) err = api->GetDimensions(info, xs, xr);
     api->ReleaseTensorTypeAndShapeInfo(info);
     if (err) return err;
@@ -180,7 +180,7 @@ static OrtStatus *gaf_ge_compute(OrtKernelContext *ctx, int tanh_form) {
         if (!err) err = api->GetDimensions(info, bs, br);
         api->ReleaseTensorTypeAndShapeInfo(info);
         if (err) return err;
-        if (br != 1 || bs[0] != xs[xr - 1]) return gaf_gv_err(op, "bias must be 1-D, as long as x's last dimension");
+        if (br != 1 || bs[0] != (xr ? xs[xr - 1] : 1)) return gaf_gv_err(op, "bias must be 1-D, as long as x's last dimension");
     }
     int64_t total = 1;
     for (size_t i = 0; i < xr; i++) total *= xs[i];
@@ -190,7 +190,7 @@ static OrtStatus *gaf_ge_compute(OrtKernelContext *ctx, int tanh_form) {
     if ((err = api->GetTensorMutableData((OrtValue *)xv, &x))) return err;
     if (bv && (err = api->GetTensorMutableData((OrtValue *)bv, &b))) return err;
     if ((err = api->GetTensorMutableData(yv, &y))) return err;
-    GafGelu job = {(const float *)x, (const float *)b, (float *)y, total, xs[xr - 1], tanh_form};
+    GafGelu job = {(const float *)x, (const float *)b, (float *)y, total, xr ? xs[xr - 1] : 1, tanh_form};
     int64_t chunks = (total + GAF_GE_CHUNK - 1) / GAF_GE_CHUNK;
     if (chunks < 2) { gaf_ge_range(&job, 0, total); return 0; }
     return api->KernelContext_ParallelFor(ctx, gaf_ge_chunk, (size_t)chunks, 0, &job);
