@@ -16,6 +16,7 @@ from scipy.special import ndtr
 from graph_autofusion import GraphAutoFusion
 from graph_autofusion.codegen.ort_customop import DOMAIN, build_library, ort_include_dir
 from graph_autofusion.frontend.onnx_frontend import to_onnx
+from graph_autofusion.ir.dtypes import DType
 from graph_autofusion.ir.text import parse_model
 from graph_autofusion.runtime.ort_session import fused_session, ort_session
 from graph_autofusion.runtime.timing import use_timer
@@ -213,22 +214,48 @@ def test_a_one_pass_gelu_that_times_slower_is_rolled_back():
     assert gaf.result.custom_ops is None  # no library needed by what is left
 
 
-@pytest.mark.parametrize("dtype, swapped", [("f32", 1), ("f16", 0)])
+@pytest.mark.parametrize("dtype, swapped", [("f32", 1), ("f16", 0), ("untyped input", 1)])
 def test_only_float32_gelus_are_swapped(dtype, swapped):
-    """Ours take float32: an fp16 model's GELU stays onnxruntime's."""
+    """Ours take float32: an fp16 model's GELU stays onnxruntime's. An input of unknown type (a
+    value a rewrite made in a graph of symbolic sizes) is judged by the output's."""
     from graph_autofusion.codegen.onnxruntime import Lowered
     from graph_autofusion.pipeline.ort_kernels import swap_gelus
 
     model = parse_model(
         f"""
 model opset {{"": 17, "com.microsoft": 1}}
-graph g(%x: {dtype}[2,8]) -> (%y) {{
+graph g(%x: {"f32" if dtype == "untyped input" else dtype}[2,8]) -> (%y) {{
   %y = com.microsoft::Gelu(%x) @gelu
 }}
 """
     )
     (node,) = model.graph.nodes
+    if dtype == "untyped input":
+        node.inputs[0].dtype = None
+        node.outputs[0].dtype = node.outputs[0].dtype or DType.FLOAT
     low = Lowered("gelu_erf@gelu", "gelu_erf", ["gelu"], [node], ["x"], ["y"], [node.qualified_op])
     assert swap_gelus(model, [low]) == swapped
     assert node.qualified_op == (f"{DOMAIN}::GeluErf" if swapped else f"{MS}::Gelu")
     assert low.fused_ops == [node.qualified_op]
+
+
+def test_the_torch_routes_dynamic_graph_gets_them_too():
+    """Dynamo's second graph (symbolic sizes, after a new shape) runs ours as its first did."""
+    import torch
+
+    from graph_autofusion.torch_compile import make_backend
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 64).eval()
+    backend = make_backend(engine="onnxruntime", check_speed=False)
+    compiled = torch.compile(lambda x: torch.nn.functional.gelu(lin(x)) * 1.5, backend=backend)
+    with torch.no_grad():
+        for shape in ((2, 30, 64), (3, 17, 64), (4, 9, 64)):
+            x = torch.randn(*shape) * 3
+            want = torch.nn.functional.gelu(lin(x)) * 1.5
+            assert (compiled(x) - want).abs().max().item() < 1e-5
+    torch._dynamo.reset()
+    assert len(backend.config.graphs) == 2
+    for graph in backend.config.graphs:
+        ops = {n.qualified_op for n in graph.ort_result.model.graph.nodes}
+        assert f"{DOMAIN}::GeluErf" in ops, (graph.index, ops)

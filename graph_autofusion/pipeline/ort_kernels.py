@@ -154,13 +154,16 @@ def swap_gelus(model: Any, lowered: Any) -> int:
         swapped = False
         for node in low.new_nodes:
             op = GELU_SWAP.get((node.domain, node.op_type))
+            # ours are float32 only: the output's type where the input's is not known (a value
+            # a rewrite made in a graph of symbolic sizes)
             x = node.inputs[0] if node.inputs else None
+            dtype = (x.dtype if x is not None else None) or node.outputs[0].dtype
             if (
                 op is not None
                 and len(node.inputs) <= 2
                 and node.inputs[-1] is not None
                 and x is not None
-                and x.dtype == DType.FLOAT  # ours are float32 only
+                and dtype == DType.FLOAT
             ):
                 node.op_type, node.domain = op, DOMAIN
                 node.attrs.clear()
