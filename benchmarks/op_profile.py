@@ -24,6 +24,8 @@ engine's profile and across engines, and take the totals from the plain timing.
 
     .venv/bin/python benchmarks/op_profile.py                       # writes results/op_profile.*
     .venv/bin/python benchmarks/op_profile.py --models bert --runs 10 --out /tmp/op
+    .venv/bin/python benchmarks/op_profile.py --models convnext --custom-ops \
+        --out benchmarks/results/epyc/op_profile_custom_ops     # ours with custom operators
 """
 
 from __future__ import annotations
@@ -226,7 +228,9 @@ def classes(by_type: dict[str, float]) -> dict[str, float]:
     return {c: out.get(c, 0.0) for c in (*CLASSES, "other")}
 
 
-def profile_model(name: str, shape: str, preset: str, runs: int) -> dict[str, Any]:
+def profile_model(
+    name: str, shape: str, preset: str, runs: int, custom_ops: bool = False
+) -> dict[str, Any]:
     from graph_autofusion.api import GraphAutoFusion
     from graph_autofusion.testing import example_feeds, export_onnx
 
@@ -234,10 +238,14 @@ def profile_model(name: str, shape: str, preset: str, runs: int) -> dict[str, An
     path = str(export_onnx(name, "dynamo"))
     feeds = example_feeds(name, seq_len=seq, batch=batch)
     row: dict[str, Any] = {"model": name, "shape": shape, "preset": preset}
+    if custom_ops:
+        row["custom_ops"] = True
     with tempfile.TemporaryDirectory(prefix="gaf_opprof_") as d:
         ours = os.path.join(d, "ours.onnx")
         t = time.perf_counter()
         gaf = GraphAutoFusion(path, preset=preset, sample_inputs=feeds)
+        if custom_ops:
+            gaf.options = gaf.options.replace(custom_ops=True)
         gaf.fuse()
         gaf.save(ours)
         row["fuse_s"] = time.perf_counter() - t
@@ -276,7 +284,8 @@ def markdown(data: dict[str, Any]) -> str:
     ]
     for row in data["rows"]:
         eng = [e for e in ENGINES if e in row["classes"]]
-        out += [f"## {row['model']} {row['shape']} (ours fused in {row['fuse_s']:.1f} s)", ""]
+        how = ", with custom operators" if row.get("custom_ops") else ""
+        out += [f"## {row['model']} {row['shape']} (ours fused in {row['fuse_s']:.1f} s{how})", ""]
         out.append("| | " + " | ".join(eng) + " |")
         out.append("|---|" + "---|" * len(eng))
         p = row["plain"]
@@ -315,6 +324,12 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS))
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--out", default=str(RESULTS / "op_profile"))
+    ap.add_argument(
+        "--custom-ops",
+        action="store_true",
+        help="ours with FuseOptions(custom_ops=True): generated kernels and our hand-written "
+        "operators (GeluErf, GeluTanh, ...) in a custom-operator library",
+    )
     a = ap.parse_args()
     from vs_ort_optimizer import _git_state
 
@@ -332,7 +347,7 @@ def main() -> None:
     for name in a.models.split(","):
         shape, preset = DEFAULT_MODELS[name]
         log(f"{name} {shape}")
-        data["rows"].append(profile_model(name, shape, preset, a.runs))
+        data["rows"].append(profile_model(name, shape, preset, a.runs, a.custom_ops))
     print(write_results(a.out, data, markdown))
 
 
