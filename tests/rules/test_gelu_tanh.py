@@ -52,6 +52,32 @@ def test_every_variant_matches_and_rewrites(inner, tail, s_args, native):
     check_rule(RULE, graph(inner, tail, s_args), matches=1, ops_after=ops, native=native)
 
 
+#: BLOOM's bloom_gelu: x * 0.5 * (1.0 + tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+BLOOM = """
+graph g(%x: f32[2,8,16]) -> (%y) {
+  init %cubic: f32[] = [0.044714998453855515]
+  init %k: f32[] = [0.7978845834732056]
+  init %one: f32[] = [1.0]
+  init %half: f32[] = [0.5]
+  %h = Mul(%x, %half)
+  %kx = Mul(%k, %x)
+  %cx = Mul(%cubic, %x)
+  %q = Mul(%cx, %x)
+  %f = Add(%one, %q)
+  %s = Mul(%kx, %f)
+  %t = Tanh(%s)
+  %a = Add(%one, %t)
+  %y = Mul(%h, %a)
+}
+"""
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_blooms_spelling_matches_and_rewrites(native):
+    ops = ["com.microsoft::FastGelu"] if native else ["graph_autofusion.fused::FastGelu"]
+    check_rule(RULE, BLOOM, matches=1, ops_after=ops, native=native)
+
+
 def test_wrong_cubic_coefficient_is_rejected():
     check_no_match(RULE, graph(cubic=0.05), reason=Reason.VALUE_MISMATCH)
 

@@ -3,7 +3,8 @@
     y = 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))
 
 Exporters write the cube as ``Pow(x, 3)`` or ``Mul(x, Mul(x, x))``, sometimes factor the inner
-term as ``x * (1 + 0.044715 * x * x)``, and put the ``0.5`` on either product
+term as ``x * (1 + 0.044715 * x * x)`` (BLOOM's ``bloom_gelu``: ``0.79788456 * x * (1 + 0.044715
+* x * x)``, the scale on ``x`` first), and put the ``0.5`` on either product
 (``Mul(Mul(x, 0.5), Add(…))``, ``Mul(Mul(x, Add(…)), 0.5)`` or ``Mul(x, Mul(Add(…), 0.5))``);
 all of these match, with their constants on either side. Native form:
 ``com.microsoft.FastGelu(x)``.
@@ -33,10 +34,15 @@ def gelu_tanh_pattern(p: PatternBuilder, x: Pattern, tag: str = "") -> Pattern:
     square = p.Mul(x, x)
     cube = p.Pow(x, p.const(f"{tag}three", scalar=True, value=3.0)) | p.Mul(x, square)
     coef = p.const(f"{tag}cubic", scalar=True, value=CUBIC)
-    inner = p.Add(x, p.Mul(cube, coef)) | p.Mul(
-        x, p.Add(p.Mul(p.Mul(x, x), coef), p.const(f"{tag}one_in", scalar=True, value=1.0))
+    # 1 + 0.044715 x^2, its square as (x x) c or (c x) x
+    one_plus_sq = p.Add(
+        p.Mul(p.Mul(x, x), coef) | p.Mul(p.Mul(x, coef), x),
+        p.const(f"{tag}one_in", scalar=True, value=1.0),
     )
-    scaled = p.Mul(inner, p.const(f"{tag}sqrt_2_pi", scalar=True, value=SQRT_2_OVER_PI))
+    inner = p.Add(x, p.Mul(cube, coef)) | p.Mul(x, one_plus_sq)
+    sqrt_2_pi = p.const(f"{tag}sqrt_2_pi", scalar=True, value=SQRT_2_OVER_PI)
+    # sqrt(2/pi) times the inner term, or (BLOOM's bloom_gelu) times x before the factor
+    scaled = p.Mul(inner, sqrt_2_pi) | p.Mul(p.Mul(x, sqrt_2_pi), one_plus_sq)
     one_plus = p.Add(
         p.Tanh(scaled, _label=f"{tag}tanh"), p.const(f"{tag}one", scalar=True, value=1.0)
     )
