@@ -64,6 +64,14 @@ def test_the_kernel_matches_a_float64_gelu(tanh, shape, with_bias):
     assert np.all(err <= 4e-7 * (1 + np.abs(v))), float(np.max(err / (1 + np.abs(v))))
 
 
+def test_large_negative_inputs_give_zero():
+    """Both forms reach exactly 0 far left (the tanh fit is clamped to exactly 1)."""
+    x = np.array([[-9.0, -30.0, -100.0, -1e4, -1e30]], np.float32)
+    for tanh in (False, True):
+        y = _gelu(x, None, tanh)
+        assert np.all(y == 0), (tanh, y)
+
+
 def test_the_kernel_propagates_nan():
     x = np.array([[1.0, np.nan, -2.0, np.nan] * 8], np.float32)
     for tanh in (False, True):

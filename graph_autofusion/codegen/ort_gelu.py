@@ -22,9 +22,9 @@ arithmetic that ``-O3 -march=native`` turns into 16-wide AVX-512 (8-wide AVX2) c
   Coefficients: :data:`TANH_P`, :data:`TANH_Q`.
 
 NaN inputs give NaN; +-inf give +inf and -0/NaN as the formula does (``inf * 0``: an erf
-GELU of ``-inf`` is NaN here, 0 in float64 math; no model feeds GELU infinities). Elements are
-split into chunks of :data:`CHUNK` over onnxruntime's intra-op pool from ``2 * CHUNK``
-elements (``KernelContext_ParallelFor``). ``gaf_gelu`` (one thread) is exported for tests.
+GELU of ``-inf`` is NaN here, 0 in float64 math; no model feeds GELU infinities). A call of
+more than :data:`CHUNK` elements is split into chunks of that many over onnxruntime's intra-op
+pool (``KernelContext_ParallelFor``). ``gaf_gelu`` (one thread) is exported for tests.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from __future__ import annotations
 OP_ERF = "GeluErf"
 OP_TANH = "GeluTanh"
 OPS = (OP_ERF, OP_TANH)
-#: Elements per thread-pool chunk (and half the smallest call that uses a second thread).
+#: Elements per thread-pool chunk (a call of more elements uses onnxruntime's pool).
 CHUNK = 32768
 #: ``erf(a) ~ a P(a^2) / Q(a^2)`` on [0, 4], lowest degree first (Q[0] = 1).
 ERF_P = (
@@ -110,7 +110,7 @@ static inline float gaf_ge_tanh(float x) {
     + _horner("q", TANH_Q)
     + r"""
     float e = a * p / q;
-    e = e < 1.f ? e : 1.f;
+    e = a < 7.9f ? (e < 1.f ? e : 1.f) : 1.f; /* exactly 1 at the clamp: GELU(-big) is 0 */
     return x < 0.f ? -e : e;
 }
 

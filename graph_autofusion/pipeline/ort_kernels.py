@@ -160,7 +160,7 @@ def swap_gelus(model: Any, lowered: Any) -> int:
             dtype = (x.dtype if x is not None else None) or node.outputs[0].dtype
             if (
                 op is not None
-                and len(node.inputs) <= 2
+                and 1 <= len(node.inputs) <= 2
                 and node.inputs[-1] is not None
                 and x is not None
                 and dtype == DType.FLOAT
