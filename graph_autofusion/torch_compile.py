@@ -1115,5 +1115,7 @@ def _options_backend(options: Any) -> Callable[..., Any]:
 
 
 def default_graphs() -> list[CompiledGraph]:
-    """The graphs the registered backend compiled in this process."""
-    return list(_DEFAULT.config.graphs) if _DEFAULT is not None else []  # type: ignore[attr-defined]
+    """The graphs the registered backend compiled in this process (with ``torch.compile``'s
+    ``options`` too: the backend of each distinct dict, after the default one's)."""
+    backends = ([_DEFAULT] if _DEFAULT is not None else []) + list(_BY_OPTIONS.values())
+    return [g for b in backends for g in b.config.graphs]  # type: ignore[attr-defined]

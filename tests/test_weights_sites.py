@@ -189,6 +189,9 @@ def test_torch_compile_takes_options_as_a_dict():
         got = compiled(x)
     assert _cosine(got.numpy(), want.numpy()) > 0.999
     assert not torch.equal(got, want)  # int8 weights: close, not bit-equal
+    from graph_autofusion.torch_compile import default_graphs
+
+    assert any(g.config.options.weights == "int8" for g in default_graphs())
     torch._dynamo.reset()
     with torch.no_grad(), pytest.raises(Exception, match="weigths"):
         torch.compile(net, backend="autofusion", options={"weigths": "int8"})(x)
