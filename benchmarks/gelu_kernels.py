@@ -49,30 +49,6 @@ PAIRS = {
 }
 
 
-def _session(op: str, domain: str, rows: int, width: int, bias: np.ndarray | None, threads: int):
-    from onnx import TensorProto, helper
-
-    from graph_autofusion.codegen.ort_customop import build_library
-    from graph_autofusion.runtime.ort_session import ort_session
-
-    shape = [rows, width]
-    graph = helper.make_graph(
-        [helper.make_node(op, ["x", "b"] if bias is not None else ["x"], ["y"], domain=domain)],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
-        [] if bias is None else [helper.make_tensor("b", TensorProto.FLOAT, [width], bias)],
-    )
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)]
-    )
-    lib = build_library([], gemv=True).path if domain != "com.microsoft" else None
-    return ort_session(
-        model.SerializeToString(), "all", threads=threads, custom_ops_library=lib,
-        find_library=False,
-    )  # fmt: skip
-
-
 def _median_us(sess, feeds: dict, runs: int = 30) -> float:
     ts = []
     for _ in range(runs):
@@ -85,6 +61,8 @@ def _median_us(sess, feeds: dict, runs: int = 30) -> float:
 def main(argv: list[str] | None = None) -> int:
     from torch_e2e_engines import machine
 
+    from graph_autofusion.testing.gelu_models import gelu_session
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
@@ -96,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         bias = rng.standard_normal(n).astype(np.float32)
         for threads in (1, 2):
             sessions = {
-                v: _session(op, dom, m, n, bias if b else None, threads)
+                v: gelu_session(op, dom, (m, n), bias if b else None, threads)
                 for v, op, dom, b in VARIANTS
             }
             outs = {v: s.run(None, {"x": x})[0] for v, s in sessions.items()}

@@ -10,7 +10,6 @@ import json
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
 from scipy.special import ndtr
 
 from graph_autofusion import GraphAutoFusion
@@ -20,6 +19,7 @@ from graph_autofusion.ir.dtypes import DType
 from graph_autofusion.ir.text import parse_model
 from graph_autofusion.runtime.ort_session import fused_session, ort_session
 from graph_autofusion.runtime.timing import use_timer
+from graph_autofusion.testing.gelu_models import gelu_session
 
 pytestmark = pytest.mark.skipif(
     ort_include_dir() is None, reason="onnxruntime C API header not available"
@@ -79,28 +79,6 @@ def test_the_kernel_propagates_nan():
         assert np.array_equal(np.isnan(y), np.isnan(x)), y
 
 
-def _session(op: str, domain: str, shape, bias: np.ndarray | None, threads: int = 2):
-    inputs = ["x", "b"] if bias is not None else ["x"]
-    inits = [] if bias is None else [helper.make_tensor("b", TensorProto.FLOAT, bias.shape, bias)]
-    graph = helper.make_graph(
-        [helper.make_node(op, inputs, ["y"], domain=domain)],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
-        inits,
-    )
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)]
-    )
-    return ort_session(
-        model.SerializeToString(),
-        "all",
-        threads=threads,
-        custom_ops_library=_library().path,
-        find_library=False,
-    )
-
-
 @pytest.mark.parametrize(
     "ours,theirs,with_bias",
     [("GeluErf", "BiasGelu", True), ("GeluErf", "Gelu", False), ("GeluTanh", "FastGelu", True)],
@@ -113,8 +91,8 @@ def test_inside_onnxruntime_it_computes_what_onnxruntimes_own_operator_does(
     rng = np.random.default_rng(len(shape))
     bias = rng.standard_normal(shape[-1]).astype(np.float32) if with_bias else None
     x = np.asarray(3 * rng.standard_normal(shape), np.float32)
-    (got,) = _session(ours, DOMAIN, shape, bias).run(None, {"x": x})
-    (want,) = _session(theirs, MS, shape, bias).run(None, {"x": x})
+    (got,) = gelu_session(ours, DOMAIN, shape, bias).run(None, {"x": x})
+    (want,) = gelu_session(theirs, MS, shape, bias).run(None, {"x": x})
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * (1 + np.abs(x).max(initial=0)))
 
@@ -122,13 +100,13 @@ def test_inside_onnxruntime_it_computes_what_onnxruntimes_own_operator_does(
 def test_a_scalar_as_onnxruntimes_gelu_computes_it():
     for v in (-3.0, 0.5, 7.0):
         x = np.asarray(v, np.float32)
-        (got,) = _session("GeluErf", DOMAIN, (), None).run(None, {"x": x})
-        (want,) = _session("Gelu", MS, (), None).run(None, {"x": x})
+        (got,) = gelu_session("GeluErf", DOMAIN, (), None).run(None, {"x": x})
+        (want,) = gelu_session("Gelu", MS, (), None).run(None, {"x": x})
         assert got.shape == () and abs(float(got) - float(want)) < 4e-6
 
 
 def test_a_bias_of_the_wrong_length_is_an_error_naming_the_operator():
-    sess = _session("GeluErf", DOMAIN, ("B", "N"), np.ones(8, np.float32))
+    sess = gelu_session("GeluErf", DOMAIN, ("B", "N"), np.ones(8, np.float32))
     sess.run(None, {"x": np.ones((2, 8), np.float32)})
     with pytest.raises(Exception, match="GeluErf: bias must be 1-D, as long as x's last"):
         sess.run(None, {"x": np.ones((2, 9), np.float32)})

@@ -77,6 +77,25 @@ def _horner(name: str, coefs: tuple[float, ...]) -> str:
     return " ".join(out)
 
 
+def _rational(fn: str, bound: float, p: tuple[float, ...], q: tuple[float, ...]) -> str:
+    """``static inline float gaf_ge_<fn>(float x)``: the odd function ``x P(x^2) / Q(x^2)``,
+    ``|x|`` clamped to ``bound``, at most 1 in magnitude and exactly 1 from ``bound`` on (so
+    GELU(-big) is 0); branch-free."""
+    return f"""
+/* {fn}(x): x P(x^2) / Q(x^2), |x| clamped to {bound} (ort_gelu.{fn.upper()}_P / _Q) */
+static inline float gaf_ge_{fn}(float x) {{
+    float a = x < 0.f ? -x : x;
+    a = a < {bound!r}f ? a : {bound!r}f;
+    float s = a * a;
+    {_horner("p", p)}
+    {_horner("q", q)}
+    float e = a * p / q;
+    e = a < {bound!r}f ? (e < 1.f ? e : 1.f) : 1.f;
+    return x < 0.f ? -e : e;
+}}
+"""
+
+
 SOURCE = (
     r"""
 /* ---- GeluErf / GeluTanh: y = gelu(x + bias), one pass (graph-autofusion) ---- */
@@ -84,36 +103,10 @@ SOURCE = (
     + str(CHUNK)
     + r"""
 
-/* erf(x): x P(x^2) / Q(x^2), |x| clamped to 4 (ort_gelu.ERF_P / ERF_Q); branch-free */
-static inline float gaf_ge_erf(float x) {
-    float a = x < 0.f ? -x : x;
-    a = a < 4.f ? a : 4.f;
-    float s = a * a;
-    """
-    + _horner("p", ERF_P)
-    + "\n    "
-    + _horner("q", ERF_Q)
+"""
+    + _rational("erf", 4.0, ERF_P, ERF_Q)
+    + _rational("tanh", 7.9, TANH_P, TANH_Q)
     + r"""
-    float e = a * p / q;
-    e = e < 1.f ? e : 1.f;
-    return x < 0.f ? -e : e;
-}
-
-/* tanh(x): x P(x^2) / Q(x^2), |x| clamped to 7.9 (ort_gelu.TANH_P / TANH_Q); branch-free */
-static inline float gaf_ge_tanh(float x) {
-    float a = x < 0.f ? -x : x;
-    a = a < 7.9f ? a : 7.9f;
-    float s = a * a;
-    """
-    + _horner("p", TANH_P)
-    + "\n    "
-    + _horner("q", TANH_Q)
-    + r"""
-    float e = a * p / q;
-    e = a < 7.9f ? (e < 1.f ? e : 1.f) : 1.f; /* exactly 1 at the clamp: GELU(-big) is 0 */
-    return x < 0.f ? -e : e;
-}
-
 /* y[i] = gelu(x[i] + b[i]) over n elements (b NULL: no bias); four loops, each one the
    compiler vectorizes without a test inside */
 #define GAF_GE_LOOP(V, F) _Pragma("omp simd") for (int64_t i = 0; i < n; i++) { float v = V; y[i] = F; }
