@@ -1087,8 +1087,8 @@ def autofusion_backend(
 
 
 #: make_backend's settings that ``torch.compile``'s ``options`` dict may carry besides
-#: FuseOptions fields
-_BACKEND_SETTINGS = ("preset", "hardware", "safe_mode", "check_speed", "engine")
+#: FuseOptions fields (``safe_mode`` and ``check_speed`` are fields)
+_BACKEND_SETTINGS = ("preset", "hardware", "engine")
 _BY_OPTIONS: dict[str, Callable[..., Any]] = {}
 
 
@@ -1096,21 +1096,13 @@ def _options_backend(options: Any) -> Callable[..., Any]:
     """The backend of ``torch.compile``'s ``options`` (made once per distinct value)."""
     key = repr(sorted(options.items(), key=str) if isinstance(options, Mapping) else options)
     backend = _BY_OPTIONS.get(key)
-    if backend is not None:
-        return backend
-    if isinstance(options, Mapping):
-        settings = {k: v for k, v in options.items() if k in _BACKEND_SETTINGS}
-        fields = {k: v for k, v in options.items() if k not in _BACKEND_SETTINGS}
-        opts = FuseOptions.coerce(
-            fields,
-            target="cpu",
-            safe_mode=settings.get("safe_mode", True),
-            check_speed=settings.get("check_speed", True),
-        )
-        backend = make_backend(options=opts, **settings)
-    else:
-        backend = make_backend(options=FuseOptions.coerce(options))
-    _BY_OPTIONS[key] = backend
+    if backend is None:
+        settings, fields = {}, options
+        if isinstance(options, Mapping):
+            settings = {k: v for k, v in options.items() if k in _BACKEND_SETTINGS}
+            fields = {k: v for k, v in options.items() if k not in _BACKEND_SETTINGS}
+        backend = make_backend(options=FuseOptions.coerce(fields), **settings)
+        _BY_OPTIONS[key] = backend
     return backend
 
 
