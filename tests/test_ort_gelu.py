@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import ctypes
 import json
+import re
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -70,6 +73,32 @@ def test_large_negative_inputs_give_zero():
     for tanh in (False, True):
         y = _gelu(x, None, tanh)
         assert np.all(y == 0), (tanh, y)
+
+
+def _disassembly(path: str, prefix: str) -> str:
+    """``objdump -d`` of the functions of ``path`` whose names start with ``prefix``."""
+    objdump = shutil.which("objdump")
+    assert objdump, "objdump (binutils, installed with gcc) is needed to read the kernel's code"
+    text = subprocess.run([objdump, "-d", path], capture_output=True, text=True).stdout
+    out, keep = [], False
+    for line in text.splitlines():
+        head = re.match(r"^[0-9a-f]+ <([^>]+)>:$", line)
+        if head:
+            keep = head.group(1).startswith(prefix)
+        elif keep:
+            out.append(line)
+    return "\n".join(out)
+
+
+def test_the_gelu_loops_are_vectorized():
+    """The one-pass loops compile to packed single-precision arithmetic (the point of the
+    operators: a clamp written as a nested select left gcc 12's loops scalar, 3.5-5.7x
+    slower than onnxruntime's FastGelu, and safe mode rolled every GELU back)."""
+    code = _disassembly(_library().path, "gaf_ge_")
+    assert code, "no gaf_ge_ function in the library"
+    packed = re.findall(r"\bv?(?:mul|add|div|fmadd\w*|fnmadd\w*)ps\b", code)
+    scalar = re.findall(r"\bv?(?:mul|add|div|fmadd\w*|fnmadd\w*)ss\b", code)
+    assert len(packed) > len(scalar), (len(packed), len(scalar))
 
 
 def test_the_kernel_propagates_nan():

@@ -90,7 +90,8 @@ static inline float gaf_ge_{fn}(float x) {{
     {_horner("p", p)}
     {_horner("q", q)}
     float e = a * p / q;
-    e = a < {bound!r}f ? (e < 1.f ? e : 1.f) : 1.f;
+    e = e < 1.f ? e : 1.f;
+    e = a < {bound!r}f ? e : 1.f;  /* two selects: gcc 12 does not vectorize a nested one */
     return x < 0.f ? -e : e;
 }}
 """
