@@ -13,7 +13,8 @@ ort_matmul`), and a fusion whose native form is onnxruntime's ``BiasGelu``, ``Ge
 ``FastGelu`` gets the one-pass ``GeluErf`` / ``GeluTanh`` in its place (:mod:`graph_autofusion.
 codegen.ort_gelu`: 2-3x onnxruntime's speed on a wide activation; safe mode times the fusion
 against onnxruntime's own at its ALL level, which makes the same contrib operator, so a slower
-one is rolled back to it).
+one is rolled back to it), as does each GELU node no fusion takes, as its own fusion
+(:mod:`graph_autofusion.codegen.ort_gelu_sites`).
 Safe mode checks each like any other lowering. A library that fails to build or load makes
 the pipeline fuse again without custom operators (:class:`CustomOpsUnavailable`).
 """
@@ -40,6 +41,7 @@ from graph_autofusion.codegen.ort_customop import (
     register_library,
 )
 from graph_autofusion.codegen.ort_gelu import OP_ERF, OP_TANH
+from graph_autofusion.codegen.ort_gelu_sites import apply_gelu_sites, plan_gelu_sites
 from graph_autofusion.codegen.ort_gemv_q import OP as GEMV_Q_OP
 from graph_autofusion.codegen.ort_matmul import apply_sites, plan_sites
 from graph_autofusion.errors import GraphAutoFusionError
@@ -68,6 +70,7 @@ class CustomOps:
     library: CustomOpLibrary | None = None
     gemv: bool = False  # the library defines the hand-written operators (BUILTIN_OPS)
     gemv_keys: set = field(default_factory=set)  # their keys (planned on the sample shapes)
+    gelu_keys: set = field(default_factory=set)  # the lone GELU nodes' keys (ort_gelu_sites)
     #: the ``If`` form (a dynamic row count) is planned: not with compressed weights, whose
     #: stage finds no contraction inside an ``If`` (it takes the direct form's ``Gemv``)
     gemv_if: bool = True
@@ -101,7 +104,8 @@ class CustomOps:
         if not self.gemv_if:
             sites = [s for s in sites if s.rows is not None]
         self.gemv_keys = {s.key for s in sites}
-        self.gemv = bool(sites) or _plans_gelu(analysis)
+        self.gelu_keys = {s.key for s in plan_gelu_sites(work)}
+        self.gemv = bool(sites) or bool(self.gelu_keys) or _plans_gelu(analysis)
         if self.groups or self.gemv:
             self.library = self.build(self.groups, self.gemv)
         return out
@@ -112,14 +116,17 @@ class CustomOps:
     def lower(
         self, model: Any, keys: list[str] | None, native: list[Lowered] = ()
     ) -> list[Lowered]:
-        """Apply the groups (all, or those with ``keys``) and the Gemv sites to ``model``; the
-        ``native`` lowerings' GELU operators become the one-pass ones (:data:`GELU_SWAP`)."""
+        """Apply the groups (all, or those with ``keys``), the Gemv sites and the lone GELU
+        nodes to ``model``; the ``native`` lowerings' GELU operators become the one-pass ones
+        (:data:`GELU_SWAP`)."""
         if self.gemv:
             swap_gelus(model, native)
         groups = self.groups if keys is None else [g for g in self.groups if g.key in set(keys)]
         done = apply_groups(model, groups)
         if self.gemv:  # after the groups: a MatMul a group keeps is rewritten inside it
             done += apply_sites(model, keys, done, allowed=self.gemv_keys)
+            # the GELU nodes no fusion took (those it took are gone, or swapped above)
+            done += apply_gelu_sites(model, keys, allowed=self.gelu_keys)
         return done
 
     def finish(self, result: Any) -> None:
