@@ -95,7 +95,9 @@ def apply_gelu_sites(
         ):
             continue
         node = by_name[s.node]
-        x, y = node.inputs[0], node.outputs[0]
+        y = node.outputs[0]
+        # the activations it reads (a bias that is no constant too)
+        reads = [v.name for v in node.inputs if not v.is_const and v.name not in g.initializers]
         new = g.make_node(s.op, list(node.inputs), domain=DOMAIN, name=f"{s.node}_ours",
                           before=node)  # fmt: skip
         g.replace_all_uses_with(y, new.outputs[0])
@@ -103,7 +105,7 @@ def apply_gelu_sites(
         g.rename_value(new.outputs[0], y.name)
         new.outputs[0].dtype, new.outputs[0].shape = y.dtype, y.shape
         out.append(
-            Lowered(s.key, RULE, [s.node], [new], [x.name], [y.name], [f"{DOMAIN}::{s.op}"],
+            Lowered(s.key, RULE, [s.node], [new], reads, [y.name], [f"{DOMAIN}::{s.op}"],
                     payload=s)
         )  # fmt: skip
     if out:
