@@ -177,3 +177,50 @@ def test_the_torch_route_runs_ours_for_a_bias_free_mlp():
     (graph,) = backend.config.graphs
     ops = {n.qualified_op for n in graph.ort_result.model.graph.nodes}
     assert f"{DOMAIN}::GeluTanh" in ops, ops
+
+
+def test_a_gelu_whose_input_the_graph_leaves_untyped_is_a_site_by_the_samples_types():
+    """After another contrib operator (a model onnxruntime's optimizer rewrote) ONNX shape
+    inference gives the GELU's input no type; the sample inputs' types decide. A bias over a
+    symbolic last dim counts by the sample's size."""
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    rng = np.random.default_rng(0)
+    w = nh.from_array((0.2 * rng.standard_normal((64, 96))).astype(np.float32), "w")
+    b = nh.from_array(rng.standard_normal(96).astype(np.float32), "b")
+    c = nh.from_array(rng.standard_normal(40).astype(np.float32), "c")
+    nodes = [
+        h.make_node("FusedMatMul", ["x", "w"], ["m"], domain=MS, name="fmm", alpha=1.0),
+        h.make_node("FastGelu", ["m", "b"], ["g"], domain=MS, name="untyped"),
+        h.make_node("BiasGelu", ["z", "c"], ["e"], domain=MS, name="symbolic_last"),
+    ]
+    graph = h.make_graph(
+        nodes,
+        "g",
+        [
+            h.make_tensor_value_info("x", TP.FLOAT, ["B", "S", 64]),
+            h.make_tensor_value_info("z", TP.FLOAT, ["R", "C"]),
+        ],
+        [
+            h.make_tensor_value_info("g", TP.FLOAT, ["B", "S", 96]),
+            h.make_tensor_value_info("e", TP.FLOAT, ["R", "C"]),
+        ],
+        initializer=[w, b, c],
+    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid(MS, 1)])
+    model.ir_version = 9
+    feeds = {
+        "x": rng.standard_normal((2, 8, 64)).astype(np.float32),
+        "z": rng.standard_normal((3, 40)).astype(np.float32),
+    }
+    gaf = GraphAutoFusion(model, sample_inputs=feeds, clustering=False)
+    gaf.options = gaf.options.replace(custom_ops=True)
+    gaf.fuse(check_speed=False)
+    keys = {low.key for low in gaf.result.lowered if low.rule == "gelu_kernel"}
+    assert keys == {"gelu_kernel@untyped", "gelu_kernel@symbolic_last"}
+    want = ort_session(model.SerializeToString(), "all").run(None, feeds)
+    got = ort_session(gaf.result.model, "all").run(None, feeds)
+    for a, b_ in zip(got, want):
+        np.testing.assert_allclose(a, b_, rtol=0, atol=2e-6 * float(np.abs(b_).max()))

@@ -17,7 +17,7 @@ safe mode checks and times against the node as onnxruntime runs it and rolls bac
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,12 +39,12 @@ class GeluSite:
     op: str
 
 
-def our_gelu(node: Any) -> str | None:
-    """The one-pass operator that computes ``node``, if it is a GELU over float32 that ours
-    computes with the same inputs (``x``, and a bias over the last axis where it has one)."""
+def gelu_form(node: Any) -> str | None:
+    """The one-pass operator with ``node``'s inputs and math, if ``node`` is a GELU: an ONNX
+    ``Gelu`` (``x``), onnxruntime's ``Gelu`` (``x``), ``BiasGelu`` (``x``, bias) or
+    ``FastGelu`` (``x``[, bias])."""
     if node.domain in ("", "ai.onnx") and node.op_type == "Gelu":
-        form = node.attrs.get("approximate", "none")
-        op = {"none": OP_ERF, "tanh": OP_TANH}.get(form)
+        op = {"none": OP_ERF, "tanh": OP_TANH}.get(node.attrs.get("approximate", "none"))
         n_inputs = 1
     elif node.domain == MS and node.op_type in ("Gelu", "BiasGelu", "FastGelu"):
         op = OP_TANH if node.op_type == "FastGelu" else OP_ERF
@@ -55,24 +55,49 @@ def our_gelu(node: Any) -> str | None:
         return None
     if any(v is None for v in node.inputs) or len(node.outputs) != 1:
         return None
-    x = node.inputs[0]
+    return op
+
+
+#: a value's (dtype, shape) on the sample inputs (the pipeline's binding), or None
+TypeOf = Callable[[str], "tuple[Any, Any] | None"]
+
+
+def our_gelu(node: Any, type_of: TypeOf | None = None) -> str | None:
+    """The one-pass operator that computes ``node``, if it is a GELU over float32 that ours
+    computes with the same inputs (``x``, and a bias over the last axis where it has one).
+    Types and shapes are the graph's, else ``type_of``'s (the sample inputs': a value after
+    another contrib operator has none in the graph)."""
+    op = gelu_form(node)
+    if op is None:
+        return None
+
+    def known(v: Any) -> tuple[Any, Any]:
+        got = type_of(v.name) if type_of is not None else None
+        dtype, shape = got if got is not None else (None, None)
+        return v.dtype or dtype, v.shape if v.shape is not None else shape
+
+    x_type, x_shape = known(node.inputs[0])
     # ours are float32 only: the output's type where the input's is not known
-    if (x.dtype or node.outputs[0].dtype) != DType.FLOAT:
+    if (x_type or known(node.outputs[0])[0]) != DType.FLOAT:
         return None
     if len(node.inputs) == 2:
-        b = node.inputs[1]
-        if b.shape is None or len(b.shape) != 1 or x.shape is None or not x.shape:
+        b_shape = known(node.inputs[1])[1]
+        if b_shape is None or len(b_shape) != 1 or not x_shape:
             return None
-        if not isinstance(b.shape[0], int) or b.shape[0] != x.shape[-1]:
+        last = x_shape[-1]
+        if not isinstance(last, int) and type_of is not None:  # symbolic: the sample's
+            got = type_of(node.inputs[0].name)
+            last = got[1][-1] if got is not None and got[1] else None
+        if not isinstance(b_shape[0], int) or b_shape[0] != last:
             return None
     return op
 
 
-def plan_gelu_sites(model: Any) -> list[GeluSite]:
+def plan_gelu_sites(model: Any, type_of: TypeOf | None = None) -> list[GeluSite]:
     """The GELU nodes of ``model`` that :func:`our_gelu` computes."""
     out = []
     for n in model.graph.nodes:
-        op = our_gelu(n)
+        op = our_gelu(n, type_of)
         if op is not None:
             out.append(GeluSite(f"{RULE}@{n.name}", n.name, op))
     return out
@@ -86,13 +111,17 @@ def apply_gelu_sites(
     GELU a fusion made is not one). Returns their ``Lowered`` records."""
     g = model.graph
     keyset = None if keys is None else set(keys)
-    allowed = None if allowed is None else set(allowed)
+    if allowed is None:
+        sites = plan_gelu_sites(model)
+    else:  # planned with the sample's types: the GELUs of those names that are still there
+        allowed = set(allowed)
+        forms = ((n, gelu_form(n)) for n in g.nodes)
+        sites = [GeluSite(f"{RULE}@{n.name}", n.name, op) for n, op in forms if op is not None]
+        sites = [s for s in sites if s.key in allowed]
     by_name = {n.name: n for n in g.nodes}
     out: list[Lowered] = []
-    for s in plan_gelu_sites(model):
-        if (keyset is not None and s.key not in keyset) or (
-            allowed is not None and s.key not in allowed
-        ):
+    for s in sites:
+        if keyset is not None and s.key not in keyset:
             continue
         node = by_name[s.node]
         y = node.outputs[0]

@@ -104,7 +104,7 @@ class CustomOps:
         if not self.gemv_if:
             sites = [s for s in sites if s.rows is not None]
         self.gemv_keys = {s.key for s in sites}
-        self.gelu_keys = {s.key for s in plan_gelu_sites(work)}
+        self.gelu_keys = {s.key for s in plan_gelu_sites(work, types.get)}
         self.gemv = bool(sites) or bool(self.gelu_keys) or _plans_gelu(analysis)
         if self.groups or self.gemv:
             self.library = self.build(self.groups, self.gemv)
