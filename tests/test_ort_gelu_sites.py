@@ -224,3 +224,42 @@ def test_a_gelu_whose_input_the_graph_leaves_untyped_is_a_site_by_the_samples_ty
     got = ort_session(gaf.result.model, "all").run(None, feeds)
     for a, b_ in zip(got, want):
         np.testing.assert_allclose(a, b_, rtol=0, atol=2e-6 * float(np.abs(b_).max()))
+
+
+def test_a_saved_plan_applies_its_gelu_sites_without_calling_them_unmatched():
+    """``fuse_model(keys=...)`` (what ``load_fused`` and saved plans do): the sites' keys are
+    the custom-operator stage's, not the planner's candidates; no 'matches nothing' note."""
+    from graph_autofusion.pipeline import fuse_model
+
+    gaf = _fuse(custom_ops=True)
+    keys = [low.key for low in gaf.result.lowered]
+    assert any(k.startswith("gelu_kernel@") for k in keys)
+    again = fuse_model(
+        parse_model(MODEL), gaf.rules, "x86_avx2", options=gaf.options, feeds=_feeds(), keys=keys
+    )
+    assert sorted(low.key for low in again.lowered) == sorted(keys)
+    assert not [n for n in again.notes if "match nothing" in n], again.notes
+
+
+def test_a_gelu_with_a_computed_bias_is_checked_with_its_bias_fed():
+    """A BiasGelu whose bias is computed (no constant): safe mode's subgraph reads it too."""
+    text = """
+model opset {"": 17, "com.microsoft": 1}
+graph g(%x: f32[?,64], %c: f32[64]) -> (%y) {
+  %b = Mul(%c, %c)
+  %y = com.microsoft::BiasGelu(%x, %b) @bg
+}
+"""
+    rng = np.random.default_rng(3)
+    feeds = {
+        "x": rng.standard_normal((5, 64)).astype(np.float32),
+        "c": rng.standard_normal(64).astype(np.float32),
+    }
+    gaf = GraphAutoFusion(parse_model(text), preset="all", hardware="x86_avx2", sample_inputs=feeds)
+    gaf.options = gaf.options.replace(custom_ops=True)
+    gaf.fuse(check_speed=False)
+    (low,) = [lw for lw in gaf.result.lowered if lw.rule == "gelu_kernel"]
+    assert set(low.inputs) == {"x", "b"} and gaf.result.safety[low.key].passed
+    (want,) = ort_session(to_onnx(parse_model(text)), "all").run(None, feeds)
+    (got,) = ort_session(gaf.result.model, "all").run(None, feeds)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * float(np.abs(want).max()))

@@ -12,7 +12,7 @@ a convolution, or onnxruntime's own ``Gelu`` / ``FastGelu`` / ``BiasGelu`` in a 
 optimizer already rewrote. Each such node over float32 becomes ours, same inputs, its own fusion
 (``gelu_kernel@<node>``, counted as ``ai.graph_autofusion::GeluErf`` or ``GeluTanh``), which
 safe mode checks and times against the node as onnxruntime runs it and rolls back when slower
-(``benchmarks/gelu_kernels.py``: ``GeluErf`` 0.67-0.95x onnxruntime's ``Gelu``).
+(``benchmarks/gelu_kernels.py``: ``GeluErf`` 0.61-0.95x onnxruntime's ``Gelu``).
 """
 
 from __future__ import annotations
@@ -104,11 +104,15 @@ def plan_gelu_sites(model: Any, type_of: TypeOf | None = None) -> list[GeluSite]
 
 
 def apply_gelu_sites(
-    model: Any, keys: Iterable[str] | None, allowed: Iterable[str] | None = None
+    model: Any,
+    keys: Iterable[str] | None,
+    allowed: Iterable[str] | None = None,
+    made: Iterable[Lowered] = (),
 ) -> list[Lowered]:
     """Rewrite the GELU sites of ``model`` (those with these ``keys``; ``None``: all; and only
     those in ``allowed`` when given: the sites planned before the fusions were applied, so a
-    GELU a fusion made is not one). Returns their ``Lowered`` records."""
+    GELU a fusion made is not one, nor is a node of ``made``'s lowerings, whatever its name).
+    Returns their ``Lowered`` records."""
     g = model.graph
     keyset = None if keys is None else set(keys)
     if allowed is None:
@@ -119,9 +123,10 @@ def apply_gelu_sites(
         sites = [GeluSite(f"{RULE}@{n.name}", n.name, op) for n, op in forms if op is not None]
         sites = [s for s in sites if s.key in allowed]
     by_name = {n.name: n for n in g.nodes}
+    theirs = {id(n) for low in made for n in low.new_nodes}
     out: list[Lowered] = []
     for s in sites:
-        if keyset is not None and s.key not in keyset:
+        if (keyset is not None and s.key not in keyset) or id(by_name[s.node]) in theirs:
             continue
         node = by_name[s.node]
         y = node.outputs[0]

@@ -61,7 +61,7 @@ from graph_autofusion.patterns.candidates import match_rules
 from graph_autofusion.patterns.rules import RuleSet
 from graph_autofusion.patterns.shape_folding import fold_reshape_shapes
 from graph_autofusion.pipeline import other_shape
-from graph_autofusion.pipeline.ort_kernels import CustomOps, CustomOpsUnavailable
+from graph_autofusion.pipeline.ort_kernels import CustomOps, CustomOpsUnavailable, site_key
 from graph_autofusion.pipeline.plan import plan_for_target
 from graph_autofusion.pipeline.result import (
     FuseResult,
@@ -239,7 +239,9 @@ def _fuse_model(
         # a saved plan replaces the cost model's choice, for our kernels too: the library is
         # built from the chosen candidates, and a fusion this machine's cost model leaves to
         # safe mode's timing (a close call) was dropped on load without a word
-        apply_saved_plan(analysis, saved_keys, notes)
+        # (the custom-operator stage's own sites are no candidates: lowered by their keys)
+        planned_keys = [k for k in saved_keys if custom is None or not site_key(k)]
+        apply_saved_plan(analysis, planned_keys, notes)
     stages.dump("plan.json", lambda: to_json(analysis.to_dict()))
     with stages("lower"):
         custom_refused = custom.prepare(work, analysis, _target) if custom is not None else []

@@ -41,8 +41,10 @@ from graph_autofusion.codegen.ort_customop import (
     register_library,
 )
 from graph_autofusion.codegen.ort_gelu import OP_ERF, OP_TANH
+from graph_autofusion.codegen.ort_gelu_sites import RULE as GELU_RULE
 from graph_autofusion.codegen.ort_gelu_sites import apply_gelu_sites, plan_gelu_sites
 from graph_autofusion.codegen.ort_gemv_q import OP as GEMV_Q_OP
+from graph_autofusion.codegen.ort_matmul import RULE as GEMV_RULE
 from graph_autofusion.codegen.ort_matmul import apply_sites, plan_sites
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.ir.dtypes import DType
@@ -55,8 +57,16 @@ GELU_SWAP = {
     ("com.microsoft", "Gelu"): OP_ERF,
     ("com.microsoft", "FastGelu"): OP_TANH,
 }
+#: The fusions the custom-operator stage finds itself (no candidate of the planner's): a saved
+#: plan's keys of these rules are applied by :meth:`CustomOps.lower`, not matched to candidates.
+SITE_RULES = frozenset({GEMV_RULE, GELU_RULE})
 #: The rules' ``fuse_pattern`` of those native forms (the library is built for them).
 GELU_PATTERNS = frozenset({"BiasGelu", "Gelu", "FastGelu"})
+
+
+def site_key(key: str) -> bool:
+    """Whether a fusion key (``rule@node``) is one of :data:`SITE_RULES`'."""
+    return key.split("@", 1)[0] in SITE_RULES
 
 
 class CustomOpsUnavailable(GraphAutoFusionError):
@@ -126,7 +136,7 @@ class CustomOps:
         if self.gemv:  # after the groups: a MatMul a group keeps is rewritten inside it
             done += apply_sites(model, keys, done, allowed=self.gemv_keys)
             # the GELU nodes no fusion took (those it took are gone, or swapped above)
-            done += apply_gelu_sites(model, keys, allowed=self.gelu_keys)
+            done += apply_gelu_sites(model, keys, self.gelu_keys, [*native, *done])
         return done
 
     def finish(self, result: Any) -> None:
