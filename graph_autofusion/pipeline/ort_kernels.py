@@ -40,23 +40,15 @@ from graph_autofusion.codegen.ort_customop import (
     plan_groups,
     register_library,
 )
-from graph_autofusion.codegen.ort_gelu import OP_ERF, OP_TANH
+from graph_autofusion.codegen.ort_gelu_sites import MS as MS_DOMAIN
 from graph_autofusion.codegen.ort_gelu_sites import RULE as GELU_RULE
-from graph_autofusion.codegen.ort_gelu_sites import apply_gelu_sites, plan_gelu_sites
+from graph_autofusion.codegen.ort_gelu_sites import apply_gelu_sites, gelu_form, plan_gelu_sites
 from graph_autofusion.codegen.ort_gemv_q import OP as GEMV_Q_OP
 from graph_autofusion.codegen.ort_matmul import RULE as GEMV_RULE
 from graph_autofusion.codegen.ort_matmul import apply_sites, plan_sites
 from graph_autofusion.errors import GraphAutoFusionError
 from graph_autofusion.ir.dtypes import DType
 
-#: onnxruntime's GELU operators (what the GELU rules' native forms make) and the one-pass
-#: operator of :mod:`graph_autofusion.codegen.ort_gelu` that replaces each (same inputs:
-#: ``x`` and an optional bias over the last axis).
-GELU_SWAP = {
-    ("com.microsoft", "BiasGelu"): OP_ERF,
-    ("com.microsoft", "Gelu"): OP_ERF,
-    ("com.microsoft", "FastGelu"): OP_TANH,
-}
 #: The fusions the custom-operator stage finds itself (no candidate of the planner's): a saved
 #: plan's keys of these rules are applied by :meth:`CustomOps.lower`, not matched to candidates.
 SITE_RULES = frozenset({GEMV_RULE, GELU_RULE})
@@ -128,7 +120,7 @@ class CustomOps:
     ) -> list[Lowered]:
         """Apply the groups (all, or those with ``keys``), the Gemv sites and the lone GELU
         nodes to ``model``; the ``native`` lowerings' GELU operators become the one-pass ones
-        (:data:`GELU_SWAP`)."""
+        (:func:`~graph_autofusion.codegen.ort_gelu_sites.gelu_form`)."""
         if self.gemv:
             swap_gelus(model, native)
         groups = self.groups if keys is None else [g for g in self.groups if g.key in set(keys)]
@@ -170,18 +162,12 @@ def swap_gelus(model: Any, lowered: Any) -> int:
     for low in lowered:
         swapped = False
         for node in low.new_nodes:
-            op = GELU_SWAP.get((node.domain, node.op_type))
+            # the native forms make onnxruntime's (com.microsoft) GELUs; the one-pass operator
+            # with the same inputs is ort_gelu_sites.gelu_form's
+            op = gelu_form(node) if node.domain == MS_DOMAIN else None
             # ours are float32 only: the output's type where the input's is not known (a value
             # a rewrite made in a graph of symbolic sizes)
-            x = node.inputs[0] if node.inputs else None
-            dtype = (x.dtype if x is not None else None) or node.outputs[0].dtype
-            if (
-                op is not None
-                and 1 <= len(node.inputs) <= 2
-                and node.inputs[-1] is not None
-                and x is not None
-                and dtype == DType.FLOAT
-            ):
+            if op is not None and (node.inputs[0].dtype or node.outputs[0].dtype) == DType.FLOAT:
                 node.op_type, node.domain = op, DOMAIN
                 node.attrs.clear()
                 swapped = True
