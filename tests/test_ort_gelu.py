@@ -16,12 +16,11 @@ from scipy.special import ndtr
 
 from graph_autofusion import GraphAutoFusion
 from graph_autofusion.codegen.ort_customop import DOMAIN, build_library, ort_include_dir
-from graph_autofusion.frontend.onnx_frontend import to_onnx
 from graph_autofusion.ir.dtypes import DType
 from graph_autofusion.ir.text import parse_model
-from graph_autofusion.runtime.ort_session import fused_session, ort_session
 from graph_autofusion.runtime.timing import use_timer
 from graph_autofusion.testing.gelu_models import gelu_session
+from tests.gelu_cases import assert_same_at_other_sizes, fuse_gelu_model, fused_twice_as_slow
 
 pytestmark = pytest.mark.skipif(
     ort_include_dir() is None, reason="onnxruntime C API header not available"
@@ -180,12 +179,7 @@ def _feeds(batch: int = 2, seq: int = 24, seed: int = 0) -> dict[str, np.ndarray
 
 
 def _fuse(custom_ops: bool, check_speed: bool = False) -> GraphAutoFusion:
-    gaf = GraphAutoFusion(
-        parse_model(MODEL), preset="all", hardware="x86_avx2", sample_inputs=_feeds()
-    )
-    gaf.options = gaf.options.replace(custom_ops=custom_ops)
-    gaf.fuse(check_speed=check_speed)
-    return gaf
+    return fuse_gelu_model(MODEL, _feeds(), custom_ops, check_speed)
 
 
 def _ops(gaf: GraphAutoFusion) -> list[str]:
@@ -204,27 +198,15 @@ def test_with_custom_operators_the_gelu_fusions_run_the_one_pass_kernels(tmp_pat
     manifest = json.loads(open(path + ".kernels/manifest.json").read())
     names = {op["name"] for op in manifest["operators"]}
     assert {"GeluErf", "GeluTanh"} <= names, names
-    ref = ort_session(to_onnx(parse_model(MODEL)), "all")
-    sess = fused_session(path)
-    for batch, seq in ((1, 1), (3, 7), (2, 300)):  # other sizes than the sample's
-        feeds = _feeds(batch, seq, seed=seq)
-        (want,) = ref.run(None, feeds)
-        (got,) = sess.run(None, feeds)
-        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * float(np.abs(want).max()))
+    assert_same_at_other_sizes(MODEL, path, _feeds)
 
 
 def test_without_custom_operators_onnxruntimes_own_gelus_stay():
     assert _ops(_fuse(custom_ops=False)) == [f"{MS}::BiasGelu", f"{MS}::FastGelu"]
 
 
-def _slower_gelus(key, side, fn):
-    """Safe mode's timer: the sessions run; every fused side takes twice the unfused."""
-    fn()
-    return 10e-6 if side == "unfused" else 20e-6
-
-
 def test_a_one_pass_gelu_that_times_slower_is_rolled_back():
-    with use_timer(_slower_gelus):
+    with use_timer(fused_twice_as_slow):
         gaf = _fuse(custom_ops=True, check_speed=True)
     assert {r.code for r in gaf.result.rolled_back} == {"slower"}
     assert {r.rule for r in gaf.result.rolled_back} == {"bias_gelu", "gelu_tanh"}

@@ -13,8 +13,9 @@ from graph_autofusion.codegen.ort_gelu_sites import our_gelu, plan_gelu_sites
 from graph_autofusion.frontend.onnx_frontend import to_onnx
 from graph_autofusion.ir.dtypes import DType
 from graph_autofusion.ir.text import parse_model
-from graph_autofusion.runtime.ort_session import fused_session, ort_session
+from graph_autofusion.runtime.ort_session import ort_session
 from graph_autofusion.runtime.timing import use_timer
+from tests.gelu_cases import assert_same_at_other_sizes, fuse_gelu_model, fused_twice_as_slow
 
 pytestmark = pytest.mark.skipif(
     ort_include_dir() is None, reason="onnxruntime C API header not available"
@@ -46,12 +47,7 @@ def _feeds(batch: int = 2, seq: int = 24, seed: int = 0) -> dict[str, np.ndarray
 
 
 def _fuse(custom_ops: bool, check_speed: bool = False) -> GraphAutoFusion:
-    gaf = GraphAutoFusion(
-        parse_model(MODEL), preset="all", hardware="x86_avx2", sample_inputs=_feeds()
-    )
-    gaf.options = gaf.options.replace(custom_ops=custom_ops)
-    gaf.fuse(check_speed=check_speed)
-    return gaf
+    return fuse_gelu_model(MODEL, _feeds(), custom_ops, check_speed)
 
 
 def _ours(gaf: GraphAutoFusion) -> list[str]:
@@ -71,13 +67,7 @@ def test_lone_gelus_run_ours_and_compute_what_onnxruntime_does(tmp_path):
     assert all(gaf.result.safety[k].passed for k in sites)
     path = str(tmp_path / "fused.onnx")
     gaf.save(path)
-    ref = ort_session(to_onnx(parse_model(MODEL)), "all")
-    sess = fused_session(path)
-    for batch, seq in ((1, 1), (3, 7), (2, 300)):  # other sizes than the sample's
-        feeds = _feeds(batch, seq, seed=seq)
-        (want,) = ref.run(None, feeds)
-        (got,) = sess.run(None, feeds)
-        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * float(np.abs(want).max()))
+    assert_same_at_other_sizes(MODEL, path, _feeds)
 
 
 def test_without_custom_operators_the_gelus_stay_onnxruntimes():
@@ -86,14 +76,8 @@ def test_without_custom_operators_the_gelus_stay_onnxruntimes():
     assert not [low for low in gaf.result.lowered if low.rule == "gelu_kernel"]
 
 
-def _slower(key, side, fn):
-    """Safe mode's timer: the sessions run; every fused side takes twice the unfused."""
-    fn()
-    return 10e-6 if side == "unfused" else 20e-6
-
-
 def test_a_lone_gelu_that_times_slower_is_rolled_back():
-    with use_timer(_slower):
+    with use_timer(fused_twice_as_slow):
         gaf = _fuse(custom_ops=True, check_speed=True)
     back = [r for r in gaf.result.rolled_back if r.rule == "gelu_kernel"]
     assert len(back) == 3 and {r.code for r in back} == {"slower"}
@@ -146,10 +130,7 @@ graph g(%x: f32[?,64]) -> (%y) {
     for n in typed.graph.nodes:  # the pipeline's binding types every value
         n.outputs[0].dtype = DType.FLOAT
     assert [s.key for s in plan_gelu_sites(typed)] == ["gelu_kernel@g"]  # a site before fusion
-    gaf = GraphAutoFusion(parse_model(text), preset="all", hardware="x86_avx2",
-                          sample_inputs={"x": np.ones((4, 64), np.float32)})  # fmt: skip
-    gaf.options = gaf.options.replace(custom_ops=True)
-    gaf.fuse(check_speed=False)
+    gaf = fuse_gelu_model(text, {"x": np.ones((4, 64), np.float32)}, custom_ops=True)
     rules = [low.rule for low in gaf.result.lowered]
     assert "bias_gelu" in rules and "gelu_kernel" not in rules, rules
     assert _ours(gaf) == [f"{DOMAIN}::GeluErf"]
@@ -255,9 +236,7 @@ graph g(%x: f32[?,64], %c: f32[64]) -> (%y) {
         "x": rng.standard_normal((5, 64)).astype(np.float32),
         "c": rng.standard_normal(64).astype(np.float32),
     }
-    gaf = GraphAutoFusion(parse_model(text), preset="all", hardware="x86_avx2", sample_inputs=feeds)
-    gaf.options = gaf.options.replace(custom_ops=True)
-    gaf.fuse(check_speed=False)
+    gaf = fuse_gelu_model(text, feeds, custom_ops=True)
     (low,) = [lw for lw in gaf.result.lowered if lw.rule == "gelu_kernel"]
     assert set(low.inputs) == {"x", "b"} and gaf.result.safety[low.key].passed
     (want,) = ort_session(to_onnx(parse_model(text)), "all").run(None, feeds)
