@@ -3,7 +3,8 @@
 ``Y = softmax(Q @ K^T * scale + mask) @ V`` over ``[batch, heads, seq, head_size]`` tensors
 (or ``[batch, seq, heads * head_size]`` with ``q_num_heads``/``kv_num_heads``), with fewer
 key/value heads than query heads (grouped-query attention), a boolean (True attends) or
-additive mask, ``is_causal`` (upper-left aligned, offset by the past length), ``softcap``, and
+additive mask, ``is_causal`` (upper-left aligned, offset by the past length), ``softcap``
+(``c * tanh(scores / c)`` of the scaled scores, before either mask), and
 ``past_key``/``past_value`` concatenated in front of K/V (outputs ``present_key``/``present_value``).
 """
 
@@ -54,6 +55,9 @@ def attention(
     scale = ctx.attr("scale", None)
     scale = 1.0 / np.sqrt(q4.shape[-1]) if scale is None else float(scale)
     scores = (q4 @ np.swapaxes(k4, -1, -2)) * np.asarray(scale, dtype=q4.dtype)
+    cap = float(ctx.attr("softcap", 0.0))
+    if cap > 0:  # before the masks (the ONNX specification's order; onnxruntime 1.32's)
+        scores = cap * np.tanh(scores / cap)
     total, qs = k4.shape[2], q4.shape[2]
     if int(ctx.attr("is_causal", 0)):
         past = total - qs
@@ -64,9 +68,6 @@ def attention(
             scores = np.where(mask, scores, -np.inf)
         else:
             scores = scores + mask
-    cap = float(ctx.attr("softcap", 0.0))
-    if cap > 0:
-        scores = cap * np.tanh(scores / cap)
     y = softmax(scores, -1) @ v4
     if q.ndim == 3:
         b, s = q.shape[:2]

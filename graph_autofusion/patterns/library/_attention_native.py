@@ -14,6 +14,8 @@
   instead, so the repeat is not computed at all;
 * ``scale``: the product of the matched scales (``Div`` by c is a scale of 1/c, the pre-scaled
   ``q * c1`` and ``kT * c2`` give ``c1 * c2``; none is 1);
+* ``softcap``: c of a matched ``c * tanh(scores / c)``, which onnxruntime applies to the scaled
+  scores before the mask, where the exporters put it;
 * the mask: an additive mask is passed as is; a boolean ``Where(cond, scores, fill)`` becomes
   the additive ``Where(cond, 0, fill)`` (added to the additive one when both are there). For a
   finite ``fill`` that is far below every score (exporters use the dtype's lowest value) both
@@ -40,6 +42,7 @@ from graph_autofusion.ir.dtypes import DType
 from graph_autofusion.ir.opset_upgrade import ATTENTION_OPSET, upgrade_opset, upgrade_problem
 from graph_autofusion.patterns.library._norm_common import reduce_axes
 from graph_autofusion.patterns.matcher import const_value
+from graph_autofusion.patterns.pattern import MatchContext
 from graph_autofusion.patterns.rewrite import RewriteContext, RewriteError
 
 _FLOATS = (DType.FLOAT, DType.FLOAT16, DType.BFLOAT16)
@@ -161,6 +164,29 @@ def _scalar(ctx: RewriteContext, name: str) -> float | None:
     return float(np.asarray(data, dtype=np.float64).reshape(-1)[0])
 
 
+def _softcap(const, inner_op: str) -> tuple[float | None, str | None]:
+    """``(c, None)`` for a matched ``c * tanh(s / c)`` (or ``c * tanh(s * (1/c))``), given the
+    matched constants by name; ``(None, why)`` when they do not make one."""
+    cap, inner = const("softcap"), const("softcap_in")
+    if cap is None or inner is None or cap.size != 1 or inner.size != 1:
+        return None, "the soft-cap factors are not scalar constants"
+    c = float(np.asarray(cap, np.float64).reshape(-1)[0])
+    d = float(np.asarray(inner, np.float64).reshape(-1)[0])
+    if not (np.isfinite(c) and c > 0):
+        return None, f"soft-cap {c!r} is not a positive number"
+    expected = c if inner_op == "Div" else 1.0 / c
+    if abs(d - expected) > 1e-6 * abs(expected):
+        return None, f"tanh's input is scaled by {d!r} ({inner_op}), the output by {c!r}"
+    return c, None
+
+
+def softcap_agrees(ctx: MatchContext) -> str | None:
+    """Reject ``a * tanh(s / b)`` with ``a != b``: only ``c * tanh(s / c)`` is a soft-cap."""
+    if "softcap_tanh" not in ctx.nodes:
+        return None
+    return _softcap(ctx.const, ctx.nodes["softcap_in"].op_type)[1]
+
+
 def attention_scale(ctx: RewriteContext) -> float:
     scale = _scalar(ctx, "scale")
     if scale is not None:
@@ -280,6 +306,11 @@ def rewrite_attention(ctx: RewriteContext) -> list[Value]:
     if mask is not None:
         mask = _query_rows(ctx, mask, q)
     attrs = {"scale": attention_scale(ctx)}
+    if "softcap_tanh" in ctx.match.labels:
+        cap, why = _softcap(ctx.const, ctx.label("softcap_in").op_type)
+        if cap is None:
+            raise RewriteError(why or "not a soft-cap")
+        attrs["softcap"] = cap
     upgrade_opset(model, ATTENTION_OPSET)
     node = ctx.make_node("Attention", [q, k, v, mask] if mask is not None else [q, k, v], attrs)
     out = node.outputs[0]

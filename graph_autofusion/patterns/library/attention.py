@@ -12,6 +12,11 @@ The spellings exporters use all match:
   ``Where(IsNaN(p), 0, p)`` before the value MatMul.
 * Causal models (GPT-2) mask with ``Add`` of a precomputed mask or ``Where(cond, scores,
   fill)``, or both; the mask may be absent, and so may the scale (folded into the weights).
+* Logit soft-capping (Gemma-2, Grok): ``Mul(Tanh(Div(scores, c)), c)`` (or ``Mul`` by
+  ``1/c`` inside) between the scale and the mask. It becomes ``Attention``'s ``softcap``
+  attribute, which onnxruntime applies, as the ONNX specification now orders it, to the
+  scaled scores before the mask (a masked key stays masked, as in the matched graph). The two
+  constants must agree (``softcap_agrees``).
 
 ``q``, ``kT`` (or ``k`` when the Transpose swapping its last two axes is only read here) and
 ``v`` are bound at the MatMul inputs: the head split (Reshape/Transpose), a rotary embedding or
@@ -25,7 +30,11 @@ and the head split in the match too.
 
 from __future__ import annotations
 
-from graph_autofusion.patterns.library._attention_native import rewrite_attention, swaps_last_two
+from graph_autofusion.patterns.library._attention_native import (
+    rewrite_attention,
+    softcap_agrees,
+    swaps_last_two,
+)
 from graph_autofusion.patterns.library.attention_scale_mask import (
     masked_softmax_pattern,
     nan_guard,
@@ -42,9 +51,19 @@ def attention_pattern(p: PatternBuilder) -> Pattern:
     kt = p.Transpose(p.var("k"), perm=swaps_last_two, _label="k_transpose") | p.var("kt")
     plain_qk = p.MatMul(q, kt, _label="qk")
     scaled = scale_pattern(p, plain_qk, prescaled=prescaled_matmul(p, q, kt)) | plain_qk
-    probs = masked_softmax_pattern(p, scaled)
+    probs = masked_softmax_pattern(p, softcap_pattern(p, scaled))
     out = p.MatMul(probs, p.var("v"), _label="pv")
     return nan_guard(p, out, "out")
+
+
+def softcap_pattern(p: PatternBuilder, scores: Pattern) -> Pattern:
+    """``c * tanh(scores / c)`` (the division also as ``Mul`` by ``1/c``), or ``scores``."""
+    inner = p.Div(scores, p.const("softcap_in", scalar=True), _label="softcap_in") | p.Mul(
+        scores, p.const("softcap_in", scalar=True), _label="softcap_in"
+    )
+    tanh = p.Tanh(inner, _label="softcap_tanh")
+    capped = p.Mul(tanh, p.const("softcap", scalar=True), _label="softcap_out")
+    return p.optional(capped, scores)
 
 
 _p = PatternBuilder()
@@ -56,7 +75,7 @@ RULE = FusionRule(
     native_op="Attention",
     priority=200,
     presets=("transformer", "llm"),
-    checks=(softmax_last_axis,),
+    checks=(softmax_last_axis, softcap_agrees),
     rewrite=rewrite_attention,
     doc=__doc__.strip().splitlines()[0],
 )
