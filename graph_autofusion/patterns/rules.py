@@ -81,6 +81,10 @@ class FusionRule:
         native_op: Operator type the native rewrite mainly emits (default: ``fuse_pattern``
             for a rule with a rewrite). The cost model prices the fused kernel with the
             hardware profile's calibrated rate for it when the profile has one.
+        measure_first: ``(Match) -> str | None``: a reason the cost model cannot price this
+            match's native form (a variant of the runtime's kernel that takes another, slower
+            path); such a match is a close call that safe mode's speed check measures, and is
+            not fused without it.
     """
 
     name: str
@@ -100,6 +104,7 @@ class FusionRule:
     rewrite: Callable | None = None
     fused_domain: str = ""
     native_op: str = ""
+    measure_first: Callable | None = None
 
     def __post_init__(self) -> None:
         if self.pattern is None:

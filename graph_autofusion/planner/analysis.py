@@ -181,6 +181,9 @@ def cost_candidates(
             saving = fc.time_before_s - fc.time_after_s
         if native_target and native_op is not None:
             fc = _close_call(fc, saving)
+            unpriced = c.rule.measure_first if isinstance(c, RuleMatch) else None
+            if unpriced is not None:
+                fc = _measured_first(fc, unpriced(c.match))
         legal = fc.verdict == Verdict.FUSE or (
             accept_maybe and fc.verdict == Verdict.MAYBE and saving > 0
         )
@@ -309,6 +312,16 @@ def _close_call(fc: Any, saving: float) -> Any:
     fc.reason = (
         f"{fc.reason}; a runtime operator priced from its pieces: a close call safe mode measures"
     )
+    return fc
+
+
+def _measured_first(fc: Any, why: str | None) -> Any:
+    """A fusion the cost model would take whose native form it cannot price (the rule's
+    ``measure_first`` says why) is a close call (``maybe``): fused only when safe mode times it
+    on the real shapes."""
+    if why and fc.verdict == Verdict.FUSE:
+        fc.verdict = Verdict.MAYBE
+        fc.reason = f"{fc.reason}; {why}: a close call safe mode measures"
     return fc
 
 

@@ -187,6 +187,14 @@ def softcap_agrees(ctx: MatchContext) -> str | None:
     return _softcap(ctx.const, ctx.nodes["softcap_in"].op_type)[1]
 
 
+def softcap_unpriced(match) -> str | None:
+    """Why the cost model cannot price a soft-capped attention's native form (``None`` for
+    the others): onnxruntime's ``Attention`` caps the scores in a pass of its own."""
+    if "softcap_tanh" not in match.labels:
+        return None
+    return "onnxruntime's Attention caps the scores in a pass the cost model does not price"
+
+
 def attention_scale(ctx: RewriteContext) -> float:
     scale = _scalar(ctx, "scale")
     if scale is not None:
