@@ -176,6 +176,11 @@ REDUCTION_MISMATCH = _define(
     "clustering",
     "Reductions over different shapes or axes, or a shape is unknown.",
 )
+LOOP_SHAPE = _define(
+    "loop-shape",
+    "clustering",
+    "The groups compute over shapes that do not broadcast together (one loop nest cannot run both).",
+)
 
 # ---------------------------------------------------------------- cost model verdicts
 FUSE = _define(

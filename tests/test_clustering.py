@@ -316,7 +316,8 @@ def test_scale_on_a_large_synthetic_graph():
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("model", "count"),
-    [("bert", 162), ("gpt2", 126), ("llama", 64), ("resnet50", 50), ("lstm", 4)],
+    # llama: 72 since its rotary halves (a Slice taking half of a group's loop) stay apart
+    [("bert", 162), ("gpt2", 126), ("llama", 72), ("resnet50", 50), ("lstm", 4)],
 )
 def test_zoo_models(model, count):
     from graph_autofusion.testing.rules import zoo_model

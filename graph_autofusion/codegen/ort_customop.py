@@ -43,6 +43,7 @@ from graph_autofusion.codegen.lower import (
     KernelRefused,
     lower_group,
 )
+from graph_autofusion.codegen.lower.common import VIEW_OPS
 from graph_autofusion.codegen.onnxruntime import Lowered, external_inputs
 from graph_autofusion.codegen.ort_customop_c import (
     DOMAIN,
@@ -381,14 +382,20 @@ def kernel_target(opset: int = 17) -> Any:
         native_target: bool = True
         custom_ops: bool = True
         #: id() of the nodes a native rule match covers: onnxruntime's own fused operators
-        #: are preferred over a generated kernel holding any of them
+        #: are preferred over a generated kernel holding any of them. A match of layout
+        #: operators only (``reshape_transpose_chain``) is not: a kernel reads them as views,
+        #: for free, where the native form is at best one layout operator (and often declined);
+        #: counting them refused Mamba's whole 57-node scan kernel for three of its nodes.
         native_nodes: set = field(default_factory=set)
 
         def prefer_native(self, graph: Any, rules: Any) -> None:
 
             native = RuleSet(tuple(r for r in rules if r.rewrite is not None))
             self.native_nodes = {
-                id(n) for m in match_rules(graph, native).kept for n in m.match.nodes
+                id(n)
+                for m in match_rules(graph, native).kept
+                if not all(x.op_type in VIEW_OPS for x in m.match.nodes)
+                for n in m.match.nodes
             }
 
         def lower_uncached(self, candidate: Any, binding: Any) -> Any:

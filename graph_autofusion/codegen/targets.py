@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from graph_autofusion.codegen.lower import GroupLowering, KernelRefused, lower_group
+from graph_autofusion.codegen.lower import GroupLowering, KernelReason, KernelRefused, lower_group
 from graph_autofusion.errors import OptionsError
 from graph_autofusion.patterns.rules import RuleMatch, RuleSet
 
@@ -80,7 +80,15 @@ class CpuTarget:
             KernelRefused: the group cannot be one kernel.
         """
         nodes, outputs = candidate_nodes_outputs(candidate)
-        return lower_group(nodes, outputs, binding, name="kernel", opset=self.opset)
+        low = lower_group(nodes, outputs, binding, name="kernel", opset=self.opset)
+        written = {o.name for o in low.kernel.outputs}
+        for v in outputs:  # the torch runner's fused step returns the kernel's outputs only
+            if v.name not in written:
+                raise KernelRefused(
+                    KernelReason.OUTPUT_SHAPE,
+                    f"output {v.name!r} is a group input or a view of one: nothing to compute",
+                )
+        return low
 
     def refusal(self, candidate: Any, binding: Any) -> tuple[str, str] | None:
         try:

@@ -22,6 +22,9 @@ legal when:
   elementwise or broadcast node reachable from it inside the group (no prologue);
 * several reductions only when they reduce the same shape over the same axes (a decomposed
   LayerNorm or Softmax), and none reads another directly;
+* the shapes A and B compute over broadcast together (:func:`loop_shape`): a kernel is one
+  loop nest, so a group at one length cannot take a group at another (the levels of a traced
+  associative scan, each half as long as the last, were one 57-node group no kernel could run);
 * the union stays convex: no path leaves A and re-enters through B.
 
 Convexity is checked without walking the graph: groups keep a topological numbering ``tau`` of
@@ -63,6 +66,7 @@ __all__ = [
     "PHASES",
     "apply_clusters",
     "cluster",
+    "loop_shape",
     "reduction_signature",
 ]
 
@@ -86,6 +90,44 @@ def _counts_as_input(v: Value) -> bool:
 
 def _names(members: list[int], order: list[Node]) -> tuple[str, ...]:
     return tuple(order[i].name for i in members)
+
+
+def _computed_shape(node: Node, cls: str) -> tuple | None:
+    """The shape ``node`` computes over: a pointwise or contraction node's output, a
+    reduction's input; ``None`` for layout and other nodes (a kernel reads those as views) or
+    when the rank is unknown."""
+    if cls in ("PW", "CON"):
+        v = node.outputs[0] if node.outputs else None
+    elif cls == "RED":
+        v = node.inputs[0] if node.inputs else None
+    else:
+        return None
+    shape = v.shape if v is not None else None
+    return tuple(shape) if shape is not None else None
+
+
+def loop_shape(a: tuple, b: tuple) -> tuple | None:
+    """The shape ``a`` and ``b`` broadcast to (aligned from the right), or ``None`` when two
+    known sizes differ and neither is 1. A symbolic or unknown size is taken to match any
+    size (a known one wins); the kernel's lowering checks the sizes again."""
+    n = max(len(a), len(b))
+    a = (1,) * (n - len(a)) + tuple(a)
+    b = (1,) * (n - len(b)) + tuple(b)
+    out = []
+    for x, y in zip(a, b):
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        elif isinstance(x, int) and isinstance(y, int):
+            return None
+        else:
+            out.append(x if isinstance(x, int) else y)
+    return tuple(out)
+
+
+def _fmt(shape: tuple) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
 class _Clusterer:
@@ -117,11 +159,15 @@ class _Clusterer:
         self.counted: dict[Value, bool] = {}
         self.sigs: dict[int, list[tuple | None]] = {}
         self.contraction: dict[int, int] = {}
+        self.loop: dict[int, tuple] = {}  # group -> the shape its computing nodes broadcast to
         for i, c in enumerate(self.cls):
             if c == "RED":
                 self.sigs[i] = [reduction_signature(order[i])]
             elif c == "CON":
                 self.contraction[i] = i
+            shape = _computed_shape(order[i], c)
+            if shape is not None:
+                self.loop[i] = shape
 
     # ----- group graph ---------------------------------------------------------------------
     def _gsucc(self, g: int) -> set[int]:
@@ -205,6 +251,24 @@ class _Clusterer:
                 )
         return None
 
+    def _narrowing(self, p: int, c: int, a: int) -> tuple[str, str] | None:
+        """A ``Slice`` or ``Gather`` after a computing group joins it only when it keeps the
+        group's loop shape: a kernel cannot output a part of its loop. (The part stays a
+        layout node, free to join its consumers as a view of their input: the next level of a
+        traced associative scan.)"""
+        node, loop = self.order[c], self.loop.get(a)
+        if loop is None or node.op_type not in ("Slice", "Gather") or self.group[p] != a:
+            return None
+        out = node.outputs[0].shape if node.outputs else None
+        if out is None or len(out) != len(loop):
+            return None
+        if any(isinstance(x, int) and isinstance(y, int) and x != y for x, y in zip(out, loop)):
+            return PairReason.LOOP_SHAPE, (
+                f"{node.op_type} {node.name!r} takes {_fmt(tuple(out))} of the group's loop "
+                f"{_fmt(loop)}: a kernel cannot output a part of its loop"
+            )
+        return None
+
     def _counts(self, v: Value) -> bool:
         hit = self.counted.get(v)
         if hit is None:
@@ -237,6 +301,16 @@ class _Clusterer:
         problem = self._kind_problem(a, b, union)
         if problem is not None:
             return problem
+        narrowed = self._narrowing(p, c, a)
+        if narrowed is not None:
+            return narrowed
+        la, lb = self.loop.get(a), self.loop.get(b)
+        loop = loop_shape(la, lb) if la is not None and lb is not None else la if lb is None else lb
+        if loop is None and la is not None and lb is not None:
+            return PairReason.LOOP_SHAPE, (
+                f"the groups compute over shapes {_fmt(la)} and {_fmt(lb)}, which do not "
+                f"broadcast together: one loop nest cannot run both"
+            )
         ins = self._union_inputs(a, b)
         n_in = sum(1 for v in ins if self._counts(v))
         if n_in > self.max_inputs:
@@ -252,6 +326,9 @@ class _Clusterer:
             )
         anc = self._window_ancestors(a, b)
         self._commit(a, b, union, ins, anc, desc)
+        if loop is not None:
+            self.loop[a] = loop
+        self.loop.pop(b, None)
         return None
 
     def _commit(

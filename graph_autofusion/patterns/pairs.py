@@ -55,6 +55,7 @@ class PairReason:
     MAX_NODES = reasons.MAX_NODES
     MAX_INPUTS = reasons.MAX_INPUTS
     REDUCTION_MISMATCH = reasons.REDUCTION_MISMATCH
+    LOOP_SHAPE = reasons.LOOP_SHAPE
 
 
 #: Codes of fusible pairs (the clusterer's phases: see ``clustering.PHASES``).

@@ -69,6 +69,26 @@ def lower_group(
             prologue.append(n)
             nodes.remove(n)
             made_outside.add(id(n.outputs[0]))
+    # views of group inputs (through other views) that the group also outputs: nothing for
+    # the kernel to compute, so the runtime's own nodes make them, before it
+    out_set = {id(v) for v in outputs}
+    chain: dict[int, list[Node]] = {}  # output id -> the view nodes from a group input to it
+    for n in nodes:
+        x = n.inputs[0] if n.inputs else None
+        if n.op_type not in VIEW_OPS or x is None or not n.outputs:
+            continue
+        if id(x) not in produced_all or id(x) in made_outside:
+            chain[id(n.outputs[0])] = [n]
+        elif id(x) in chain:
+            chain[id(n.outputs[0])] = [*chain[id(x)], n]
+    for key, path in chain.items():
+        if key in out_set:
+            for n in path:
+                if n in nodes:
+                    prologue.append(n)
+                    nodes.remove(n)
+                    made_outside.update(id(o) for o in n.outputs)
+    outputs = [v for v in outputs if id(v) not in made_outside]
     for n in nodes:
         if n.op_type in CONTRACTIONS:
             raise KernelRefused(
