@@ -141,6 +141,7 @@ class GraphAutoFusion(FusedResults):
             )
         self.options: FuseOptions = options
         self.sample_inputs = dict(sample_inputs) if sample_inputs is not None else None
+        self._inputs_checked = False  # given sample inputs checked against the model's inputs
         self.result: Any = None  # the last FuseResult
         self.fused_module: Any = None  # the last fuse() of a PyTorch module
         self.kernel_dir = ""  # the custom-operator folder the last save() wrote
@@ -214,6 +215,13 @@ class GraphAutoFusion(FusedResults):
             from graph_autofusion.samples.inputs import generate_inputs
 
             self.sample_inputs = generate_inputs(self.model)
+        elif self.torch_module is None and not self._inputs_checked:
+            from graph_autofusion.samples.run_failure import given_input_problem
+
+            problem = given_input_problem(self.model, self.sample_inputs)
+            if problem is not None:
+                raise problem
+            self._inputs_checked = True
         return self.sample_inputs
 
     def analyze(

@@ -246,6 +246,33 @@ def test_given_inputs_the_model_rejects_are_one_clear_error(tmp_path):
         GraphAutoFusion(str(path), hardware="x86_avx2", sample_inputs=bad).fuse()
 
 
+def test_given_inputs_naming_no_input_or_leaving_one_out_are_one_clear_error(tmp_path):
+    """A misspelled key or a left-out input used to fail deep in safe mode's capture (``no
+    value for input %shape``), naming neither ``sample_inputs`` nor the key."""
+    path = tmp_path / "expand.onnx"
+    onnx.save(MODELS["expand"](), path)
+    x, shape = np.ones((3, 1, 4), np.float32), np.array([3, 2, 4], np.int64)
+    with pytest.raises(SampleInputError) as info:
+        GraphAutoFusion(str(path), sample_inputs={"x": x, "shp": shape}).fuse()
+    msg = str(info.value)
+    assert "'shp' is not an input" in msg and "no value for 'shape'" in msg
+    assert "its inputs: x, shape" in msg and "--inputs" in msg and "expand.onnx" in msg
+    fused = GraphAutoFusion(str(path), sample_inputs={"x": x, "shape": shape}).fuse()
+    assert fused is not None
+
+
+def test_an_input_of_the_wrong_type_is_the_one_named(tmp_path):
+    """onnxruntime's "Unexpected input data type" names no input; the message used to
+    suspect the other, correctly typed integer input before the float data one."""
+    path = tmp_path / "expand.onnx"
+    onnx.save(MODELS["expand"](), path)
+    bad = {"x": np.ones((3, 1, 4), np.float64), "shape": np.array([3, 2, 4], np.int64)}
+    with pytest.raises(SampleInputError) as info:
+        GraphAutoFusion(str(path), sample_inputs=bad).fuse()
+    msg = str(info.value)
+    assert "check input 'x' (float64 (3, 1, 4); the model declares float32)" in msg, msg
+
+
 def test_cli_fuse_exit_2_one_line_and_nothing_written(tmp_path, capsys):
     path = tmp_path / "gather_add.onnx"
     onnx.save(_not_derivable(), path)

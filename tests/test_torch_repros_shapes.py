@@ -164,3 +164,44 @@ def test_a_bfloat16_intermediate_in_a_float32_graph_runs_on_onnxruntime():
         with torch.no_grad():
             torch.testing.assert_close(torch.compile(m, backend=backend)(x), m(x))
     assert [g.engine for g in backend.config.graphs] == ["onnxruntime"]
+
+
+class KeyPadded(torch.nn.Module):
+    def forward(self, q, k, v, keep):  # keep: bool [B, T], True attends
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=keep[:, None, None, :]
+        )
+
+
+def _key_padded(t):
+    g = torch.Generator().manual_seed(t)
+    q, k, v = (torch.randn(2, 4, t, 16, generator=g) for _ in range(3))
+    keep = torch.ones(2, t, dtype=torch.bool)
+    keep[1, -3:] = False
+    return q, k, v, keep
+
+
+def test_a_boolean_key_padding_mask_keeps_attention_fused_at_a_symbolic_length():
+    """The boolean mask's ``Where`` (frontend ``_sdpa``) had no shape once the length was
+    symbolic, so the attention lowering could not give the ``[B, 1, 1, T]`` mask a row per
+    query; onnxruntime refused the ``Attention`` node and safe mode rolled it back (``error``)
+    on every graph after Dynamo's switch to dynamic sizes."""
+    from graph_autofusion.runtime.timing import use_timer
+
+    def fused_is_faster(key, side, fn):  # keep the fusions (the dynamic graph's is a close call)
+        fn()
+        return 5e-6 if side == "fused" else 10e-6
+
+    backend = make_backend(engine="onnxruntime")
+    m = KeyPadded().eval()
+    c = torch.compile(m, backend=backend)
+    with torch.no_grad(), use_timer(fused_is_faster):
+        for t in (12, 20, 7):
+            args = _key_padded(t)
+            torch.testing.assert_close(c(*args), m(*args), rtol=1e-5, atol=1e-5)
+    assert len(backend.config.graphs) == 2  # the static graph, then the dynamic one
+    for graph in backend.config.graphs:
+        res = graph.ort_result
+        assert any(x.key.startswith("attention@") for x in res.lowered), [
+            (r.key, r.code, r.message[:200]) for r in res.rolled_back
+        ]

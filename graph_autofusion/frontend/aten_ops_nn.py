@@ -378,7 +378,12 @@ def _sdpa(
         scores = cx.op("Add", [scores, _causal_mask(cx, qv, kv, dt)])
     if attn_mask is not None:
         if cx.dtype(attn_mask) == DType.BOOL:
-            mv = cx.op("Where", [cx.v(attn_mask), cx.scalar(0.0, dt), cx.scalar(float("-inf"), dt)])
+            keep = cx.v(attn_mask)
+            mv = cx.op("Where", [keep, cx.scalar(0.0, dt), cx.scalar(float("-inf"), dt)])
+            if mv.shape is None and keep.shape is not None:
+                # a symbolic length stops inference: the attention lowering needs the mask's
+                # rank and shape (a key-padding mask [B, 1, 1, T] gets a row per query)
+                mv.shape, mv.dtype = tuple(keep.shape), dt
         else:
             mv = cx.v(attn_mask, dt)
         scores = cx.op("Add", [scores, mv])

@@ -67,6 +67,9 @@ def run_failure(
         named = _ORT_INPUT.search(text)
         if named and named.group(1) in feeds:
             suspects = [named.group(1)]
+    declared = _wrong_dtypes(model, feeds)
+    if declared:  # an input of another type than the graph declares: that one
+        suspects = list(declared)
     derived = getattr(feeds, "derived", {})
     how = "generated from the input specs" if generated else "given"
     at = f" at node {node_name!r} ({op})" if node_name else ""
@@ -78,10 +81,12 @@ def run_failure(
             desc += f" = {arr.reshape(-1).tolist()}"
         if name in derived:
             desc += f", derived as the {derived[name]}"
+        if name in declared:
+            desc += f"; the model declares {declared[name]}"
         parts.append(f"{name!r} ({desc})")
     carriers = [n for n in suspects if not _floating(feeds[n])]
     who = f"; check input{'s' if len(parts) > 1 else ''} {', '.join(parts)}" if parts else ""
-    if not carriers:  # nothing shape- or index-like reaches it: maybe the model itself
+    if not carriers and not declared:  # nothing shape- or index-like: maybe the model itself
         who += "; the model itself may be invalid, or it needs other inputs"
     for note in getattr(feeds, "notes", ()):
         who += f"; {note}"
@@ -90,6 +95,48 @@ def run_failure(
         f"{runtime}{at}: {detail}{who}; pass inputs the model accepts with --inputs FILE.npz "
         f"(API: sample_inputs={{name: array}})"
     )
+
+
+def given_input_problem(model: Model, feeds: Mapping[str, Any]) -> SampleInputError | None:
+    """One clear error for sample inputs a user gave that name no input of the model, or
+    leave out an input it needs (one without an initializer to default to); ``None`` when
+    every needed input is there."""
+    graph = model.graph
+    names = [v.name for v in graph.inputs]
+    unknown = [k for k in feeds if k not in names]
+    missing = [n for n in names if n not in feeds and n not in graph.initializers]
+    if not unknown and not missing:
+        return None
+    parts = []
+    if unknown:
+        parts.append(
+            f"{', '.join(map(repr, unknown))} {'is' if len(unknown) == 1 else 'are'} "
+            f"not an input of the model"
+        )
+    if missing:
+        parts.append(f"no value for {', '.join(map(repr, missing))}")
+    return SampleInputError(
+        f"{source_of(model)}: the sample inputs given: {'; '.join(parts)} (its inputs: "
+        f"{', '.join(names)}); pass one array per input with --inputs FILE.npz "
+        f"(API: sample_inputs={{name: array}})"
+    )
+
+
+def _wrong_dtypes(model: Model, feeds: Mapping[str, Any]) -> dict[str, str]:
+    """Fed inputs whose numpy dtype is not the one the graph declares: name -> declared."""
+    out: dict[str, str] = {}
+    for v in model.graph.inputs:
+        arr = feeds.get(v.name)
+        if arr is None or isinstance(arr, list) or v.dtype is None or v.dtype.name == "BFLOAT16":
+            continue
+        try:
+            want = np.dtype(v.dtype.to_numpy())
+            got = np.asarray(arr).dtype
+        except (TypeError, ValueError, AttributeError):  # bfloat16 and other non-numpy types
+            continue
+        if got != want:
+            out[v.name] = str(want)
+    return out
 
 
 def _floating(arr: Any) -> bool:
