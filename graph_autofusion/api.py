@@ -216,11 +216,9 @@ class GraphAutoFusion(FusedResults):
 
             self.sample_inputs = generate_inputs(self.model)
         elif self.torch_module is None and not self._inputs_checked:
-            from graph_autofusion.samples.run_failure import given_input_problem
+            from graph_autofusion.samples.run_failure import check_given_inputs
 
-            problem = given_input_problem(self.model, self.sample_inputs)
-            if problem is not None:
-                raise problem
+            check_given_inputs(self.model, self.sample_inputs)
             self._inputs_checked = True
         return self.sample_inputs
 

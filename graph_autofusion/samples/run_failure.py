@@ -97,16 +97,19 @@ def run_failure(
     )
 
 
-def given_input_problem(model: Model, feeds: Mapping[str, Any]) -> SampleInputError | None:
-    """One clear error for sample inputs a user gave that name no input of the model, or
-    leave out an input it needs (one without an initializer to default to); ``None`` when
-    every needed input is there."""
+def check_given_inputs(model: Model, feeds: Mapping[str, Any]) -> None:
+    """Check sample inputs a user gave against the model's inputs.
+
+    Raises:
+        SampleInputError: a key names no input of the model, or an input it needs (one
+            without an initializer to default to) has no value; the message names them.
+    """
     graph = model.graph
     names = [v.name for v in graph.inputs]
     unknown = [k for k in feeds if k not in names]
     missing = [n for n in names if n not in feeds and n not in graph.initializers]
     if not unknown and not missing:
-        return None
+        return
     parts = []
     if unknown:
         parts.append(
@@ -115,7 +118,7 @@ def given_input_problem(model: Model, feeds: Mapping[str, Any]) -> SampleInputEr
         )
     if missing:
         parts.append(f"no value for {', '.join(map(repr, missing))}")
-    return SampleInputError(
+    raise SampleInputError(
         f"{source_of(model)}: the sample inputs given: {'; '.join(parts)} (its inputs: "
         f"{', '.join(names)}); pass one array per input with --inputs FILE.npz "
         f"(API: sample_inputs={{name: array}})"
