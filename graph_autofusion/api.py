@@ -65,6 +65,8 @@ class GraphAutoFusion(FusedResults):
         strategy: Planner strategy: ``auto``, ``greedy``, ``dp``, ``evolutionary``.
         sample_inputs: Inputs for shapes, safe mode and measurements (by ONNX input name);
             generated from the input specs when absent (token ids within the vocabulary).
+            Every input needs a value (``SampleInputError`` names the missing ones); keys
+            that name no input are ignored.
         max_cluster_nodes, max_cluster_inputs: Limits of automatic clustering (F4c).
         clustering: Whether analysis includes automatic clusters.
         target: ``onnxruntime`` or ``cpu`` (generated kernels); see the module docstring.
@@ -141,7 +143,6 @@ class GraphAutoFusion(FusedResults):
             )
         self.options: FuseOptions = options
         self.sample_inputs = dict(sample_inputs) if sample_inputs is not None else None
-        self._inputs_checked = False  # given sample inputs checked against the model's inputs
         self.result: Any = None  # the last FuseResult
         self.fused_module: Any = None  # the last fuse() of a PyTorch module
         self.kernel_dir = ""  # the custom-operator folder the last save() wrote
@@ -215,11 +216,10 @@ class GraphAutoFusion(FusedResults):
             from graph_autofusion.samples.inputs import generate_inputs
 
             self.sample_inputs = generate_inputs(self.model)
-        elif self.torch_module is None and not self._inputs_checked:
+        elif self.torch_module is None:
             from graph_autofusion.samples.run_failure import check_given_inputs
 
             check_given_inputs(self.model, self.sample_inputs)
-            self._inputs_checked = True
         return self.sample_inputs
 
     def analyze(

@@ -246,19 +246,30 @@ def test_given_inputs_the_model_rejects_are_one_clear_error(tmp_path):
         GraphAutoFusion(str(path), hardware="x86_avx2", sample_inputs=bad).fuse()
 
 
-def test_given_inputs_naming_no_input_or_leaving_one_out_are_one_clear_error(tmp_path):
+def test_given_inputs_leaving_one_out_are_one_clear_error(tmp_path):
     """A misspelled key or a left-out input used to fail deep in safe mode's capture (``no
-    value for input %shape``), naming neither ``sample_inputs`` nor the key."""
+    value for input %shape``), naming neither ``sample_inputs`` nor the key. Keys that name
+    no input are ignored (onnxruntime ignores them: a tokenizer's whole output), and an
+    initializer also listed as an input may be fed."""
     path = tmp_path / "expand.onnx"
     onnx.save(MODELS["expand"](), path)
     x, shape = np.ones((3, 1, 4), np.float32), np.array([3, 2, 4], np.int64)
     with pytest.raises(SampleInputError) as info:
         GraphAutoFusion(str(path), sample_inputs={"x": x, "shp": shape}).fuse()
     msg = str(info.value)
-    assert "'shp' is not an input" in msg and "no value for 'shape'" in msg
+    assert "no value for 'shape'; 'shp' is not an input of the model" in msg, msg
     assert "its inputs: x, shape" in msg and "--inputs" in msg and "expand.onnx" in msg
-    fused = GraphAutoFusion(str(path), sample_inputs={"x": x, "shape": shape}).fuse()
-    assert fused is not None
+    extra = {"x": x, "shape": shape, "token_type_ids": shape}
+    assert GraphAutoFusion(str(path), sample_inputs=extra).fuse() is not None
+
+    m = MODELS["expand"]()  # 'shape' also an initializer (keep_initializers_as_inputs)
+    m.graph.initializer.append(numpy_helper.from_array(shape, "shape"))
+    path2 = tmp_path / "expand_default.onnx"
+    onnx.save(m, path2)
+    fed = {"x": x, "shape": np.array([3, 5, 4], np.int64)}
+    gaf = GraphAutoFusion(str(path2), sample_inputs=fed)
+    assert gaf.fuse() is not None
+    assert GraphAutoFusion(str(path2), sample_inputs={"x": x}).fuse() is not None
 
 
 def test_an_input_of_the_wrong_type_is_the_one_named(tmp_path):

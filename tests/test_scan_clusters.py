@@ -145,3 +145,30 @@ def test_a_view_of_a_group_input_that_the_group_outputs_is_the_runtimes_node():
     assert {n.name for n in group.nodes} == {"view", "mul", "tanh"}
     with pytest.raises(KernelRefused, match="view of one"):
         target.lower_uncached(group, _Static())
+
+
+BOUNDS_INSIDE = """
+graph g(%q: f32[1,6,8], %cos: f32[16,8]) -> (%y, %c) {
+  init %z: i64[1] = [0]
+  init %one: i64[1] = [1]
+  init %i1: i64[] = [1]
+  %sh = Shape(%q) @shape
+  %n = Gather(%sh, %i1) @take_len
+  %nu = Unsqueeze(%n, %z) @unsq
+  %e = Add(%nu, %one) @end
+  %c = Slice(%cos, %z, %e, %z) @rows
+  %y = Mul(%c, %q) @mul
+}
+"""
+
+
+def test_a_view_whose_bounds_the_group_computes_stays_in_the_kernel():
+    """Only a view all of whose inputs come from outside the group can be the runtime's node:
+    a Slice whose end the group computes (rotary's ``cos[:seq_len]`` at a symbolic length)
+    would still read that end after the group's nodes are replaced (review of 7a057d0)."""
+    model = parse_model(BOUNDS_INSIDE)
+    infer_shapes(model)
+    nodes = [n for n in model.graph.nodes if n.name in ("unsq", "end", "rows", "mul")]
+    outs = [v for v in model.graph.outputs]
+    with pytest.raises(KernelRefused, match="computed inside the group"):
+        lower_group(nodes, outs, _Static())

@@ -251,13 +251,13 @@ class _Clusterer:
                 )
         return None
 
-    def _narrowing(self, p: int, c: int, a: int) -> tuple[str, str] | None:
+    def _narrowing(self, c: int, a: int) -> tuple[str, str] | None:
         """A ``Slice`` or ``Gather`` after a computing group joins it only when it keeps the
         group's loop shape: a kernel cannot output a part of its loop. (The part stays a
         layout node, free to join its consumers as a view of their input: the next level of a
         traced associative scan.)"""
         node, loop = self.order[c], self.loop.get(a)
-        if loop is None or node.op_type not in ("Slice", "Gather") or self.group[p] != a:
+        if loop is None or node.op_type not in ("Slice", "Gather"):
             return None
         out = node.outputs[0].shape if node.outputs else None
         if out is None or len(out) != len(loop):
@@ -301,7 +301,7 @@ class _Clusterer:
         problem = self._kind_problem(a, b, union)
         if problem is not None:
             return problem
-        narrowed = self._narrowing(p, c, a)
+        narrowed = self._narrowing(c, a)
         if narrowed is not None:
             return narrowed
         la, lb = self.loop.get(a), self.loop.get(b)

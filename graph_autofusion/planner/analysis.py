@@ -318,8 +318,9 @@ def _close_call(fc: Any, saving: float) -> Any:
 def _measured_first(fc: Any, why: str | None) -> Any:
     """A fusion the cost model would take whose native form it cannot price (the rule's
     ``measure_first`` says why) is a close call (``maybe``): fused only when safe mode times it
-    on the real shapes."""
-    if why and fc.verdict == Verdict.FUSE:
+    on the real shapes (and checks its numbers), also where its tile would overflow the local
+    memory, which a runtime kernel is otherwise let through for."""
+    if why and fc.verdict in (Verdict.FUSE, Verdict.SKIP_LOCAL_MEMORY_OVERFLOW):
         fc.verdict = Verdict.MAYBE
         fc.reason = f"{fc.reason}; {why}: a close call safe mode measures"
     return fc

@@ -77,6 +77,11 @@ def lower_group(
         x = n.inputs[0] if n.inputs else None
         if n.op_type not in VIEW_OPS or x is None or not n.outputs:
             continue
+        # its other inputs (a Slice's bounds, a Reshape's shape) must come from outside too:
+        # a moved node still reads them after the group's other nodes are gone
+        rest = [v for v in n.inputs[1:] if v is not None]
+        if any(id(v) in produced_all and id(v) not in made_outside for v in rest):
+            continue
         if id(x) not in produced_all or id(x) in made_outside:
             chain[id(n.outputs[0])] = [n]
         elif id(x) in chain:
