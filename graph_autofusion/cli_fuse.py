@@ -69,6 +69,7 @@ def check_feeds(model, feeds, path: str | None) -> None:
     import numpy as np
 
     from graph_autofusion.errors import SampleInputError
+    from graph_autofusion.samples.run_failure import declared_dtype, missing_inputs
 
     inputs = [v for v in model.graph.inputs if v.const is None]
 
@@ -81,7 +82,7 @@ def check_feeds(model, feeds, path: str | None) -> None:
     unknown = sorted(set(feeds) - names)
     if unknown:
         raise SampleInputError(f"{path}: no model input named {unknown}{expected}")
-    missing = [v.name for v in inputs if v.name not in feeds]
+    missing = missing_inputs(model, feeds)
     if missing:
         raise SampleInputError(f"{path}: no array for input(s) {missing}{expected}")
     for v in inputs:
@@ -91,12 +92,9 @@ def check_feeds(model, feeds, path: str | None) -> None:
             len(shape) != len(v.shape)
             or any(isinstance(d, int) and d != s for d, s in zip(v.shape, shape))
         )
-        try:
-            want = v.dtype.to_numpy() if v.dtype is not None else None
-        except TypeError:  # strings and the like: no NumPy dtype to compare with
-            want = None
+        want = declared_dtype(v)  # None for strings and the like: nothing to compare with
         if not bad and want is not None:
-            bad = np.dtype(want) != arr.dtype
+            bad = want != arr.dtype
         if bad:
             raise SampleInputError(
                 f"{path}: input {v.name!r} is {arr.dtype}{list(shape)}, the model declares "

@@ -305,8 +305,8 @@ class _Clusterer:
         if narrowed is not None:
             return narrowed
         la, lb = self.loop.get(a), self.loop.get(b)
-        loop = loop_shape(la, lb) if la is not None and lb is not None else la if lb is None else lb
-        if loop is None and la is not None and lb is not None:
+        loop = la if lb is None else lb if la is None else loop_shape(la, lb)
+        if loop is None and la is not None:
             return PairReason.LOOP_SHAPE, (
                 f"the groups compute over shapes {_fmt(la)} and {_fmt(lb)}, which do not "
                 f"broadcast together: one loop nest cannot run both"
@@ -325,14 +325,18 @@ class _Clusterer:
                 "other nodes, so fusing them would create a cycle"
             )
         anc = self._window_ancestors(a, b)
-        self._commit(a, b, union, ins, anc, desc)
-        if loop is not None:
-            self.loop[a] = loop
-        self.loop.pop(b, None)
+        self._commit(a, b, union, ins, anc, desc, loop)
         return None
 
     def _commit(
-        self, a: int, b: int, union: list[int], ins: set[Value], anc: set[int], desc: set[int]
+        self,
+        a: int,
+        b: int,
+        union: list[int],
+        ins: set[Value],
+        anc: set[int],
+        desc: set[int],
+        loop: tuple | None,
     ) -> None:
         tau = self.tau
         pool = sorted([tau[g] for g in anc] + [tau[g] for g in desc] + [tau[a], tau[b]])
@@ -355,6 +359,9 @@ class _Clusterer:
             self.sigs.setdefault(a, []).extend(self.sigs.pop(b))
         if b in self.contraction:
             self.contraction[a] = self.contraction.pop(b)
+        self.loop.pop(b, None)
+        if loop is not None:
+            self.loop[a] = loop
 
     # ----- result --------------------------------------------------------------------------
     def kind_of(self, members: list[int]) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from graph_autofusion.errors import SampleInputError
-from graph_autofusion.ir.core import Model, Node
+from graph_autofusion.ir.core import Model, Node, Value
 
 
 def source_of(model: Model) -> str:
@@ -110,7 +110,7 @@ def check_given_inputs(model: Model, feeds: Mapping[str, Any]) -> None:
     graph = model.graph
     names = [v.name for v in graph.inputs]
     overridable = graph.meta.get("onnx_initializer_inputs", {})
-    missing = [n for n in names if n not in feeds]
+    missing = missing_inputs(model, feeds)
     if not missing:
         return
     unknown = [k for k in feeds if k not in names and k not in overridable]
@@ -127,17 +127,30 @@ def check_given_inputs(model: Model, feeds: Mapping[str, Any]) -> None:
     )
 
 
+def missing_inputs(model: Model, feeds: Mapping[str, Any]) -> list[str]:
+    """The model's inputs that ``feeds`` gives no value."""
+    return [v.name for v in model.graph.inputs if v.const is None and v.name not in feeds]
+
+
+def declared_dtype(v: Value) -> np.dtype | None:
+    """The NumPy dtype graph input ``v`` declares (``None``: unknown, or no NumPy dtype)."""
+    try:
+        return np.dtype(v.dtype.to_numpy()) if v.dtype is not None else None
+    except TypeError:  # strings and the like
+        return None
+
+
 def _wrong_dtypes(model: Model, feeds: Mapping[str, Any]) -> dict[str, str]:
     """Fed inputs whose numpy dtype is not the one the graph declares: name -> declared."""
     out: dict[str, str] = {}
     for v in model.graph.inputs:
         arr = feeds.get(v.name)
-        if arr is None or isinstance(arr, list) or v.dtype is None or v.dtype.name == "BFLOAT16":
+        want = declared_dtype(v)
+        if arr is None or isinstance(arr, list) or want is None or v.dtype.name == "BFLOAT16":
             continue
         try:
-            want = np.dtype(v.dtype.to_numpy())
             got = np.asarray(arr).dtype
-        except (TypeError, ValueError, AttributeError, RuntimeError):  # not numpy's types
+        except (TypeError, ValueError, RuntimeError):  # a tensor numpy cannot read
             continue
         if got != want and want.kind != "O":  # strings: numpy's own dtype for them varies
             out[v.name] = str(want)

@@ -86,14 +86,16 @@ def lower_group(
             chain[id(n.outputs[0])] = [n]
         elif id(x) in chain:
             chain[id(n.outputs[0])] = [*chain[id(x)], n]
+    moved: set[int] = set()  # the outputs of the views moved before the kernel
     for key, path in chain.items():
         if key in out_set:
             for n in path:
                 if n in nodes:
                     prologue.append(n)
                     nodes.remove(n)
-                    made_outside.update(id(o) for o in n.outputs)
-    outputs = [v for v in outputs if id(v) not in made_outside]
+                    moved.update(id(o) for o in n.outputs)
+    made_outside |= moved
+    outputs = [v for v in outputs if id(v) not in moved]
     for n in nodes:
         if n.op_type in CONTRACTIONS:
             raise KernelRefused(
