@@ -160,6 +160,58 @@ def test_fp16_generic_fusion_keeps_the_upcast_and_passes():
     assert res.fp16_max is not None and res.fp16_max < 65504  # only the fp16 values checked
 
 
+# A Hugging Face style float16 mask: float16's lowest value where a key is masked. The
+# original's own Add saturates (score - 65504 rounds to -65504 or to -inf), which Softmax
+# turns into 0 either way; a fusion computing the same Add in float16 adds no overflow.
+LO = "-65504.0"
+MASK = ", ".join(["0.0"] * 5 + [LO] * 3 + ["0.0"] * 3 + [LO] * 5)
+MASKED_FP16 = f"""
+model opset {{"": 20}}
+graph g(%x: f16[2,8]) -> (%y) {{
+  init %k: f16[] = [60.0]
+  init %m: f16[2,8] = [{MASK}]
+  %xs = Mul(%x, %k) @scale
+  %s = Add(%xs, %m) @mask
+  %y = Softmax<axis=-1>(%s) @softmax
+}}
+"""
+MASK_SOFTMAX = FusionRule("mask_softmax", op1="Add", op2="Softmax")
+
+
+def test_fp16_mask_the_original_saturates_itself_is_not_an_overflow():
+    original, fused, records, feeds, acts = fuse(MASKED_FP16, [MASK_SOFTMAX], native=False)
+    s = acts["s"]
+    assert s.dtype == np.float16 and np.isinf(s).any() and (s == -65504).any()  # both kinds
+    res = check_fusion(original, fused, records["mask_softmax"], acts, check_speed=False)
+    assert res.passed, res
+    assert res.fp16_max > 65504  # reported, not failed: the original holds the same values
+    assert np.isfinite(acts["y"]).all()
+
+
+def test_fp16_overflow_the_original_does_not_have_still_fails():
+    # the same mask, but the original adds it in float32: a fusion holding the sum in
+    # float16 overflows where the original did not
+    text = MASKED_FP16.replace(
+        "%s = Add(%xs, %m) @mask",
+        "%xf = Cast<to=1>(%xs) @up\n  %mf = Cast<to=1>(%m) @upm\n"
+        "  %sf = Add(%xf, %mf) @mask\n  %s = Cast<to=10>(%sf) @down",
+    )
+    rule = FusionRule("mask_softmax_half", pattern=_cast_add_pattern(), rewrite=_add_in_fp16)
+    original, fused, records, _, acts = fuse(text, [rule])
+    res = check_fusion(original, fused, records["mask_softmax_half"], acts, check_speed=False)
+    assert not res.passed and res.code == "fp16-overflow", res
+
+
+def _cast_add_pattern():
+    p = PatternBuilder()
+    add = p.Add(p.Cast(p.var("a"), to=1), p.Cast(p.var("b"), to=1))
+    return p.Cast(add, to=10)
+
+
+def _add_in_fp16(ctx):
+    return ctx.make_node("Add", [ctx.value("a"), ctx.value("b")]).outputs
+
+
 # ----------------------------------------------------------------------------- speed
 RELU_GELU = """
 graph g(%x: f32[64,512], %g: f32[4,64]) -> (%y, %h) {

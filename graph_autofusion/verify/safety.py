@@ -16,8 +16,9 @@ captured activations) and runs them in onnxruntime:
 * ``alias``: a fused node writes a value it reads, an in-place (``aten::*_``) op moved into or
   out of the fusion with readers of the written value outside it, or a name written twice;
 * ``fp16-overflow``: fp32 reference magnitudes (the original subgraph rerun in float32) above
-  65504 in a value that is, or that the fused operator computes, in float16; or inf/nan in a
-  fused output where the original had none, with float16 in play;
+  65504 in a value that is, or that the fused operator computes, in float16 (unless the
+  original's own float16 run saturates there too: a masked score plus float16's lowest value);
+  or inf/nan in a fused output where the original had none, with float16 in play;
 * ``numerics``: cosine similarity of each fused output with the original value below the floor
   (``record.tolerance``, or ``cosine_floor``); max abs/rel errors are reported;
 * ``monte-carlo``: the float inputs perturbed by ``mc_scale`` times their std, ``mc_samples``
@@ -348,7 +349,7 @@ def check_fusion(
 
     try:
         res.fp16_max, overflow = fp16_analysis(
-            original, fused, record, orig_proto, feeds, internal, weights
+            original, fused, record, orig_proto, feeds, internal, weights, own=ref
         )
     except Exception as exc:
         return fail(reasons.ERROR, f"fp16 range analysis failed: {type(exc).__name__}: {exc}")
