@@ -117,3 +117,10 @@ WEIGHTS_LAYER_REL_ERR = {"fp16": 0.01, "int8": 0.05, "int4": 0.15}
 WEIGHTS_E2E_COSINE = {"fp16": 0.999, "int8": 0.99, "int4": 0.98}
 #: ... and relative L2 error at most (a scaled answer has cosine 1).
 WEIGHTS_E2E_REL_ERR = {"fp16": 0.05, "int8": 0.1, "int4": 0.5}
+
+# ----------------------------------------------------------------- torch entry points
+#: Compiled variants a drop-in fused module's forward may have before Dynamo runs the calls
+#: matching none of them in eager (torch's own default, 8, is per function and too few for a
+#: sliding-window decoder's generate(): Gemma-3 with a window of 8 needs 10 for prompts of 3
+#: to 33 tokens); ``torch.compile(..., recompile_limit=)`` applies it to that forward only.
+RECOMPILE_LIMIT = 32

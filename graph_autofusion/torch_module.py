@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from graph_autofusion import torch_decode
+from graph_autofusion import defaults, torch_decode, torch_recompiles
 from graph_autofusion.errors import GraphAutoFusionError, ModelLoadError
 from graph_autofusion.frontend.loader import as_args
 from graph_autofusion.options import FuseOptions
@@ -142,6 +142,8 @@ class FusionInfo:
         self.backend = backend
         self.source_name = source_name
         self.decode = torch_decode.DecodeStats()  # what generate()'s decode loop did
+        #: why calls now run in eager (Dynamo's recompile limit reached; torch_recompiles)
+        self.eager_reason = ""
 
     @property
     def graphs(self) -> list[Any]:
@@ -275,9 +277,12 @@ _OURS = ("forward", "autofusion", "save_pretrained", "generate", "__reduce_ex__"
 def _wire(module: torch.nn.Module, backend: Any, source_name: str) -> torch.nn.Module:
     """A shallow copy of ``module`` whose ``forward`` is compiled by ``backend``."""
     fused = _shallow_copy(module)
-    forward = types.MethodType(_own_code(type(module).forward), fused)
-    fused.forward = torch.compile(forward, backend=backend)
-    fused.__dict__["autofusion"] = FusionInfo(backend, source_name)
+    own = _own_code(type(module).forward)
+    fused.forward = torch.compile(
+        types.MethodType(own, fused), backend=backend, recompile_limit=defaults.RECOMPILE_LIMIT
+    )
+    info = fused.__dict__["autofusion"] = FusionInfo(backend, source_name)
+    torch_recompiles.watch(own.__code__, info)
     if hasattr(type(module), "save_pretrained"):
         fused.__dict__["save_pretrained"] = types.MethodType(_save_pretrained, fused)
     if _can_generate(module):  # greedy decoding finished by our own loop (torch_decode)

@@ -1,0 +1,84 @@
+"""A drop-in fused module's forward and Dynamo's recompile limit (torch_recompiles).
+
+A Python loop over an int argument makes Dynamo compile one variant of the forward per count
+(it guards ``steps == k``), as a sliding-window decoder's mask code does per cache length
+near its window. The fused module compiles its forward with a limit of its own
+(``defaults.RECOMPILE_LIMIT``); reaching it gives one warning and an ``eager_reason``, never
+a silent eager model or a wrong answer.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from graph_autofusion import GraphAutoFusion, defaults  # noqa: E402
+from graph_autofusion.torch_compile import AutofusionWarning  # noqa: E402
+
+
+class Steps(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, steps: int) -> torch.Tensor:
+        for _ in range(steps):  # one compiled variant per count
+            x = torch.relu(self.lin(x))
+        return x
+
+
+def _run(fused, model, x, counts):
+    """Call both with every count; the AutofusionWarnings raised meanwhile."""
+    with warnings.catch_warnings(record=True) as ws:
+        warnings.simplefilter("always")
+        for k in counts:
+            with torch.no_grad():
+                torch.testing.assert_close(fused(x, k), model(x, k), atol=1e-5, rtol=1e-5)
+    return [w for w in ws if issubclass(w.category, AutofusionWarning)]
+
+
+def _fused(model, x):
+    return GraphAutoFusion(model, example_inputs=(x, 1)).fuse(check_speed=False)
+
+
+def test_more_variants_than_torchs_default_limit_stay_compiled():
+    torch.manual_seed(0)
+    model, x = Steps().eval(), torch.randn(4, 16)
+    fused = _fused(model, x)
+    limit = torch._dynamo.config.recompile_limit
+    assert limit < defaults.RECOMPILE_LIMIT
+    ours = _run(fused, model, x, range(2, limit + 3))
+    assert not ours and not fused.autofusion.eager_reason
+    assert len(fused.autofusion.graphs) == limit + 2  # every count compiled, none in eager
+    assert torch._dynamo.config.recompile_limit == limit  # the global setting is untouched
+
+
+def test_reaching_the_limit_warns_once_and_answers_right(monkeypatch):
+    monkeypatch.setattr(defaults, "RECOMPILE_LIMIT", 3)
+    torch.manual_seed(0)
+    model, x = Steps().eval(), torch.randn(4, 16)
+    fused = _fused(model, x)  # compiles steps=1
+    ours = _run(fused, model, x, [2, 3, 4, 5, 6, 4, 1])
+    assert len(ours) == 1, [str(w.message) for w in ours]
+    text = str(ours[0].message)
+    assert "fused Steps module's forward reached Dynamo's recompile limit (3)" in text
+    assert "steps == 3" in text  # Dynamo's last reason
+    assert "recompile limit (3 compiled variants" in fused.autofusion.eager_reason
+    assert len(fused.autofusion.graphs) == 3  # counts 1-3 compiled; 4-6 ran in eager
+
+
+def test_the_users_own_compile_of_the_class_is_not_taken_for_ours():
+    torch.manual_seed(0)
+    model, x = Steps().eval(), torch.randn(4, 16)
+    fused = _fused(model, x)
+    plain = torch.compile(Steps().eval(), backend="eager")  # torch's default limit
+    with warnings.catch_warnings(record=True) as ws:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            for k in range(1, torch._dynamo.config.recompile_limit + 3):
+                plain(x, k)
+    assert not [w for w in ws if issubclass(w.category, AutofusionWarning)]
+    assert not fused.autofusion.eager_reason
