@@ -62,3 +62,7 @@ class MissingInputError(GraphAutoFusionError, KeyError):
 
 class OptionsError(GraphAutoFusionError, ValueError):
     """An option has a value outside the accepted ones (the message lists them)."""
+
+
+class AutofusionWarning(UserWarning):
+    """A graph (or part of one) runs in eager because the backend could not compile it."""

@@ -37,8 +37,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from graph_autofusion import defaults
-from graph_autofusion.errors import GraphAutoFusionError
+from graph_autofusion import defaults, torch_recompiles
+from graph_autofusion.errors import AutofusionWarning, GraphAutoFusionError
 from graph_autofusion.options import FuseOptions, OptionsError
 from graph_autofusion.patterns.library import builtin_rules
 from graph_autofusion.runtime.call_gaps import CallGaps
@@ -87,10 +87,6 @@ def graph_fingerprint(model: Any) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
 
 
-class AutofusionWarning(UserWarning):
-    """A graph (or part of one) runs in eager because the backend could not compile it."""
-
-
 @dataclass
 class BackendConfig:
     """What the backend plans with (one per ``make_backend`` call)."""
@@ -114,6 +110,14 @@ class BackendConfig:
     #: Per thread id, a ``torch_decode.Recorder`` every graph call made on that thread is
     #: handed to (the decode loop learns a step from Hugging Face's calls).
     recorders: dict[int, Any] = field(default_factory=dict)
+    #: The frames this backend compiled graphs of (Dynamo's frame id, the function), each with
+    #: why it now runs in eager ("" while it compiles: ``torch_recompiles``), and the latest
+    #: such reason.
+    frames: dict[tuple[int, str], str] = field(default_factory=dict)
+    eager_reason: str = ""
+    #: What the recompile-limit warning calls the compiled function (the drop-in module's
+    #: "the fused <class> module's forward"; Dynamo's name of the function when empty).
+    label: str = ""
 
     def ruleset(self) -> Any:
         if self.rules is None:
@@ -1055,6 +1059,7 @@ def make_backend(
             return gm.forward
         graph = CompiledGraph(gm, config, len(config.graphs))
         config.graphs.append(graph)
+        torch_recompiles.note_frame(config)
         return graph
 
     backend.config = config  # type: ignore[attr-defined]

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from graph_autofusion import defaults, torch_decode, torch_recompiles
+from graph_autofusion import defaults, torch_decode
 from graph_autofusion.errors import GraphAutoFusionError, ModelLoadError
 from graph_autofusion.frontend.loader import as_args
 from graph_autofusion.options import FuseOptions
@@ -142,12 +142,16 @@ class FusionInfo:
         self.backend = backend
         self.source_name = source_name
         self.decode = torch_decode.DecodeStats()  # what generate()'s decode loop did
-        #: why calls now run in eager (Dynamo's recompile limit reached; torch_recompiles)
-        self.eager_reason = ""
 
     @property
     def graphs(self) -> list[Any]:
         return list(self.backend.config.graphs)
+
+    @property
+    def eager_reason(self) -> str:
+        """Why calls now run in eager ("" while every call compiles): Dynamo's recompile
+        limit reached (``torch_recompiles``)."""
+        return self.backend.config.eager_reason
 
     def results(self) -> list[Any]:
         """The torch program's fuse result of each graph that has one (its kernels): none for a
@@ -281,8 +285,8 @@ def _wire(module: torch.nn.Module, backend: Any, source_name: str) -> torch.nn.M
     fused.forward = torch.compile(
         types.MethodType(own, fused), backend=backend, recompile_limit=defaults.RECOMPILE_LIMIT
     )
-    info = fused.__dict__["autofusion"] = FusionInfo(backend, source_name)
-    torch_recompiles.watch(own.__code__, info)
+    fused.__dict__["autofusion"] = FusionInfo(backend, source_name)
+    backend.config.label = f"the fused {source_name} module's forward"
     if hasattr(type(module), "save_pretrained"):
         fused.__dict__["save_pretrained"] = types.MethodType(_save_pretrained, fused)
     if _can_generate(module):  # greedy decoding finished by our own loop (torch_decode)

@@ -1,19 +1,25 @@
-"""A fused module's forward that reaches Dynamo's recompile limit: one warning, not silence.
+"""A function compiled with our backend that reaches Dynamo's recompile limit: one warning.
 
 Dynamo compiles a frame again for every guard it fails (a new sequence length before a
 dimension turns dynamic, a Python branch on a size: the sliding-window mask of Gemma-3,
 Starcoder2 or Cohere2 decides on the cache length against the window). At the recompile
-limit it stops compiling that code and every later call runs in eager, with only a log line
-from torch. The drop-in module compiles its forward with a higher limit of its own
-(``defaults.RECOMPILE_LIMIT``, per region: ``torch.compile(..., recompile_limit=)``), and
-:func:`watch` turns torch's log line about it into one :class:`AutofusionWarning` per fused
-module naming the model, the limit and Dynamo's last reason; ``FusionInfo.eager_reason``
-keeps it for the report.
+limit it stops compiling that code and every later call that matches none of the compiled
+variants runs in eager, with only a log line from torch. This module turns that line into
+one :class:`~graph_autofusion.errors.AutofusionWarning` per backend and frame, naming the
+function, the limit and Dynamo's last reason; ``BackendConfig.eager_reason`` keeps it for
+the report (``fused.autofusion.eager_reason`` on a drop-in module).
 
-torch's line names the function (``'wrapper' (file:line)``) and the limit in force; the
-fused forward is a code object of its own (``torch_module._own_code``) with its source's
-name and place, and its region's limit is the one in the line, so a line from the user's own
-``torch.compile`` of the same class at torch's default limit is not taken for ours.
+Whose frame it is: the backend notes Dynamo's frame id (one per code object) and the
+function's name and place each time it is handed a graph (:func:`note_frame`); torch writes
+its line, which names the function, inside that frame's compile context, so the current
+compile id names the frame. A frame after a graph break (Dynamo's resume function) is a
+frame of its own, noted when its graph reaches the backend.
+
+torch's log record is what is read: with Dynamo's logger silenced below WARNING (or disabled
+by ``logging.config.dictConfig``), the warning and ``eager_reason`` go with torch's line. The drop-in module's forward is a code
+object of its own (``torch_module._own_code``) compiled with a higher limit of its own
+(``defaults.RECOMPILE_LIMIT``), so a user's ``torch.compile`` of the same class is another
+frame.
 """
 
 from __future__ import annotations
@@ -21,64 +27,73 @@ from __future__ import annotations
 import logging
 import warnings
 import weakref
-from types import CodeType
 from typing import Any
 
-from graph_autofusion import defaults
-from graph_autofusion.torch_compile import AutofusionWarning
+import torch
+
+from graph_autofusion.errors import AutofusionWarning
 
 #: The logger Dynamo reports a reached recompile limit on (torch/_dynamo/convert_frame.py).
 DYNAMO_LOGGER = "torch._dynamo.convert_frame"
 _MESSAGE = "torch._dynamo hit config.%s"
 
+#: Every backend that compiled a graph (``BackendConfig``, by id), held weakly.
+_CONFIGS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 
-def code_key(code: CodeType) -> str:
+
+def _frame_id() -> int | None:
+    cid = torch._guards.CompileContext.current_compile_id()
+    return None if cid is None else cid.frame_id
+
+
+def code_key(code: Any) -> str:
     """How torch's recompile-limit line names a function."""
     return f"'{code.co_name}' ({code.co_filename}:{code.co_firstlineno})"
 
 
-class _Watch(logging.Filter):
-    """Passes every record on; one that says a watched forward reached its limit warns."""
+def note_frame(config: Any) -> None:
+    """Called by the backend with each graph Dynamo hands it: remember the frame it is of, as
+    Dynamo's frame id and the function's name and place (``torch._dynamo.reset()`` starts
+    the ids again from 0)."""
+    frame = _frame_id()
+    tracing = torch._guards.TracingContext.try_get()
+    traced = getattr(tracing, "traced_code", None)
+    if frame is None or not traced:
+        return
+    config.frames.setdefault((frame, code_key(traced[0])), "")
+    _CONFIGS[id(config)] = config
+    logger = logging.getLogger(DYNAMO_LOGGER)
+    if _WATCH not in logger.filters:
+        logger.addFilter(_WATCH)
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.watched: dict[str, weakref.WeakSet[Any]] = {}
+
+class _Watch(logging.Filter):
+    """Passes every record on; one saying a frame of ours reached its limit also warns."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
         if str(record.msg).startswith(_MESSAGE) and isinstance(args, tuple) and len(args) >= 4:
-            limit_type, limit, where, reason = args[:4]
-            if limit_type == "recompile_limit" and limit == defaults.RECOMPILE_LIMIT:
-                for info in list(self.watched.get(str(where), ())):
-                    _warn(info, limit, str(reason))
+            frame = (_frame_id(), str(args[2]))
+            for config in list(_CONFIGS.values()):
+                if config.frames.get(frame) == "":  # ours, not warned yet
+                    _warn(config, frame, *args[:4])
         return True
 
 
 _WATCH = _Watch()
 
 
-def watch(code: CodeType, info: Any) -> None:
-    """Warn once (and set ``info.eager_reason``) when the forward with ``code`` reaches its
-    recompile limit; ``info``: the fused module's ``FusionInfo`` (held weakly)."""
-    logger = logging.getLogger(DYNAMO_LOGGER)
-    if _WATCH not in logger.filters:
-        logger.addFilter(_WATCH)
-    _WATCH.watched.setdefault(code_key(code), weakref.WeakSet()).add(info)
-
-
-def _warn(info: Any, limit: Any, reason: str) -> None:
-    if info.eager_reason:
-        return
-    reason = " ".join(reason.split())
-    info.eager_reason = (
-        f"Dynamo's recompile limit ({limit} compiled variants of the forward) was reached; "
-        f"calls that match none of them run in eager (last reason: {reason})"
+def _warn(config: Any, frame: int, limit_type: Any, limit: Any, where: Any, reason: Any) -> None:
+    reason = " ".join(str(reason).split())
+    what = config.label or f"{where}, compiled with the autofusion backend,"
+    config.eager_reason = config.frames[frame] = (
+        f"Dynamo's {limit_type} ({limit}) was reached on {where}; calls that match none of "
+        f"its compiled variants run in eager (last reason: {reason})"
     )
     warnings.warn(
-        f"autofusion: the fused {info.source_name} module's forward reached Dynamo's recompile limit "
-        f"({limit}); calls whose shapes or Python values match none of its compiled variants "
-        f"now run in eager (last reason: {reason}; TORCH_LOGS=recompiles lists every "
-        f"variant's reason)",
+        f"autofusion: {what} reached Dynamo's {limit_type} ({limit}); calls whose shapes or "
+        f"Python values match none of its compiled variants now run in eager (last reason: "
+        f"{reason}; TORCH_LOGS=recompiles lists every variant's reason)",
         AutofusionWarning,
         stacklevel=2,
     )

@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from graph_autofusion.frontend.onnx_export import to_onnx
+from graph_autofusion.frontend.onnx_import import load_onnx
 from graph_autofusion.ir.text import parse_model
 from graph_autofusion.patterns.candidates import apply_matches, match_rules
 from graph_autofusion.patterns.library.gelu_erf import RULE as GELU
@@ -55,10 +57,15 @@ WRONG = FusionRule("neg_exp_wrong", op1="Neg", op2="Exp", rewrite=_relu_instead_
 NEG_EXP = FusionRule("neg_exp", op1="Neg", op2="Exp")  # generic: exact
 
 
-def fuse(text: str, rules, *, native: bool = True):
-    """(original, fused, records, feeds, activations) for ``rules`` applied to ``text``."""
-    original = parse_model(text)
-    fused = parse_model(text)
+def fuse(text: str, rules, *, native: bool = True, typed: bool = False):
+    """(original, fused, records, feeds, activations) for ``rules`` applied to ``text``;
+    ``typed``: every value's dtype known, as the pipeline's models have them (an ONNX round
+    trip with shape inference; ``parse_model`` leaves intermediate dtypes unset)."""
+    if typed:
+        proto = to_onnx(parse_model(text))
+        original, fused = load_onnx(proto), load_onnx(proto)
+    else:
+        original, fused = parse_model(text), parse_model(text)
     report = match_rules(fused.graph, RuleSet(tuple(rules)))
     applied = apply_matches(fused, report.kept, native=native)
     assert all(not a.error for a in applied), [a.error for a in applied]
@@ -200,6 +207,45 @@ def test_fp16_overflow_the_original_does_not_have_still_fails():
     original, fused, records, _, acts = fuse(text, [rule])
     res = check_fusion(original, fused, records["mask_softmax_half"], acts, check_speed=False)
     assert not res.passed and res.code == "fp16-overflow", res
+
+
+def test_fp16_an_upcast_in_the_fused_op_does_not_vouch_for_a_saturated_value():
+    # the original adds the mask and a bias in float32 and casts the sum to float16 (which
+    # saturates where masked); the fused op adds both in float16 and upcasts only for the
+    # Softmax: a float32 sum it now holds in float16 is checked nowhere, so the saturated
+    # float16 value still fails the fusion (in true float16 arithmetic x - 65504 + 65504
+    # is not x)
+    bias = ", ".join(["0.0"] * 7 + ["65504.0"] + ["0.0"] * 8)
+    text = f"""
+model opset {{"": 20}}
+graph g(%x: f16[2,8]) -> (%y) {{
+  init %m: f16[2,8] = [{MASK}]
+  init %gb: f16[2,8] = [{bias}]
+  %xf = Cast<to=1>(%x) @upx
+  %mf = Cast<to=1>(%m) @upm
+  %gf = Cast<to=1>(%gb) @upg
+  %tf = Add(%xf, %mf) @mask
+  %sf = Add(%tf, %gf) @bias
+  %s = Cast<to=10>(%sf) @down
+  %y = Softmax<axis=-1>(%s) @softmax
+}}
+"""
+    p = PatternBuilder()
+    t = p.Add(p.Cast(p.var("a"), to=1), p.Cast(p.var("b"), to=1))
+    pattern = p.Softmax(p.Cast(p.Add(t, p.Cast(p.var("c"), to=1)), to=10), axis=-1)
+
+    def rewrite(ctx):
+        t = ctx.make_node("Add", [ctx.value("a"), ctx.value("b")]).outputs[0]
+        s = ctx.make_node("Add", [t, ctx.value("c")]).outputs[0]
+        sf = ctx.make_node("Cast", [s], {"to": 1}).outputs[0]
+        y = ctx.make_node("Softmax", [sf], {"axis": -1}).outputs[0]
+        return ctx.make_node("Cast", [y], {"to": 10}).outputs
+
+    rule = FusionRule("mask_bias_softmax", pattern=pattern, rewrite=rewrite)
+    original, fused, records, _, acts = fuse(text, [rule], typed=True)
+    assert acts["s"].dtype == np.float16 and (acts["s"] == -65504).any()
+    res = check_fusion(original, fused, records["mask_bias_softmax"], acts, check_speed=False)
+    assert not res.passed and res.code == "fp16-overflow" and "%s" in res.message, res
 
 
 def _cast_add_pattern():

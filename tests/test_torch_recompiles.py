@@ -1,10 +1,11 @@
-"""A drop-in fused module's forward and Dynamo's recompile limit (torch_recompiles).
+"""Functions compiled with our backend and Dynamo's recompile limit (torch_recompiles).
 
 A Python loop over an int argument makes Dynamo compile one variant of the forward per count
 (it guards ``steps == k``), as a sliding-window decoder's mask code does per cache length
-near its window. The fused module compiles its forward with a limit of its own
-(``defaults.RECOMPILE_LIMIT``); reaching it gives one warning and an ``eager_reason``, never
-a silent eager model or a wrong answer.
+near its window. The drop-in fused module compiles its forward with a limit of its own
+(``defaults.RECOMPILE_LIMIT``); reaching a limit, there or in the user's own
+``torch.compile(..., backend=...)``, gives one warning and an ``eager_reason``, never a
+silent eager model or a wrong answer.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from graph_autofusion import GraphAutoFusion, defaults  # noqa: E402
-from graph_autofusion.torch_compile import AutofusionWarning  # noqa: E402
+from graph_autofusion.torch_compile import AutofusionWarning, make_backend  # noqa: E402
 
 
 class Steps(torch.nn.Module):
@@ -64,9 +65,9 @@ def test_reaching_the_limit_warns_once_and_answers_right(monkeypatch):
     ours = _run(fused, model, x, [2, 3, 4, 5, 6, 4, 1])
     assert len(ours) == 1, [str(w.message) for w in ours]
     text = str(ours[0].message)
-    assert "fused Steps module's forward reached Dynamo's recompile limit (3)" in text
+    assert "the fused Steps module's forward reached Dynamo's recompile_limit (3)" in text
     assert "steps == 3" in text  # Dynamo's last reason
-    assert "recompile limit (3 compiled variants" in fused.autofusion.eager_reason
+    assert "recompile_limit (3) was reached" in fused.autofusion.eager_reason
     assert len(fused.autofusion.graphs) == 3  # counts 1-3 compiled; 4-6 ran in eager
 
 
@@ -82,3 +83,28 @@ def test_the_users_own_compile_of_the_class_is_not_taken_for_ours():
                 plain(x, k)
     assert not [w for w in ws if issubclass(w.category, AutofusionWarning)]
     assert not fused.autofusion.eager_reason
+
+
+class OwnSteps(Steps):
+    """Steps with a forward of its own: Dynamo marks a code that reached its limit to be
+    skipped for the rest of the process (another test reaches Steps.forward's)."""
+
+    def forward(self, x: torch.Tensor, steps: int) -> torch.Tensor:
+        for _ in range(steps):
+            x = torch.relu(self.lin(x))
+        return x
+
+
+def test_the_backend_in_the_users_own_compile_warns_at_torchs_limit():
+    torch.manual_seed(0)
+    model, x = OwnSteps().eval(), torch.randn(4, 16)
+    backend = make_backend(check_speed=False)
+    compiled = torch.compile(model, backend=backend)
+    limit = torch._dynamo.config.recompile_limit
+    ours = _run(compiled, model, x, range(1, limit + 4))
+    assert len(ours) == 1, [str(w.message) for w in ours]
+    assert "compiled with the autofusion backend, reached Dynamo's recompile_limit" in str(
+        ours[0].message
+    )
+    assert f"recompile_limit ({limit}) was reached on 'forward'" in backend.config.eager_reason
+    assert len(backend.config.graphs) == limit

@@ -66,10 +66,10 @@ def fp16_analysis(
     failure sentence (empty when in range). ``(None, "")`` when no float16 is involved.
 
     ``own``: the original subgraph's values from its own run (float16 where it computes in
-    float16). A value the original itself saturates in float16 wherever the float32 rerun
-    exceeds the limit (Hugging Face's fp16 masks: ``score + finfo.min`` rounds to -inf) is the
-    model's own behaviour, not an overflow the fusion adds; the fused outputs' comparison with
-    the original's judges it. The largest magnitude is still reported."""
+    float16). Where the fused operator holds every intermediate in float16, a value the
+    original itself saturates wherever the float32 rerun exceeds the limit (Hugging Face's
+    fp16 masks: ``score + finfo.min`` rounds to -65504 or -inf) is the model's own behaviour,
+    not an overflow the fusion adds. The largest magnitude is reported either way."""
     half = DType.FLOAT16
     orig_values = {v.name: v for n in record.original_nodes for v in (*n.all_inputs(), *n.outputs)}
     fp16_orig = {name for name, v in orig_values.items() if v.dtype == half}
@@ -91,9 +91,14 @@ def fp16_analysis(
     if fp16_fused and not upcasts:  # the fused op holds every intermediate in float16
         checked = [*record.outputs, *internal]
         where = "the fused operator computes in float16"
+        alike = own or {}
     else:
         checked = [k for k in (*record.outputs, *internal) if k in fp16_orig]
         where = "float16 value"
+        # an upcast somewhere in the fused op says nothing of which values it holds in
+        # float16: one the original computes in float32 is not checked here, so a value the
+        # original saturates is no evidence either
+        alike = {}
     biggest, worst, reported = 0.0, "", 0.0
     for name in checked:
         arr = ref.get(name)
@@ -104,12 +109,12 @@ def fp16_analysis(
         if not np.isfinite(arr).all():
             m = float("inf")
         reported = max(reported, m)
-        if m > FP16_MAX and _saturated_alike(arr, (own or {}).get(name)):
+        if m > FP16_MAX and _saturated_alike(arr, alike.get(name)):
             continue
         if m > biggest:
             biggest, worst = m, name
     if biggest > FP16_MAX:
-        return biggest, (
+        return reported, (
             f"{where}: %{worst} reaches {biggest:.4g} in float32, above the float16 limit "
             f"{FP16_MAX:g}"
         )
@@ -117,12 +122,15 @@ def fp16_analysis(
 
 
 def _saturated_alike(ref32: np.ndarray, own: np.ndarray | None) -> bool:
-    """Whether the original's own float16 value ``own`` holds the float16 limit or an infinity
-    of the same sign at every position where the float32 rerun ``ref32`` exceeds the limit."""
-    if own is None or own.dtype != np.float16 or own.shape != ref32.shape:
+    """Whether the original's own value ``own`` holds exactly the float16 limit or an infinity
+    of the same sign at every position where the float32 rerun ``ref32`` exceeds the limit
+    (a float16 value rounded there, or a float32 one cast from it; a float32 value beyond the
+    limit but finite is not)."""
+    if own is None or not np.issubdtype(own.dtype, np.floating) or own.shape != ref32.shape:
         return False
     over = ~(np.abs(ref32) <= FP16_MAX)  # nan included
     if np.isnan(ref32[over]).any():
         return False
-    o = own[over].astype(np.float32)
-    return bool(np.all((np.abs(o) >= FP16_MAX) & (np.sign(o) == np.sign(ref32[over]))))
+    o = own[over].astype(np.float64)
+    held = (np.abs(o) == FP16_MAX) | np.isinf(o)
+    return bool(np.all(held & (np.sign(o) == np.sign(ref32[over]))))
