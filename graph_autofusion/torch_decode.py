@@ -307,7 +307,10 @@ def learn_step(calls: Any) -> tuple[StepPlan | None, str]:
         return None, f"{len(calls)} compiled-graph calls seen while probing, need 3"
     (g1, a1, o1), (g2, a2, o2), (g3, a3, o3) = calls
     if not (g1 is g2 is g3):
-        return None, "the decode steps ran more than one compiled graph (a graph break)"
+        return None, (
+            "the decode steps ran more than one compiled graph (a graph break, or a variant "
+            "Dynamo compiled for a new length: a sliding window's threshold)"
+        )
     if not (len(a1) == len(a2) == len(a3)):
         return None, "the decode calls' argument counts differ"
     rules = []
