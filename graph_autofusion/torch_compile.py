@@ -43,6 +43,7 @@ from graph_autofusion.options import FuseOptions, OptionsError
 from graph_autofusion.patterns.library import builtin_rules
 from graph_autofusion.runtime.call_gaps import CallGaps
 from graph_autofusion.runtime.ort_session import SERVING_MODES
+from graph_autofusion.torch_decode_handoff import arg_sources
 from graph_autofusion.torch_outputs import (
     SizeOutputs,
     Writes,
@@ -141,6 +142,8 @@ class CompiledGraph:
 
     def __init__(self, gm: torch.fx.GraphModule, config: BackendConfig, index: int) -> None:
         self.gm = gm
+        #: Dynamo's access path of each argument (read while Dynamo still has them)
+        self.sources = arg_sources(gm)
         self.config = config
         self.index = index
         self.result: Any = None  # CpuFuseResult

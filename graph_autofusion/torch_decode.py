@@ -19,9 +19,13 @@ previous call's:
 * ``same``: a new tensor equal to the previous one.
 
 Rules learnt between the first two probed calls must predict the third call's arguments
-exactly, the last recorded call must be the probe's last step, and Dynamo's shape guards of
-the graph must pass for every step the loop will take, or the loop is not used
-(``generate()`` continues as Hugging Face's, from its cache). Then each further token is one
+exactly and the last recorded call must be the probe's last step, or the loop is not used
+(``generate()`` continues as Hugging Face's, from its cache). The loop runs while Dynamo's
+shape guards of the graph pass; a step they refuse (a length threshold: a sliding window)
+is Hugging Face's again: the loop writes its state back into the cache object
+(:mod:`~graph_autofusion.torch_decode_handoff`, where the cache's entries are known and
+checked) and ``generate()`` goes on from there, probing anew past the threshold; without
+such a hand-off, the loop is not used. Then each further token is one
 call of the compiled graph (its weight checks and fallbacks included) plus an ``argmax``.
 
 Only plain greedy decoding takes the loop: ``max_new_tokens`` given, no sampling, beams,
@@ -39,12 +43,17 @@ from typing import Any
 
 import torch
 
+from graph_autofusion import torch_decode_handoff as handoff
+
 #: Tokens Hugging Face's generate() decodes before the loop takes over: the prefill, the first
 #: decode graph (static cache length), then three calls of the graph with the length symbolic.
 PROBE_TOKENS = 5
 #: ... and on later calls, once a step is learnt: the prefill and two calls of the decode
 #: graph (the learnt rules must predict the second from the first).
 KNOWN_PROBE_TOKENS = 3
+#: Hand-offs to Hugging Face's generate() one call may make before a length threshold, each
+#: followed by a new probe past it (``torch_decode_handoff``).
+MAX_HANDOFFS = 4
 
 #: generate() settings (keywords or the model's generation config) the loop honours, with the
 #: values it accepts (None: any). Anything else runs Hugging Face's generate().
@@ -117,6 +126,7 @@ class DecodeStats:
     calls: int = 0  # generate() calls
     loop_calls: int = 0  # of them, finished by the loop
     loop_tokens: int = 0  # tokens the loop decoded
+    handoffs: int = 0  # times the loop handed its state to generate() before a threshold
     last_reason: str = ""  # why the last call that did not use the loop did not
     plans: dict[int, StepPlan] = field(default_factory=dict, repr=False)  # per graph index
 
@@ -387,26 +397,41 @@ def generate(module: Any, backend_config: Any, stats: DecodeStats, *args: Any, *
     """``module.generate(*args, **kwargs)``, greedy decoding finished by the loop where it can
     be; otherwise the class's own ``generate()``."""
     stats.calls += 1
+    return _generate(module, backend_config, stats, args, kwargs)
+
+
+def _generate(
+    module: Any,
+    backend_config: Any,
+    stats: DecodeStats,
+    args: tuple,
+    kwargs: dict[str, Any],
+    resume: dict[str, Any] | None = None,
+    depth: int = 0,
+) -> Any:
+    """:func:`generate`; ``resume``: ``{cache key: cache}`` a hand-off goes on from (``args``
+    then hold the whole sequence so far and ``kwargs`` its mask), ``depth`` hand-offs made."""
     hf_generate = type(module).generate
+    given = dict(kwargs, **(resume or {}))  # what Hugging Face's generate() is called with
     ids = args[0] if args else kwargs.get("input_ids")
     rest = {k: v for k, v in kwargs.items() if k not in ("input_ids", "attention_mask")}
     settings, why = greedy_settings(module, rest)
     if settings is None or len(args) > 1 or not isinstance(ids, torch.Tensor) or ids.dim() != 2:
         stats.last_reason = why or "input_ids not a [batch, length] tensor"
-        return hf_generate(module, *args, **kwargs)
+        return hf_generate(module, *args, **given)
     n = settings["max_new_tokens"]
     eos = _eos_ids(settings)
     pad = settings.get("pad_token_id")
     if n <= PROBE_TOKENS or (eos and pad is None and ids.shape[0] > 1):
         stats.last_reason = f"{n} new tokens" if n <= PROBE_TOKENS else "eos without pad"
-        return hf_generate(module, *args, **kwargs)
+        return hf_generate(module, *args, **given)
     one_row_or_no_eos = ids.shape[0] == 1 or not eos
     probe_n = KNOWN_PROBE_TOKENS if stats.plans and one_row_or_no_eos else PROBE_TOKENS
     recorder = Recorder()
     backend_config.recorders[recorder.thread] = recorder
     try:
         out = hf_generate(
-            module, *args, **dict(kwargs, max_new_tokens=probe_n, return_dict_in_generate=True)
+            module, *args, **dict(given, max_new_tokens=probe_n, return_dict_in_generate=True)
         )
         plan, why = (
             known_step(stats.plans, recorder.calls) if probe_n < PROBE_TOKENS else (None, "")
@@ -441,9 +466,17 @@ def generate(module: Any, backend_config: Any, stats: DecodeStats, *args: Any, *
     last = recorder.calls[-1] if plan is not None else None
     if plan is not None and not _is_last_step(plan, last, seq):
         plan, why = None, "the last recorded call is not the probe's last decode step"
+    steps, paths = n - probe_n, None
     if plan is not None:
-        step, why = first_unguarded_step(plan, last[1], n - probe_n)
-        plan = None if step else plan
+        step, why = first_unguarded_step(plan, last[1], steps)
+        if step:  # the loop up to the step before, then Hugging Face's from its cache
+            paths, more_why = (
+                _handoff(plan, last, seq, cache, depth, one_row_or_no_eos)
+                if step > 1
+                else (None, "")
+            )
+            plan, steps = (plan, step - 1) if paths else (None, steps)
+            why = f"{why}; {more_why}" if more_why else why
     if plan is None:
         last = None
         recorder.calls.clear()
@@ -452,21 +485,52 @@ def generate(module: Any, backend_config: Any, stats: DecodeStats, *args: Any, *
             # a row ended while probing (HF would not know it), or a model state generate()
             # takes back only from its own loop (RWKV's list): Hugging Face's from the start
             del out, cache
-            return hf_generate(module, *args, **kwargs)
+            return hf_generate(module, *args, **given)
         return _continue(module, ids, seq, {cache_key: cache}, kwargs, n - probe_n, settings)
     # the probe's tensors go: the loop holds one step's arguments and outputs at a time
+    # (and, for a hand-off, the cache object it writes back into)
     state = [list(last[1]), last[2]]
-    del cache, out, last
+    del out, last
+    if paths is None:
+        del cache
     recorder.calls.clear()
     stats.plans[plan.graph.index] = plan
     stats.loop_calls += 1
     serve = getattr(plan.graph, "serve_loop", None)
     if serve is not None:
         serve()
+    final: list[Any] = []
     with torch.no_grad():
-        tokens = _loop(plan, state, seq[:, -1:], n - probe_n, eos, pad, done)
+        tokens = _loop(plan, state, seq[:, -1:], steps, eos, pad, done, final)
     stats.loop_tokens += tokens.shape[1]
-    return torch.cat((seq, tokens), dim=-1)
+    seq = torch.cat((seq, tokens), dim=-1)
+    left = n - probe_n - tokens.shape[1]
+    if paths is None or left <= 0 or tokens.shape[1] < steps:  # done, or every row ended
+        return seq
+    handoff.write_back(paths, cache, plan.advance(*final))
+    stats.handoffs += 1
+    more = dict(kwargs, attention_mask=_grown_mask(ids, seq, kwargs, settings))
+    more.update(max_new_tokens=left)
+    more.pop("input_ids", None)
+    return _generate(module, backend_config, stats, (seq,), more, {cache_key: cache}, depth + 1)
+
+
+def _handoff(
+    plan: StepPlan, last: Any, seq: torch.Tensor, cache: Any, depth: int, one_row: bool
+) -> tuple[Any, str]:
+    """Where the loop's state goes in Hugging Face's ``cache`` when it stops before a length
+    threshold (``torch_decode_handoff``), or None and why not."""
+    if depth >= MAX_HANDOFFS:
+        return None, f"{depth} hand-offs made"
+    if not one_row or not _resumable(cache):
+        return None, "no hand-off (rows may end, or a state generate() cannot resume)"
+    paths, why = handoff.cache_paths(plan.graph, [r.kind for r in plan.rules])
+    if not paths:
+        return None, why
+    nxt = plan.advance(list(last[1]), last[2], seq[:, -1:])
+    if not handoff.agrees(paths, cache, nxt):
+        return None, "the cache does not hold what the learnt step predicts"
+    return paths, ""
 
 
 def _cache_key(out: Any) -> str:
@@ -508,16 +572,21 @@ def _prompt_mask(ids: torch.Tensor, settings: dict[str, Any]) -> torch.Tensor:
 
 def _continue(module, ids, seq, cache: dict, kwargs: dict, n: int, settings: dict) -> Any:
     """Hugging Face's generate() decoding ``n`` more tokens after ``seq`` (``ids`` and the
-    tokens decoded so far) from its cache. The mask is the one the uninterrupted generate()
-    would hold (the prompt's, then ones): given explicitly, so a decoded token that happens
-    to be the pad token is not masked as padding."""
+    tokens decoded so far) from its cache."""
     more = dict(kwargs, max_new_tokens=n, **cache)
     more.pop("input_ids", None)
+    more["attention_mask"] = _grown_mask(ids, seq, kwargs, settings)
+    return type(module).generate(module, seq, **more)
+
+
+def _grown_mask(ids, seq, kwargs: dict, settings: dict) -> torch.Tensor:
+    """The mask the uninterrupted generate() would hold at ``seq`` (the prompt's, then ones):
+    given explicitly, so a decoded token that happens to be the pad token is not masked as
+    padding."""
     mask = kwargs.get("attention_mask")
     mask = _prompt_mask(ids, settings) if mask is None else mask
     grown = mask.new_ones((mask.shape[0], seq.shape[1] - mask.shape[1]))
-    more["attention_mask"] = torch.cat((mask, grown), dim=-1)
-    return type(module).generate(module, seq, **more)
+    return torch.cat((mask, grown), dim=-1)
 
 
 def _finished(generated: torch.Tensor, eos: list[int]) -> torch.Tensor:
@@ -526,10 +595,11 @@ def _finished(generated: torch.Tensor, eos: list[int]) -> torch.Tensor:
     return torch.isin(generated, torch.tensor(eos)).any(dim=1)
 
 
-def _loop(plan, state, token, n, eos, pad, done) -> torch.Tensor:
+def _loop(plan, state, token, n, eos, pad, done, final=None) -> torch.Tensor:
     """``n`` more greedy tokens (fewer when every row has ended), as Hugging Face's greedy
     search makes them: an ended row gets ``pad``. ``state``: the last probed call's
-    arguments and outputs (emptied: only the loop refers to them)."""
+    arguments and outputs (emptied: only the loop refers to them); ``final``, a list: given
+    the last call's arguments, outputs and token."""
     args, outs = state
     state.clear()
     eos_t = torch.tensor(eos) if eos else None
@@ -545,4 +615,6 @@ def _loop(plan, state, token, n, eos, pad, done) -> torch.Tensor:
         new.append(token)
         if bool(done.all()):
             break
+    if final is not None:
+        final[:] = [args, outs, token]
     return torch.cat(new, dim=-1)
