@@ -488,11 +488,13 @@ def _generate(
             return hf_generate(module, *args, **given)
         return _continue(module, ids, seq, {cache_key: cache}, kwargs, n - probe_n, settings)
     # the probe's tensors go: the loop holds one step's arguments and outputs at a time
-    # (and, for a hand-off, the cache object it writes back into)
+    # (and, for a hand-off, the emptied cache object it writes back into)
     state = [list(last[1]), last[2]]
     del out, last
     if paths is None:
         del cache
+    else:  # the cache's entries are written back after the loop: its old tensors go now
+        handoff.write_back(paths, cache, [None] * len(plan.rules))
     recorder.calls.clear()
     stats.plans[plan.graph.index] = plan
     stats.loop_calls += 1
