@@ -507,7 +507,8 @@ def _generate(
     stats.loop_tokens += tokens.shape[1]
     seq = torch.cat((seq, tokens), dim=-1)
     left = n - probe_n - tokens.shape[1]
-    if paths is None or left <= 0 or tokens.shape[1] < steps:  # done, or every row ended
+    ended = bool((done | _finished(tokens, eos)).all())  # every row, its last token included
+    if paths is None or left <= 0 or ended:
         return seq
     handoff.write_back(paths, cache, plan.advance(*final))
     stats.handoffs += 1

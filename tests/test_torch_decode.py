@@ -409,3 +409,27 @@ def test_hand_off_paths_come_from_dynamos_sources_and_are_checked():
     moved = [*sources, "L['args'][0].step_counter"]
     paths, why = handoff.cache_paths(_Sourced(moved), [*kinds, "count"])
     assert paths == [] and "step_counter" in why
+
+
+def test_an_end_token_on_the_loops_last_step_before_a_hand_off_ends_the_row():
+    window, plen, n = 12, 3, 18
+    model = _mistral(window=window)
+    fused = GraphAutoFusion(model).fuse(check_speed=False)
+    base = dict(do_sample=False, pad_token_id=0, max_new_tokens=n)
+    warm = _prompt(plen, 1)
+    fused.generate(warm, eos_token_id=None, attention_mask=torch.ones_like(warm), **base)
+    k = window - plen - 2  # the loop's last token before the hand-off (a probe of 3)
+    for seed in range(1000, 1200):  # a prompt whose token k appears there first
+        ids = _prompt(plen, seed)
+        with torch.no_grad():
+            free = model.generate(
+                ids, eos_token_id=None, attention_mask=torch.ones_like(ids), **base
+            )
+        new = free[0, plen:].tolist()
+        if new[k] not in new[:k]:
+            break
+    kw = dict(base, eos_token_id=new[k], attention_mask=torch.ones_like(ids))
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+    assert want.shape[1] == plen + k + 1  # eager stops at that token
+    assert torch.equal(fused.generate(ids, **kw), want)
