@@ -30,7 +30,9 @@ call of the compiled graph (its weight checks and fallbacks included) plus an ``
 
 Only plain greedy decoding takes the loop: ``max_new_tokens`` given, no sampling, beams,
 logits processors, streamers or dictionary outputs (:data:`GREEDY_KEYS` lists the settings the
-loop honours); anything else is Hugging Face's ``generate()`` unchanged.
+loop honours), of a model that leaves ``prepare_inputs_for_generation`` to the library (an
+override may do between steps what no rule follows: Phi-3 drops its cache at the rotary
+switch); anything else is Hugging Face's ``generate()`` unchanged.
 """
 
 from __future__ import annotations
@@ -386,6 +388,18 @@ def greedy_settings(module: Any, kwargs: dict[str, Any]) -> tuple[dict[str, Any]
     return settings, ""
 
 
+def _prepares_own_inputs(module: Any) -> bool:
+    """Whether the model's class overrides ``prepare_inputs_for_generation``: Python that
+    runs between the steps and may do what no learnt rule follows (Phi-3 and PhiMoE drop the
+    cache and decode the whole sequence again when it passes the rotary switch length)."""
+    try:
+        from transformers import GenerationMixin
+    except ImportError:  # pragma: no cover - the loop serves Hugging Face models only
+        return True
+    own = getattr(type(module), "prepare_inputs_for_generation", None)
+    return own is not GenerationMixin.prepare_inputs_for_generation
+
+
 def _eos_ids(settings: dict[str, Any]) -> list[int]:
     eos = settings.get("eos_token_id")
     if eos is None:
@@ -416,6 +430,14 @@ def _generate(
     ids = args[0] if args else kwargs.get("input_ids")
     rest = {k: v for k, v in kwargs.items() if k not in ("input_ids", "attention_mask")}
     settings, why = greedy_settings(module, rest)
+    if settings is not None and _prepares_own_inputs(module):
+        settings, why = (
+            None,
+            (
+                "the model prepares its own generate() inputs (prepare_inputs_for_generation "
+                "overridden: Phi-3 drops its cache at the rotary switch, which the loop would not)"
+            ),
+        )
     if settings is None or len(args) > 1 or not isinstance(ids, torch.Tensor) or ids.dim() != 2:
         stats.last_reason = why or "input_ids not a [batch, length] tensor"
         return hf_generate(module, *args, **given)

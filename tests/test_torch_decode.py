@@ -433,3 +433,32 @@ def test_an_end_token_on_the_loops_last_step_before_a_hand_off_ends_the_row():
         want = model.generate(ids, **kw)
     assert want.shape[1] == plen + k + 1  # eager stops at that token
     assert torch.equal(fused.generate(ids, **kw), want)
+
+
+def test_a_model_that_prepares_its_own_inputs_keeps_hugging_faces_loop():
+    # Phi-3 with longrope drops its cache and decodes the whole sequence again once it passes
+    # the rotary switch length (its prepare_inputs_for_generation): no learnt rule follows that
+    model = tiny_causal_lm(
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        num_key_value_heads=2,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        max_position_embeddings=256,
+        original_max_position_embeddings=16,
+        rope_scaling={
+            "rope_type": "longrope",
+            "short_factor": [1.0] * 16,
+            "long_factor": [4.0] * 16,
+            "original_max_position_embeddings": 16,
+        },
+    )
+    fused = GraphAutoFusion(model).fuse(check_speed=False)
+    ids = _prompt(12, 142)
+    kw = dict(GREEDY, max_new_tokens=22, attention_mask=torch.ones_like(ids))
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+    assert torch.equal(fused.generate(ids, **kw), want)
+    stats = fused.autofusion.decode
+    assert stats.loop_tokens == 0 and "prepares its own generate() inputs" in stats.last_reason
