@@ -126,9 +126,10 @@ class DecodeStats:
     """What the loop did over a module's generate() calls (``fused.autofusion.decode``)."""
 
     calls: int = 0  # generate() calls
-    loop_calls: int = 0  # of them, finished by the loop
+    loop_calls: int = 0  # loops run (a call with hand-offs runs several)
     loop_tokens: int = 0  # tokens the loop decoded
     handoffs: int = 0  # times the loop handed its state to generate() before a threshold
+    reprobes: int = 0  # times generate() went on from its cache to learn a step again
     last_reason: str = ""  # why the last call that did not use the loop did not
     plans: dict[int, StepPlan] = field(default_factory=dict, repr=False)  # per graph index
 
@@ -508,6 +509,14 @@ def _generate(
             # takes back only from its own loop (RWKV's list): Hugging Face's from the start
             del out, cache
             return hf_generate(module, *args, **given)
+        if depth < MAX_HANDOFFS and one_row_or_no_eos and n - probe_n > PROBE_TOKENS:
+            # Hugging Face's generate() goes on from its cache and probes anew: past a
+            # threshold the probe crossed, or the step the guards refused first, a step may
+            # be learnt again
+            del out
+            stats.reprobes += 1
+            return _resume(module, backend_config, stats, ids, seq, {cache_key: cache},
+                           kwargs, n - probe_n, settings, depth)  # fmt: skip
         return _continue(module, ids, seq, {cache_key: cache}, kwargs, n - probe_n, settings)
     # the probe's tensors go: the loop holds one step's arguments and outputs at a time
     # (and, for a hand-off, the emptied cache object it writes back into)
@@ -533,11 +542,20 @@ def _generate(
     if paths is None or left <= 0 or ended:
         return seq
     handoff.write_back(paths, cache, plan.advance(*final))
+    final.clear()  # the loop's last arguments (the cache one token shorter) go
     stats.handoffs += 1
+    return _resume(
+        module, backend_config, stats, ids, seq, {cache_key: cache}, kwargs, left, settings, depth
+    )
+
+
+def _resume(module, backend_config, stats, ids, seq, cache, kwargs, left, settings, depth):
+    """:func:`_generate` for ``left`` more tokens after ``seq`` from ``cache`` (``{key:
+    cache object}``), with the mask the uninterrupted call would hold."""
     more = dict(kwargs, attention_mask=_grown_mask(ids, seq, kwargs, settings))
     more.update(max_new_tokens=left)
     more.pop("input_ids", None)
-    return _generate(module, backend_config, stats, (seq,), more, {cache_key: cache}, depth + 1)
+    return _generate(module, backend_config, stats, (seq,), more, cache, depth + 1)
 
 
 def _handoff(

@@ -72,8 +72,9 @@ def cache_paths(graph: Any, kinds: Sequence[str]) -> tuple[list[tuple[int, Path]
                 continue
         elif kind not in MOVING:
             continue
-        else:
-            arg = _ARG.match(name)
+        else:  # an argument generate() remakes, or a size of one
+            derived = _DERIVED.search(name)
+            arg = _ARG.match(name[: derived.start()] if derived else name)
             if arg and arg.group(1) in REBUILT:
                 continue
         if kind in MOVING:
