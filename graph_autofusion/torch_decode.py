@@ -389,6 +389,13 @@ def greedy_settings(module: Any, kwargs: dict[str, Any]) -> tuple[dict[str, Any]
     return settings, ""
 
 
+#: Why a model whose class overrides ``prepare_inputs_for_generation`` keeps Hugging Face's loop.
+OWN_INPUTS = (
+    "the model prepares its own generate() inputs (prepare_inputs_for_generation overridden: "
+    "Phi-3 drops its cache at the rotary switch, which the loop would not)"
+)
+
+
 def _prepares_own_inputs(module: Any) -> bool:
     """Whether the model's class overrides ``prepare_inputs_for_generation``: Python that
     runs between the steps and may do what no learnt rule follows (Phi-3 and PhiMoE drop the
@@ -432,13 +439,7 @@ def _generate(
     rest = {k: v for k, v in kwargs.items() if k not in ("input_ids", "attention_mask")}
     settings, why = greedy_settings(module, rest)
     if settings is not None and _prepares_own_inputs(module):
-        settings, why = (
-            None,
-            (
-                "the model prepares its own generate() inputs (prepare_inputs_for_generation "
-                "overridden: Phi-3 drops its cache at the rotary switch, which the loop would not)"
-            ),
-        )
+        settings, why = None, OWN_INPUTS
     if settings is None or len(args) > 1 or not isinstance(ids, torch.Tensor) or ids.dim() != 2:
         stats.last_reason = why or "input_ids not a [batch, length] tensor"
         return hf_generate(module, *args, **given)
@@ -490,14 +491,24 @@ def _generate(
     if plan is not None and not _is_last_step(plan, last, seq):
         plan, why = None, "the last recorded call is not the probe's last decode step"
     steps, paths = n - probe_n, None
+    # Hugging Face's generate() may go on from its cache for another level of this one: a
+    # row that ends is carried to no next level, and RWKV's list is no cache it takes back
+    may_resume = depth < MAX_HANDOFFS and one_row_or_no_eos and _resumable(cache)
     if plan is not None:
         step, why = first_unguarded_step(plan, last[1], steps)
         if step:  # the loop up to the step before, then Hugging Face's from its cache
-            paths, more_why = (
-                _handoff(plan, last, seq, cache, depth, one_row_or_no_eos)
-                if step > 1
-                else (None, "")
-            )
+            if step == 1:
+                paths, more_why = None, ""
+            elif not may_resume:
+                paths, more_why = (
+                    None,
+                    (
+                        f"no hand-off ({depth} made, or rows that may end, or a state generate() "
+                        f"cannot resume)"
+                    ),
+                )
+            else:
+                paths, more_why = _handoff(plan, last, seq, cache)
             plan, steps = (plan, step - 1) if paths else (None, steps)
             why = f"{why}; {more_why}" if more_why else why
     if plan is None:
@@ -509,7 +520,7 @@ def _generate(
             # takes back only from its own loop (RWKV's list): Hugging Face's from the start
             del out, cache
             return hf_generate(module, *args, **given)
-        if depth < MAX_HANDOFFS and one_row_or_no_eos and n - probe_n > PROBE_TOKENS:
+        if may_resume and n - probe_n > PROBE_TOKENS:
             # Hugging Face's generate() goes on from its cache and probes anew: past a
             # threshold the probe crossed, or the step the guards refused first, a step may
             # be learnt again
@@ -551,22 +562,14 @@ def _generate(
 
 def _resume(module, backend_config, stats, ids, seq, cache, kwargs, left, settings, depth):
     """:func:`_generate` for ``left`` more tokens after ``seq`` from ``cache`` (``{key:
-    cache object}``), with the mask the uninterrupted call would hold."""
-    more = dict(kwargs, attention_mask=_grown_mask(ids, seq, kwargs, settings))
-    more.update(max_new_tokens=left)
-    more.pop("input_ids", None)
+    cache object}``)."""
+    more = _going_on(ids, seq, kwargs, left, settings)
     return _generate(module, backend_config, stats, (seq,), more, cache, depth + 1)
 
 
-def _handoff(
-    plan: StepPlan, last: Any, seq: torch.Tensor, cache: Any, depth: int, one_row: bool
-) -> tuple[Any, str]:
+def _handoff(plan: StepPlan, last: Any, seq: torch.Tensor, cache: Any) -> tuple[Any, str]:
     """Where the loop's state goes in Hugging Face's ``cache`` when it stops before a length
     threshold (``torch_decode_handoff``), or None and why not."""
-    if depth >= MAX_HANDOFFS:
-        return None, f"{depth} hand-offs made"
-    if not one_row or not _resumable(cache):
-        return None, "no hand-off (rows may end, or a state generate() cannot resume)"
     paths, why = handoff.cache_paths(plan.graph, [r.kind for r in plan.rules])
     if not paths:
         return None, why
@@ -616,20 +619,21 @@ def _prompt_mask(ids: torch.Tensor, settings: dict[str, Any]) -> torch.Tensor:
 def _continue(module, ids, seq, cache: dict, kwargs: dict, n: int, settings: dict) -> Any:
     """Hugging Face's generate() decoding ``n`` more tokens after ``seq`` (``ids`` and the
     tokens decoded so far) from its cache."""
-    more = dict(kwargs, max_new_tokens=n, **cache)
-    more.pop("input_ids", None)
-    more["attention_mask"] = _grown_mask(ids, seq, kwargs, settings)
-    return type(module).generate(module, seq, **more)
+    more = _going_on(ids, seq, kwargs, n, settings)
+    return type(module).generate(module, seq, **more, **cache)
 
 
-def _grown_mask(ids, seq, kwargs: dict, settings: dict) -> torch.Tensor:
-    """The mask the uninterrupted generate() would hold at ``seq`` (the prompt's, then ones):
-    given explicitly, so a decoded token that happens to be the pad token is not masked as
-    padding."""
+def _going_on(ids, seq, kwargs: dict, n: int, settings: dict) -> dict[str, Any]:
+    """The call's keywords for ``n`` more tokens after ``seq`` (``ids`` and the tokens
+    decoded so far), with the mask the uninterrupted generate() would hold (the prompt's,
+    then ones): given explicitly, so a decoded token that happens to be the pad token is not
+    masked as padding."""
     mask = kwargs.get("attention_mask")
     mask = _prompt_mask(ids, settings) if mask is None else mask
     grown = mask.new_ones((mask.shape[0], seq.shape[1] - mask.shape[1]))
-    return torch.cat((mask, grown), dim=-1)
+    more = dict(kwargs, max_new_tokens=n, attention_mask=torch.cat((mask, grown), dim=-1))
+    more.pop("input_ids", None)
+    return more
 
 
 def _finished(generated: torch.Tensor, eos: list[int]) -> torch.Tensor:

@@ -28,7 +28,7 @@ import torch
 #: ``past_key_values``), given by keyword or by name.
 _CACHE_ROOT = re.compile(r"^L(?:\['kwargs'\])?\['(?:cache|past_key_values)'\]")
 _STEP = re.compile(r"\.([A-Za-z_]\w*)|\[(\d+)\]")
-#: A size, stride or offset of a cache tensor: follows the tensor written back.
+#: A size, stride or offset of an argument: follows the tensor (written back, or remade).
 _DERIVED = re.compile(r"(?:\.(?:size|stride)\(\)\[\d+\]|\.storage_offset\(\))$")
 _ARG = re.compile(r"^L(?:\['kwargs'\])?\['(\w+)'\]$")
 #: generate() arguments Hugging Face makes anew for every step from the sequence, the mask
@@ -67,14 +67,10 @@ def cache_paths(graph: Any, kinds: Sequence[str]) -> tuple[list[tuple[int, Path]
             if path:
                 paths.append((i, path))
                 continue
-            derived = _DERIVED.search(rest)
-            if derived and _path(rest[: derived.start()]):
+            if _path(_DERIVED.sub("", rest)):  # a size of a cache entry
                 continue
-        elif kind not in MOVING:
-            continue
         else:  # an argument generate() remakes, or a size of one
-            derived = _DERIVED.search(name)
-            arg = _ARG.match(name[: derived.start()] if derived else name)
+            arg = _ARG.match(_DERIVED.sub("", name))
             if arg and arg.group(1) in REBUILT:
                 continue
         if kind in MOVING:

@@ -13,13 +13,13 @@ Whose frame it is: the backend notes Dynamo's frame id (one per code object) and
 function's name and place each time it is handed a graph (:func:`note_frame`); torch writes
 its line, which names the function, inside that frame's compile context, so the current
 compile id names the frame. A frame after a graph break (Dynamo's resume function) is a
-frame of its own, noted when its graph reaches the backend.
-
-torch's log record is what is read: with Dynamo's logger silenced below WARNING (or disabled
-by ``logging.config.dictConfig``), the warning and ``eager_reason`` go with torch's line. The drop-in module's forward is a code
-object of its own (``torch_module._own_code``) compiled with a higher limit of its own
+frame of its own, noted when its graph reaches the backend. The drop-in module's forward is a
+code object of its own (``torch_module._own_code``) compiled with a higher limit of its own
 (``defaults.RECOMPILE_LIMIT``), so a user's ``torch.compile`` of the same class is another
 frame.
+
+torch's log record is what is read: with Dynamo's logger silenced below WARNING (or disabled
+by ``logging.config.dictConfig``), the warning and ``eager_reason`` go with torch's line.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class _Watch(logging.Filter):
 _WATCH = _Watch()
 
 
-def _warn(config: Any, frame: int, limit_type: Any, limit: Any, where: Any, reason: Any) -> None:
+def _warn(config: Any, frame: tuple, limit_type: Any, limit: Any, where: Any, reason: Any) -> None:
     reason = " ".join(str(reason).split())
     what = config.label or f"{where}, compiled with the autofusion backend,"
     config.eager_reason = config.frames[frame] = (

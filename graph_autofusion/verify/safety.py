@@ -16,8 +16,9 @@ captured activations) and runs them in onnxruntime:
 * ``alias``: a fused node writes a value it reads, an in-place (``aten::*_``) op moved into or
   out of the fusion with readers of the written value outside it, or a name written twice;
 * ``fp16-overflow``: fp32 reference magnitudes (the original subgraph rerun in float32) above
-  65504 in a value that is, or that the fused operator computes, in float16 (unless the
-  original's own float16 run saturates there too: a masked score plus float16's lowest value);
+  65504 in a value that is, or that the fused operator computes, in float16 (where the fused
+  operator holds every value in float16, not one the original's own run saturates there too:
+  a masked score plus float16's lowest value);
   or inf/nan in a fused output where the original had none, with float16 in play;
 * ``numerics``: cosine similarity of each fused output with the original value below the floor
   (``record.tolerance``, or ``cosine_floor``); max abs/rel errors are reported;
