@@ -24,17 +24,18 @@ the tokens the loop decoded.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import random
 import statistics
-import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import transformers
+from peers import run_facts, write_results
 
 from graph_autofusion import GraphAutoFusion, torch_decode
-from graph_autofusion.runtime.peer_engines import cpu_facts
+from graph_autofusion.runtime.timing import round_robin
 from graph_autofusion.testing.small_hf import tiny_causal_lm
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -90,7 +91,6 @@ def run(name: str, rounds: int) -> dict:
         finally:
             torch_decode.MAX_HANDOFFS = saved
 
-    times: dict[str, list[float]] = {c: [] for c in CONFIGS}
     same: dict[str, bool] = {}
     loop_tokens: dict[str, int] = {}
     with torch.no_grad():
@@ -99,18 +99,14 @@ def run(name: str, rounds: int) -> dict:
             before = stats.loop_tokens
             same[cfg] = bool(torch.equal(call(cfg), want))
             loop_tokens[cfg] = stats.loop_tokens - before
-        order = list(CONFIGS)
-        for _ in range(rounds):
-            random.shuffle(order)
-            for cfg in order:
-                t = time.perf_counter()
-                call(cfg)
-                times[cfg].append((time.perf_counter() - t) * 1e3 / NEW)
+        fns = {cfg: functools.partial(call, cfg) for cfg in CONFIGS}
+        seconds = round_robin(fns, rounds, warmup=0, rotate=True)
+    times = {c: [t * 1e3 / NEW for t in v] for c, v in seconds.items()}
     med = {c: statistics.median(v) for c, v in times.items()}
     return {
         "family": name,
         "ms_per_token": med,
-        "p10_p90": {c: _spread(v) for c, v in times.items()},
+        "p10_p90": {c: np.percentile(v, [10, 90]).tolist() for c, v in times.items()},
         "same_tokens": same,
         "loop_tokens": loop_tokens,
         "handoffs": stats.handoffs,
@@ -119,18 +115,13 @@ def run(name: str, rounds: int) -> dict:
     }
 
 
-def _spread(v: list[float]) -> list[float]:
-    s = sorted(v)
-    return [s[int(0.1 * (len(s) - 1))], s[int(round(0.9 * (len(s) - 1)))]]
-
-
 def markdown(data: dict) -> str:
-    cpu = data["cpu"]
+    cpu = data["machine"]
     lines = [
         "# Greedy generate() across a sliding window: the decode loop's hand-off",
         "",
         f"CPU: {cpu.get('cpu')} ({', '.join(cpu.get('isa', []))}), 2 threads; torch "
-        f"{data['torch']}, transformers {data['transformers']}; {data['when']}, commit "
+        f"{data['torch']}, transformers {data['transformers']}; {data['date']}, commit "
         f"{data['commit']}; `benchmarks/decode_handoff.py`.",
         f"{WINDOW}-token window, {PROMPT}-token prompt, {NEW} new tokens (the cache passes the "
         f"window once); 4 layers, hidden 256, random weights. ms per generated token, median "
@@ -162,29 +153,18 @@ def main() -> None:
     ap.add_argument("families", nargs="*", default=list(FAMILIES))
     a = ap.parse_args()
     torch.set_num_threads(2)
-    import subprocess
-
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short=10", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
     rows = []
     for name in a.families:
         rows.append(run(name, a.rounds))
         print(json.dumps(rows[-1]), flush=True)
     data = {
-        "cpu": cpu_facts(),
+        **run_facts(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "when": time.strftime("%Y-%m-%d %H:%M"),
-        "commit": commit,
         "rounds": a.rounds,
         "rows": rows,
     }
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "decode_handoff.json").write_text(json.dumps(data, indent=2) + "\n")
-    text = markdown(data)
-    (a.out / "decode_handoff.md").write_text(text)
-    print(text)
+    print(write_results(a.out / "decode_handoff", data, markdown))
 
 
 if __name__ == "__main__":
