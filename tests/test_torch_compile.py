@@ -255,6 +255,36 @@ def test_each_module_and_each_weight_update_gets_its_own_answer():
         assert torch.allclose(c1(x), m1(x), atol=1e-5)
 
 
+def test_with_torchs_nn_module_guard_filter_every_weight_is_still_seen():
+    """``options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}``
+    (torch's filter against guard overhead; ``benchmarks/dynamo_call_overhead.py``) reaches
+    Dynamo and the rest of the dict our backend. Without the modules' guards, a second module
+    of the class and a parameter replaced by another reuse the first compiled frame: the
+    answers must still be each module's own (our programs are keyed by the weights)."""
+    from graph_autofusion.torch_compile import _options_backend
+
+    torch.manual_seed(0)
+    m1, m2 = _MLP().eval(), _MLP().eval()
+    x = torch.randn(4, 16)
+
+    def compiled(m):
+        skip = torch.compiler.skip_guard_on_all_nn_modules_unsafe
+        options = {"guard_filter_fn": skip, "check_speed": False}  # torch pops the filter
+        return torch.compile(m, backend="autofusion", options=options)
+
+    c1, c2 = compiled(m1), compiled(m2)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("error", AutofusionWarning)
+        assert torch.allclose(c1(x), m1(x), atol=1e-5)
+        assert torch.allclose(c2(x), m2(x), atol=1e-5)
+        m1.a.weight = torch.nn.Parameter(torch.randn(32, 16))  # another parameter object
+        assert torch.allclose(c1(x), m1(x), atol=1e-5)
+        m2.b.weight.mul_(0.5)  # an in-place update
+        assert torch.allclose(c2(x), m2(x), atol=1e-5)
+    graphs = _options_backend({"check_speed": False}).config.graphs
+    assert graphs and all(g.fallback is None and g.engine == "onnxruntime" for g in graphs)
+
+
 @pytest.mark.parametrize("engine", ["onnxruntime", "torch"])
 def test_a_weight_given_other_memory_is_seen_and_updates_never_exhaust_the_weight_sets(engine):
     """``param.data = other`` keeps the parameter object and its version but not its memory:
