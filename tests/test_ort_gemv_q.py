@@ -191,6 +191,27 @@ def _host_flags() -> set[str]:
         return set()
 
 
+def _check_largest_sums(fn, what: str) -> None:
+    """Every 4-bit weight at its largest code (15) against activations all at the largest
+    digit (+-1 with one block scale): the sums the integer paths accumulate are as large as
+    they get (the AVX2 path adds 16 groups' pairs in int16: 30240 of 32767), in blocks of 128
+    and 512 (2 and 8 such runs a block); the answer is exact up to fp32 rounding."""
+    k, n = 1024, 16
+    w = np.ones((k, n), np.float32)
+    for block in (128, 512):
+        w[::block] = 0.0  # each block's minimum: zero point 0, the ones at code 15
+        for zp in (True, False):
+            p = quantize(w, 4, block, zp)
+            wq, s, z = to_panels(p.b, p.scales, p.zero_points, 4, k, n)
+            for sign in (1.0, -1.0):
+                x = np.full((1, k), sign, np.float32)
+                y = np.full((1, n), np.nan, np.float32)
+                ptr = [a.ctypes.data for a in (x, wq, s, z)]
+                assert fn(*ptr, int(z.size > 1), y.ctypes.data, 1, n, k, k // block, 4) == 0
+                want = x.astype(np.float64) @ p.dequantized.astype(np.float64)
+                np.testing.assert_allclose(y, want, rtol=1e-5, err_msg=f"{what} block {block}")
+
+
 #: the builds (ISA level, defines), the CPU flags a host needs to run each, the path's error
 MARCH_NEEDS = {
     ("x86-64-v4", ""): ({"avx512f", "avx512bw"}, REL_AVX2_INT),  # int8 digits by vpmaddubsw
@@ -230,6 +251,7 @@ def test_the_kernel_is_right_on_avx512_without_vnni_avx2_and_plain_c(march, defi
     for bits, zp in FORMS:
         for m, k, n, block in SHAPES:
             _check(fn, bits, zp, m, k, n, block, f"{march}{define} bits {bits} zp {zp} m {m}", rel)
+    _check_largest_sums(fn, f"{march}{define}")
     # a block of activations near the float range's bottom (a digit scale there would be
     # denormal, its inverse infinite): finite, about zero, on every path
     p = quantize(np.ones((32, 16), np.float32), 8, 32, False)

@@ -7,7 +7,12 @@ ort_gemv_q` holds the operator, its VNNI path and its layout; its ``SOURCE`` tak
   ``vpmaddwd`` by ones into int32). ``vpmaddubsw`` saturates a pair's sum at 32767, so the
   digits stay within 63 (2 x 255 x 63 = 32130): ``x = sx (x0 + x1 / 126)``, ``sx = max|x| / 63``
   over the block, each activation to 1 / 7938 of its block's largest (VNNI's 1 / 64516;
-  ``MatMulNBits``' int8 rounding 1 / 254). Two rows a tile share each weight load.
+  ``MatMulNBits``' int8 rounding 1 / 254). Two rows a tile share each weight load. 4-bit
+  weights (at most 15) leave room in int16: a pair's sum is at most 2 x 15 x 63 = 1890, so the
+  pairs of 16 groups (30240) are added in int16 before one ``vpmaddwd`` widens them, half the
+  multiplies of the 8-bit loop and the same integers (bit-identical results). One thread, a
+  hot 4096x1024 weight, AVX2 Zen 3: one row 28.8 G weight-products/s against 26.6, two rows
+  29.7 against 28.8; the zoo Llama's int4 decode step 1.76 ms against 1.79 (within noise).
 * ``FP32``: the weights widened to fp32 and multiplied by the fp32 activations (plain C, and
   AVX2 / AVX-512 without VNNI where the library is built with ``GAF_GQ_NO_I2``).
 """
@@ -19,6 +24,9 @@ AVX2_INT = r"""
    int32 (vpmaddubsw pairs, vpmaddwd by ones: four k a lane), then scaled into fp32 */
 #define GAF_GQ_ROWS 2
 #define GAF_GQ_D 63
+#ifndef GAF_GQ_I16_GROUPS
+#define GAF_GQ_I16_GROUPS 16 /* 4-bit groups summed in int16 before widening (at most 17) */
+#endif
 GAF_GQ_INL void gaf_gq_tile(const GafGemvQ *j, int64_t p, int64_t m, const int R, const int bits) {
     const int64_t K = j->K, B = j->B, nb = j->nb, N = j->N;
     const uint8_t *w = j->w + p * K * (bits == 8 ? 16 : 8);
@@ -32,27 +40,51 @@ GAF_GQ_INL void gaf_gq_tile(const GafGemvQ *j, int64_t p, int64_t m, const int R
     for (int64_t b = 0; b < nb; b++) {
         __m256i al[2], ah[2], el[2], eh[2];
         for (int r = 0; r < R; r++) al[r] = ah[r] = el[r] = eh[r] = _mm256_setzero_si256();
-        for (int64_t g = b * B / 4; g < (b + 1) * B / 4; g++) {
-            __m256i wl, wh; /* outputs 0-7 and 8-15, four k each */
-            if (bits == 8) {
+        if (bits == 8) {
+            for (int64_t g = b * B / 4; g < (b + 1) * B / 4; g++) {
                 if (GAF_GQ_PREFETCH) _mm_prefetch((const char *)(w + g * 64 + GAF_GQ_PREFETCH), _MM_HINT_T0);
-                wl = _mm256_loadu_si256((const __m256i *)(w + g * 64));
-                wh = _mm256_loadu_si256((const __m256i *)(w + g * 64 + 32));
-            } else {
-                if (GAF_GQ_PREFETCH && !(g & 1)) _mm_prefetch((const char *)(w + g * 32 + GAF_GQ_PREFETCH), _MM_HINT_T0);
-                __m256i v = _mm256_loadu_si256((const __m256i *)(w + g * 32));
-                wl = _mm256_and_si256(v, m4);
-                wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                __m256i wl = _mm256_loadu_si256((const __m256i *)(w + g * 64)); /* outputs 0-7 */
+                __m256i wh = _mm256_loadu_si256((const __m256i *)(w + g * 64 + 32)); /* 8-15 */
+                for (int r = 0; r < R; r++) {
+                    int32_t d0, d1;
+                    memcpy(&d0, x0 + r * K + 4 * g, 4);
+                    memcpy(&d1, x1 + r * K + 4 * g, 4);
+                    __m256i v0 = _mm256_set1_epi32(d0), v1 = _mm256_set1_epi32(d1);
+                    al[r] = _mm256_add_epi32(al[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wl, v0), ones));
+                    ah[r] = _mm256_add_epi32(ah[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wh, v0), ones));
+                    el[r] = _mm256_add_epi32(el[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wl, v1), ones));
+                    eh[r] = _mm256_add_epi32(eh[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wh, v1), ones));
+                }
             }
-            for (int r = 0; r < R; r++) {
-                int32_t d0, d1;
-                memcpy(&d0, x0 + r * K + 4 * g, 4);
-                memcpy(&d1, x1 + r * K + 4 * g, 4);
-                __m256i v0 = _mm256_set1_epi32(d0), v1 = _mm256_set1_epi32(d1);
-                al[r] = _mm256_add_epi32(al[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wl, v0), ones));
-                ah[r] = _mm256_add_epi32(ah[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wh, v0), ones));
-                el[r] = _mm256_add_epi32(el[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wl, v1), ones));
-                eh[r] = _mm256_add_epi32(eh[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wh, v1), ones));
+        } else {
+            /* 4-bit weights (<= 15) by digits (|d| <= 63): a pair's sum is at most 1890, so up
+               to GAF_GQ_I16_GROUPS groups add up in int16 exactly (16 x 1890 = 30240) before one
+               vpmaddwd widens them: half the multiplies of the 8-bit loop */
+            for (int64_t c = b * B / 4, e = (b + 1) * B / 4; c < e; c += GAF_GQ_I16_GROUPS) {
+                const int64_t ce = c + GAF_GQ_I16_GROUPS < e ? c + GAF_GQ_I16_GROUPS : e;
+                __m256i sl[2], sh[2], tl[2], th[2];
+                for (int r = 0; r < R; r++) sl[r] = sh[r] = tl[r] = th[r] = _mm256_setzero_si256();
+                for (int64_t g = c; g < ce; g++) {
+                    if (GAF_GQ_PREFETCH && !(g & 1)) _mm_prefetch((const char *)(w + g * 32 + GAF_GQ_PREFETCH), _MM_HINT_T0);
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(w + g * 32));
+                    __m256i wl = _mm256_and_si256(v, m4), wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                    for (int r = 0; r < R; r++) {
+                        int32_t d0, d1;
+                        memcpy(&d0, x0 + r * K + 4 * g, 4);
+                        memcpy(&d1, x1 + r * K + 4 * g, 4);
+                        __m256i v0 = _mm256_set1_epi32(d0), v1 = _mm256_set1_epi32(d1);
+                        sl[r] = _mm256_add_epi16(sl[r], _mm256_maddubs_epi16(wl, v0));
+                        sh[r] = _mm256_add_epi16(sh[r], _mm256_maddubs_epi16(wh, v0));
+                        tl[r] = _mm256_add_epi16(tl[r], _mm256_maddubs_epi16(wl, v1));
+                        th[r] = _mm256_add_epi16(th[r], _mm256_maddubs_epi16(wh, v1));
+                    }
+                }
+                for (int r = 0; r < R; r++) {
+                    al[r] = _mm256_add_epi32(al[r], _mm256_madd_epi16(sl[r], ones));
+                    ah[r] = _mm256_add_epi32(ah[r], _mm256_madd_epi16(sh[r], ones));
+                    el[r] = _mm256_add_epi32(el[r], _mm256_madd_epi16(tl[r], ones));
+                    eh[r] = _mm256_add_epi32(eh[r], _mm256_madd_epi16(th[r], ones));
+                }
             }
         }
         __m256 sl = _mm256_loadu_ps(s + b * 16), sh = _mm256_loadu_ps(s + b * 16 + 8), zl = z0, zh = z0;
