@@ -376,7 +376,7 @@ def test_the_kernels_are_right_on_avx2_and_plain_c(march, tmp_path):
             _check_gemv(fn, m, n, k, lib.name)
     for name, panels in (("gaf_gemv_f16_panels", True), ("gaf_gemv_f16_nk", False)):
         fn = _kernel(name, str(so))
-        for m, n, k in [(1, 32, 64), (1, 48, 103), (6, 48, 37), (13, 160, 100)]:
+        for m, n, k in [(1, 32, 64), (1, 48, 103), (2, 16, 9), (6, 48, 37), (13, 160, 100)]:
             rng = np.random.default_rng(m * n + k)
             x = rng.standard_normal((m, k)).astype(np.float32)
             packed = to_half(rng.standard_normal((k, n)).astype(np.float32), panels=panels)
