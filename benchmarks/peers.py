@@ -93,3 +93,22 @@ def write_results(stem: str | Path, data: Any, markdown: Callable[[Any], str]) -
     text = markdown(data)
     stem.with_suffix(".md").write_text(text)
     return text
+
+
+def first_output(out: Any) -> Any:
+    """The tensor a model's call returns: its ``logits``, else its first output."""
+    if hasattr(out, "logits"):
+        return out.logits
+    if isinstance(out, tuple | list):
+        return out[0]
+    return out
+
+
+def cosine(a: Any, b: Any) -> float:
+    """Cosine of two tensors (or arrays) flattened, in float64."""
+    import numpy as np
+    import torch
+
+    a, b = (torch.as_tensor(v if isinstance(v, torch.Tensor) else np.asarray(v)) for v in (a, b))
+    a, b = a.detach().double().flatten(), b.detach().double().flatten()
+    return float((a @ b) / (a.norm() * b.norm() + 1e-300))

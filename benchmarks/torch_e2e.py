@@ -57,10 +57,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers import cosine, first_output  # noqa: E402
 from torch_e2e_engines import (  # noqa: E402
     CONFIGS,
     GEN_KW,
@@ -95,20 +95,6 @@ SHAPE_ORDER = ("s16", "s128", "224", "decode", "memory")
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def _cos(a: Any, b: torch.Tensor) -> float:
-    a = torch.as_tensor(np.asarray(a) if not isinstance(a, torch.Tensor) else a)
-    a, b = a.detach().double().flatten(), b.detach().double().flatten()
-    return float((a @ b) / (a.norm() * b.norm() + 1e-300))
-
-
-def _first(out: Any) -> Any:
-    if hasattr(out, "logits"):
-        return out.logits
-    if isinstance(out, tuple | list):
-        return out[0]
-    return out
 
 
 def _build(rec: dict, key: str, make: Any, first_args: tuple, check: Any) -> Any:
@@ -168,7 +154,7 @@ def bench_forward(name: str, seq: int, args: argparse.Namespace, tmp: str) -> di
     module, inputs = build_model(name, seq_len=seq)
     feeds = {k: v.numpy() for k, v in inputs.items()}
     with torch.no_grad():
-        want = _first(module(**inputs)).detach().clone()
+        want = first_output(module(**inputs)).detach().clone()
     shape = "224" if name == "resnet50" else f"s{seq}"
     row: dict[str, Any] = {"model": name, "shape": shape, "kind": "forward", "export_s": {}}
     rec: dict[str, Any] = {}
@@ -176,7 +162,7 @@ def bench_forward(name: str, seq: int, args: argparse.Namespace, tmp: str) -> di
     n0 = graph_count()
 
     def check(out: Any) -> dict:
-        return {"cosine": _cos(out, want)}
+        return {"cosine": cosine(out, want)}
 
     for cfg in TORCH_CONFIGS:
         log(f"{name}/{shape}: build {cfg}")
@@ -186,7 +172,7 @@ def bench_forward(name: str, seq: int, args: argparse.Namespace, tmp: str) -> di
 
             def call() -> Any:
                 with torch.no_grad():
-                    return _first(f(**inputs))
+                    return first_output(f(**inputs))
 
             return call, {}
 
