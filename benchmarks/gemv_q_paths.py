@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         lib = ctypes.CDLL(str(so))
         fn = lib.gaf_gemv_q
         p, i = ctypes.c_void_p, ctypes.c_int64
-        fn.argtypes = [p, p, p, p, ctypes.c_int, p, i, i, i, i, ctypes.c_int]
+        fn.argtypes = [p, p, p, p, ctypes.c_int, p, i, i, i, i, ctypes.c_int, ctypes.c_int]
         fn.restype = ctypes.c_int
         fns[label], paths[label] = fn, PATHS[lib.gaf_gemv_q_vnni()]
     rows = []
@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
             x = rng.standard_normal((m, K)).astype(np.float32)
             y = np.zeros((m, N), np.float32)
             call = [a.ctypes.data for a in (x, wq, s, z)]
-            call += [int(z.size > 1), y.ctypes.data, m, N, K, s.shape[1], bits]
+            half = int(s.dtype == np.float16)  # S fp16 where it holds the scales exactly
+            call += [int(z.size > 1), y.ctypes.data, m, N, K, s.shape[1], bits, half]
             best = {label: float("inf") for label in fns}
             for r in range(args.runs):
                 order = list(fns)[r % len(fns) :] + list(fns)[: r % len(fns)]

@@ -36,11 +36,19 @@ SHAPES = [(1, 64, 32, 32), (2, 96, 16, 16), (3, 512, 48, 32), (9, 256, 64, 128),
 
 
 def _kernel(path: str | None = None):
+    """``gaf_gemv_q`` on numpy arrays: ``(x, wq, s, z, zfull, y, M, N, K, nb, bits)``, ``s``
+    fp16 or fp32 (the entry point is told which)."""
     fn = ctypes.CDLL(path or build_library([], gemv=True).path).gaf_gemv_q
     p, i = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [p, p, p, p, ctypes.c_int, p, i, i, i, i, ctypes.c_int]
+    fn.argtypes = [p, p, p, p, ctypes.c_int, p, i, i, i, i, ctypes.c_int, ctypes.c_int]
     fn.restype = ctypes.c_int
-    return fn
+
+    def call(x, wq, s, z, zfull, y, *dims):
+        assert s.dtype in (np.float16, np.float32)
+        ptr = [a.ctypes.data for a in (x, wq, s, z, y)]
+        return fn(*ptr[:4], zfull, ptr[4], *dims, int(s.dtype == np.float16))
+
+    return call
 
 
 #: The kernel's error against numpy on the dequantized weight, relative (L2) to the product:
@@ -78,8 +86,8 @@ def _check(
     x = rng.standard_normal((m, k)).astype(np.float32)
     x[0, :block] *= 1e3  # a block far larger than the rest: each block its own digits' scale
     y = np.full((m, n), np.nan, np.float32)
-    ptr = [a.ctypes.data for a in (x, wq, s, z)]
-    assert fn(*ptr, int(z.size > 1), y.ctypes.data, m, n, k, s.shape[1], bits) == 0
+    arrays = [x, wq, s, z]
+    assert fn(*arrays, int(z.size > 1), y, m, n, k, s.shape[1], bits) == 0
     want = x.astype(np.float64) @ p.dequantized.astype(np.float64)
     if m > 1:
         _assert_close(y[1:], want[1:], what, rel)  # rows of ordinary size
@@ -148,8 +156,8 @@ def test_a_block_that_is_not_a_vector_multiple_takes_the_tail_paths(m, block):
         wq, s, zq = to_panels(b, scales, zb, bits, k, n)
         x = rng.standard_normal((m, k)).astype(np.float32)
         y = np.empty((m, n), np.float32)
-        ptr = [a.ctypes.data for a in (x, wq, s, zq)]
-        assert fn(*ptr, 1, y.ctypes.data, m, n, k, nb, bits) == 0
+        arrays = [x, wq, s, zq]
+        assert fn(*arrays, 1, y, m, n, k, nb, bits) == 0
         blocks = np.arange(k) // block
         w = (q.astype(np.float64) - z[:, blocks]) * scales[:, blocks]  # [N, K]
         _assert_close(y, x.astype(np.float64) @ w.T, f"bits {bits}")
@@ -158,8 +166,8 @@ def test_a_block_that_is_not_a_vector_multiple_takes_the_tail_paths(m, block):
     wq = np.zeros((2, k // 4, 64), np.uint8)
     s, z = np.ones((2, nb, 16), np.float32), np.zeros(1, np.uint8)
     y = np.empty((1, 32), np.float32)
-    ptr = [a.ctypes.data for a in (x, wq, s, z)]
-    assert fn(*ptr, 0, y.ctypes.data, 1, 32, k, nb, 8) == -1
+    arrays = [x, wq, s, z]
+    assert fn(*arrays, 0, y, 1, 32, k, nb, 8) == -1
 
 
 def test_a_nan_or_infinite_activation_gives_a_non_finite_row():
@@ -175,8 +183,8 @@ def test_a_nan_or_infinite_activation_gives_a_non_finite_row():
             x = rng.standard_normal((2, k)).astype(np.float32)
             x[0, pos] = bad
             y = np.zeros((2, n), np.float32)
-            ptr = [a.ctypes.data for a in (x, wq, s, z)]
-            assert fn(*ptr, 0, y.ctypes.data, 2, n, k, 3, 8) == 0
+            arrays = [x, wq, s, z]
+            assert fn(*arrays, 0, y, 2, n, k, 3, 8) == 0
             assert not np.isfinite(y[0]).any()
             _assert_close(y[1:], x[1:].astype(np.float64) @ p.dequantized.astype(np.float64))
 
@@ -206,8 +214,8 @@ def _check_largest_sums(fn, what: str) -> None:
             for sign in (1.0, -1.0):
                 x = np.full((1, k), sign, np.float32)
                 y = np.full((1, n), np.nan, np.float32)
-                ptr = [a.ctypes.data for a in (x, wq, s, z)]
-                assert fn(*ptr, int(z.size > 1), y.ctypes.data, 1, n, k, k // block, 4) == 0
+                arrays = [x, wq, s, z]
+                assert fn(*arrays, int(z.size > 1), y, 1, n, k, k // block, 4) == 0
                 want = x.astype(np.float64) @ p.dequantized.astype(np.float64)
                 np.testing.assert_allclose(y, want, rtol=1e-5, err_msg=f"{what} block {block}")
 
@@ -259,7 +267,7 @@ def test_the_kernel_is_right_on_avx512_without_vnni_avx2_and_plain_c(march, defi
     x = np.full((1, 32), 1e-38, np.float32)
     x[0, 3] = 0.0
     y = np.full((1, 16), np.nan, np.float32)
-    assert fn(*[a.ctypes.data for a in (x, wq, s, z)], 0, y.ctypes.data, 1, 16, 32, 1, 8) == 0
+    assert fn(x, wq, s, z, 0, y, 1, 16, 32, 1, 8) == 0
     assert np.all(np.isfinite(y)) and np.all(np.abs(y) < 1e-30)
     if want_path:  # a NaN or infinite activation: that row's outputs non-finite, not the next
         p = quantize(np.ones((64, 16), np.float32), 8, 32, False)
@@ -268,8 +276,8 @@ def test_the_kernel_is_right_on_avx512_without_vnni_avx2_and_plain_c(march, defi
             x = np.ones((2, 64), np.float32)
             x[0, 3] = bad
             y = np.zeros((2, 16), np.float32)
-            ptr = [a.ctypes.data for a in (x, wq, s, z)]
-            assert fn(*ptr, 0, y.ctypes.data, 2, 16, 64, 2, 8) == 0
+            arrays = [x, wq, s, z]
+            assert fn(*arrays, 0, y, 2, 16, 64, 2, 8) == 0
             assert not np.isfinite(y[0]).any() and np.allclose(y[1], 64.0, rtol=1e-3)
 
 
@@ -302,6 +310,43 @@ def test_the_operator_in_onnxruntime_matches_numpy(bits, zp, lead):
     assert y.shape == (*lead, n) and y.dtype == np.float32
     want = x.astype(np.float64) @ p.dequantized.astype(np.float64)
     _assert_close(y, want)
+
+
+def test_scales_in_fp16_where_exact_give_the_fp32_scales_answer():
+    """``quantize`` rounds the block scales to fp16 (in its normal range) and the codes against
+    them, so ``GemvQ`` stores ``S`` in half the bytes: the same products as the same scales in
+    fp32, in onnxruntime and through the entry point (a weight whose scales fp16 would round
+    keeps fp32 ``S``, as do scales below fp16's normal range); an ``S`` of another type is
+    refused by name."""
+    k, n = 256, 48
+    rng = np.random.default_rng(11)
+    lib = build_library([], gemv=True)
+    fn = _kernel()
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    for bits, zp in FORMS:
+        p = quantize(rng.standard_normal((k, n)).astype(np.float32), bits, 32, zp)
+        assert np.array_equal(p.scales.astype(np.float16).astype(np.float32), p.scales)
+        wq, s, z = to_panels(p.b, p.scales, p.zero_points, bits, k, n)
+        assert s.dtype == np.float16
+        s32 = s.astype(np.float32)
+        ys = []
+        for scales in (s, s32):
+            sess = ort_session(_one_node(k, (wq, scales, z), [3, k]), "all", 2,
+                               custom_ops_library=lib.path)  # fmt: skip
+            ys.append(sess.run(None, {"x": x})[0])
+            y = np.full((3, n), np.nan, np.float32)
+            assert fn(x, wq, scales, z, int(z.size > 1), y, 3, n, k, k // 32, bits) == 0
+            ys.append(y)
+        for y in ys[1:]:
+            np.testing.assert_array_equal(y, ys[0])
+        _assert_close(ys[0], x.astype(np.float64) @ p.dequantized.astype(np.float64))
+    tiny = quantize(rng.standard_normal((k, n)).astype(np.float32) * 1e-6, 8, 32)
+    assert to_panels(tiny.b, tiny.scales, None, 8, k, n)[1].dtype == np.float32
+    wq, s, z = to_panels(p.b, p.scales, p.zero_points, bits, k, n)
+    bad = _one_node(k, (wq, s.astype(np.float64), z), [3, k])
+    sess = ort_session(bad, "all", 1, custom_ops_library=lib.path)
+    with pytest.raises(Exception, match="GemvQ.*S must be float16 or float32"):
+        sess.run(None, {"x": x})
 
 
 def test_a_malformed_operator_fails_naming_it():

@@ -122,8 +122,10 @@ def write_kernel_dir(library: CustomOpLibrary, directory: str, groups: Sequence[
                 (
                     GEMV_Q_OP,
                     "ort_gemv_q",
-                    _gemv_sig(GEMV_Q_OP, "u8 Wq[N/16, K/4, 64 or 32], f32 S[N/16, nb, 16], u8 Z"),
-                    ("f32", "u8", "f32", "u8"),
+                    _gemv_sig(
+                        GEMV_Q_OP, "u8 Wq[N/16, K/4, 64 or 32], f16 or f32 S[N/16, nb, 16], u8 Z"
+                    ),
+                    ("f32", "u8", "f16|f32", "u8"),
                 ),
                 *(
                     (

@@ -3,7 +3,7 @@ weight, the dequantization inside the contraction.
 
     y = GemvQ(x, Wq, S, Z)   # x f32 [..., K]; y f32 [..., N]
     # Wq u8 [N/16, K/4, 64] (8-bit) or [N/16, K/4, 32] (4-bit, two weights a byte)
-    # S  f32 [N/16, nb, 16]: one scale per output and block of B = K / nb along K
+    # S  f16 or f32 [N/16, nb, 16]: one scale per output and block of B = K / nb along K
     # Z  u8  [N/16, nb, 16] (a zero point per output and block) or [1] (one for all)
     # W[k, n] = (q[n, k] - z[n, k / B]) * s[n, k / B]
 
@@ -88,16 +88,44 @@ _HEAD = r"""
 #endif
 
 typedef struct {
-    const float *x; const uint8_t *w; const float *s; const uint8_t *z; float *y;
+    const float *x; const uint8_t *w; const void *s; const uint8_t *z; float *y;
     const float *xs;   /* fp32 paths: each row's sums over the blocks [M, nb] */
     const int8_t *x0, *x1; const float *xq, *xz; /* int8 paths: the rows' two digits [M, K],
                           their scale / R and R sum(x0) + sum(x1) per row and block (R: 254
                           VNNI, 126 AVX2) */
     int64_t M, N, K, B, nb, rows; /* rows: panels per chunk */
     int bits, zfull;              /* zfull: z per output and block (else z[0] for all) */
+    int s16;                      /* S is fp16 (else fp32) */
 } GafGemvQ;
 
 #define GAF_GQ_INL static inline __attribute__((always_inline))
+
+/* scale i of S as fp32 (S fp16 or fp32) */
+GAF_GQ_INL float gaf_gq_s1(const GafGemvQ *j, int64_t i) {
+    return j->s16 ? gaf_h2f(((const uint16_t *)j->s)[i]) : ((const float *)j->s)[i];
+}
+#if defined(__AVX512F__)
+/* scales i to i + 15 */
+GAF_GQ_INL __m512 gaf_gq_s16v(const GafGemvQ *j, int64_t i) {
+    if (j->s16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)j->s + i)));
+    return _mm512_loadu_ps((const float *)j->s + i);
+}
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+/* scales i to i + 7 */
+GAF_GQ_INL __m256 gaf_gq_s8v(const GafGemvQ *j, int64_t i) {
+#if defined(__F16C__)
+    if (j->s16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)j->s + i)));
+#else
+    if (j->s16) {
+        float t[8];
+        for (int q = 0; q < 8; q++) t[q] = gaf_gq_s1(j, i + q);
+        return _mm256_loadu_ps(t);
+    }
+#endif
+    return _mm256_loadu_ps((const float *)j->s + i);
+}
+#endif
 
 /* weight (k, i) of panel w (K / 4 groups of 64 elements: element 4i + k % 4 of group k / 4;
    4-bit: byte j's low nibble is element j, its high nibble element j + 32) */
@@ -126,7 +154,8 @@ GAF_GQ_INL void gaf_gq_tile(const GafGemvQ *j, int64_t p, int64_t m, const int R
     const int64_t K = j->K, B = j->B, nb = j->nb, N = j->N;
     const uint8_t *w = j->w + p * K * (bits == 8 ? 16 : 8);
     const int8_t *x0 = j->x0 + m * K, *x1 = j->x1 + m * K;
-    const float *xq = j->xq + m * nb, *xz = j->xz + m * nb, *s = j->s + p * nb * 16;
+    const float *xq = j->xq + m * nb, *xz = j->xz + m * nb;
+    const int64_t s = p * nb * 16; /* the panel's first scale */
     const uint8_t *z = j->zfull ? j->z + p * nb * 16 : 0;
     const __m512 z0 = _mm512_set1_ps((float)j->z[0]), f254 = _mm512_set1_ps(254.f);
     /* U groups in flight a row (independent vpdpbusd chains: one row alone would wait on
@@ -162,7 +191,7 @@ GAF_GQ_INL void gaf_gq_tile(const GafGemvQ *j, int64_t p, int64_t m, const int R
                 e[r][0] = _mm512_dpbusd_epi32(e[r][0], wv, _mm512_set1_epi32(d1));
             }
         }
-        __m512 sv = _mm512_loadu_ps(s + b * 16);
+        __m512 sv = gaf_gq_s16v(j, s + b * 16);
         __m512 zv = z ? _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(z + b * 16)))) : z0;
         for (int r = 0; r < R; r++) {
             for (int u = 1; u < U; u++) {
@@ -299,10 +328,10 @@ static void *gaf_gq_prepare(GafGemvQ *j) {
 /* the exported entry point, for tests outside onnxruntime (one thread); zfull 0: z[0] for
    all; -1: a shape the operator refuses */
 __attribute__((visibility("default")))
-int gaf_gemv_q(const float *x, const uint8_t *w, const float *s, const uint8_t *z, int zfull,
-               float *y, int64_t M, int64_t N, int64_t K, int64_t nb, int bits) {
+int gaf_gemv_q(const float *x, const uint8_t *w, const void *s, const uint8_t *z, int zfull,
+               float *y, int64_t M, int64_t N, int64_t K, int64_t nb, int bits, int s16) {
     if (N % 16 || K % 4 || nb < 1 || K % nb || (K / nb) % 4 || K / nb > GAF_GQ_MAX_BLOCK || (bits != 8 && bits != 4)) return -1;
-    GafGemvQ j = {x, w, s, z, y, 0, 0, 0, 0, 0, M, N, K, K / nb, nb, 0, bits, zfull};
+    GafGemvQ j = {x, w, s, z, y, 0, 0, 0, 0, 0, M, N, K, K / nb, nb, 0, bits, zfull, s16 != 0};
     void *buf = gaf_gq_prepare(&j);
     if (!buf) return -2;
     gaf_gq_panels(&j, 0, N / 16);
@@ -315,12 +344,14 @@ int gaf_gemv_q(const float *x, const uint8_t *w, const float *s, const uint8_t *
 __attribute__((visibility("default")))
 int gaf_gemv_q_vnni(void) { return GAF_GQ_VNNI ? 2 : GAF_GQ_I2; }
 
-/* the dims of input i (rank at most 3) */
-static OrtStatus *gaf_gq_dims(OrtKernelContext *ctx, size_t i, const OrtValue **v, int64_t *d, size_t *rank) {
+/* the dims of input i (rank at most 3) and its element type */
+static OrtStatus *gaf_gq_dims(OrtKernelContext *ctx, size_t i, const OrtValue **v, int64_t *d, size_t *rank,
+                              ONNXTensorElementDataType *type) {
     const OrtApi *api = gaf_api; OrtStatus *err; OrtTensorTypeAndShapeInfo *info;
     if ((err = api->KernelContext_GetInput(ctx, i, v))) return err;
     if ((err = api->GetTensorTypeAndShape(*v, &info))) return err;
-    err = api->GetDimensionsCount(info, rank);
+    err = api->GetTensorElementType(info, type);
+    if (!err) err = api->GetDimensionsCount(info, rank);
     if (!err && *rank > 3) err = gaf_gv_err("GemvQ", "Wq, S and Z have rank 1 to 3");
     if (!err) err = api->GetDimensions(info, d, *rank);
     api->ReleaseTensorTypeAndShapeInfo(info);
@@ -331,6 +362,7 @@ static OrtStatus *gaf_gq_compute(OrtKernelContext *ctx) {
     const OrtApi *api = gaf_api; OrtStatus *err;
     const OrtValue *xv, *wv, *sv, *zv; OrtValue *yv;
     int64_t xd[GAF_MAXD], wd[3], sd[3], zd[3]; size_t xr, wr, sr, zr;
+    ONNXTensorElementDataType wt, st, zt;
     OrtTensorTypeAndShapeInfo *info;
     if ((err = api->KernelContext_GetInput(ctx, 0, &xv))) return err;
     if ((err = api->GetTensorTypeAndShape(xv, &info))) return err;
@@ -339,8 +371,9 @@ static OrtStatus *gaf_gq_compute(OrtKernelContext *ctx) {
     if (!err) err = api->GetDimensions(info, xd, xr);
     api->ReleaseTensorTypeAndShapeInfo(info);
     if (err) return err;
-    if ((err = gaf_gq_dims(ctx, 1, &wv, wd, &wr)) || (err = gaf_gq_dims(ctx, 2, &sv, sd, &sr)) ||
-        (err = gaf_gq_dims(ctx, 3, &zv, zd, &zr))) return err;
+    if ((err = gaf_gq_dims(ctx, 1, &wv, wd, &wr, &wt)) || (err = gaf_gq_dims(ctx, 2, &sv, sd, &sr, &st)) ||
+        (err = gaf_gq_dims(ctx, 3, &zv, zd, &zr, &zt))) return err;
+    if (st != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && st != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) return gaf_gv_err("GemvQ", "S must be float16 or float32");
     if (wr != 3 || (wd[2] != 64 && wd[2] != 32)) return gaf_gv_err("GemvQ", "Wq must be [N / 16, K / 4, 64] (8-bit) or [N / 16, K / 4, 32] (4-bit)");
     int64_t P = wd[0], K = 4 * wd[1], N = 16 * P, nb = sr == 3 ? sd[1] : 0;
     int bits = wd[2] == 64 ? 8 : 4;
@@ -358,8 +391,8 @@ static OrtStatus *gaf_gq_compute(OrtKernelContext *ctx) {
         (err = api->GetTensorMutableData(yv, &y))) return err;
     if (M == 0 || N == 0) return 0;
     if (K == 0) { memset(y, 0, sizeof(float) * (size_t)(M * N)); return 0; }
-    GafGemvQ job = {(const float *)x, (const uint8_t *)w, (const float *)s, (const uint8_t *)z, (float *)y,
-                    0, 0, 0, 0, 0, M, N, K, K / nb, nb, 0, bits, zfull};
+    GafGemvQ job = {(const float *)x, (const uint8_t *)w, s, (const uint8_t *)z, (float *)y,
+                    0, 0, 0, 0, 0, M, N, K, K / nb, nb, 0, bits, zfull, st == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16};
     void *buf = gaf_gq_prepare(&job);
     if (!buf) return api->CreateStatus(ORT_FAIL, "graph-autofusion custom operator GemvQ: out of memory");
     int64_t work = N * K * (M < 8 ? M : 8);
@@ -376,8 +409,8 @@ static OrtStatus *gaf_gq_compute(OrtKernelContext *ctx) {
 
 static const char *ORT_API_CALL gaf_gq_name(const OrtCustomOp *op) { (void)op; return "GemvQ"; }
 static ONNXTensorElementDataType ORT_API_CALL gaf_gq_in_type(const OrtCustomOp *op, size_t i) {
-    (void)op;
-    return i == 1 || i == 3 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    (void)op; /* S: float16 or float32, checked in the kernel */
+    return i == 1 || i == 3 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : i == 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 }
 static size_t ORT_API_CALL gaf_gq_nin(const OrtCustomOp *op) { (void)op; return 4; }
 static void ORT_API_CALL gaf_gq_compute1(void *k, OrtKernelContext *ctx) { (void)k; OrtStatus *s = gaf_gq_compute(ctx); if (s) gaf_api->ReleaseStatus(s); }
@@ -411,12 +444,22 @@ def eligible(k: int, n: int, block_size: int) -> bool:
     )
 
 
+def half_exact(scales: np.ndarray) -> bool:
+    """Whether ``scales`` hold fp16 values exactly (:func:`~graph_autofusion.codegen.weights.
+    quantize` rounds them so where fp16's normal range holds them): ``GemvQ`` then reads them
+    as fp16, half the bytes."""
+    s = np.asarray(scales, np.float32)
+    with np.errstate(over="ignore"):
+        return bool(np.array_equal(s.astype(np.float16).astype(np.float32), s))
+
+
 def to_panels(
     b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, bits: int, k: int, n: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``MatMulNBits``' ``(B [N, nb, blob], scales [N, nb], zero_points)`` as ``GemvQ``'s
-    ``(Wq, S, Z)`` (see the module docstring); the same quantized values. Symmetric weights
-    (no zero points) get ``Z = [2 ** (bits - 1)]``, ``MatMulNBits``' default."""
+    ``(Wq, S, Z)`` (see the module docstring); the same quantized values. ``S`` is fp16 where
+    that holds the scales exactly (:func:`half_exact`), else fp32. Symmetric weights (no zero
+    points) get ``Z = [2 ** (bits - 1)]``, ``MatMulNBits``' default."""
     nb = scales.shape[1]
     p = n // 16
     if bits == 8:
@@ -440,6 +483,6 @@ def to_panels(
         z = np.ascontiguousarray(zp[:, :nb].reshape(p, 16, nb).transpose(0, 2, 1))
     return (
         np.ascontiguousarray(wq, np.uint8),
-        np.ascontiguousarray(s, np.float32),
+        np.ascontiguousarray(s, np.float16 if half_exact(scales) else np.float32),
         np.ascontiguousarray(z, np.uint8),
     )

@@ -31,7 +31,8 @@ GAF_GQ_INL void gaf_gq_tile(const GafGemvQ *j, int64_t p, int64_t m, const int R
     const int64_t K = j->K, B = j->B, nb = j->nb, N = j->N;
     const uint8_t *w = j->w + p * K * (bits == 8 ? 16 : 8);
     const int8_t *x0 = j->x0 + m * K, *x1 = j->x1 + m * K;
-    const float *xq = j->xq + m * nb, *xz = j->xz + m * nb, *s = j->s + p * nb * 16;
+    const float *xq = j->xq + m * nb, *xz = j->xz + m * nb;
+    const int64_t s = p * nb * 16; /* the panel's first scale */
     const uint8_t *z = j->zfull ? j->z + p * nb * 16 : 0;
     const __m256 z0 = _mm256_set1_ps((float)j->z[0]), fr = _mm256_set1_ps(2.f * GAF_GQ_D);
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
@@ -87,7 +88,7 @@ GAF_GQ_INL void gaf_gq_tile(const GafGemvQ *j, int64_t p, int64_t m, const int R
                 }
             }
         }
-        __m256 sl = _mm256_loadu_ps(s + b * 16), sh = _mm256_loadu_ps(s + b * 16 + 8), zl = z0, zh = z0;
+        __m256 sl = gaf_gq_s8v(j, s + b * 16), sh = gaf_gq_s8v(j, s + b * 16 + 8), zl = z0, zh = z0;
         if (z) {
             __m128i zb = _mm_loadu_si128((const __m128i *)(z + b * 16));
             zl = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(zb));
@@ -169,7 +170,8 @@ GAF_GQ_INL __m256 gaf_gq_reduce8(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
 GAF_GQ_INL void gaf_gq_tile(const GafGemvQ *j, int64_t p, int64_t m, const int R, const int bits) {
     const int64_t K = j->K, B = j->B, nb = j->nb, N = j->N;
     const uint8_t *w = j->w + p * K * (bits == 8 ? 16 : 8);
-    const float *xs = j->xs + m * nb, *s = j->s + p * nb * 16;
+    const float *xs = j->xs + m * nb;
+    const int64_t s = p * nb * 16; /* the panel's first scale */
     const uint8_t *z = j->zfull ? j->z + p * nb * 16 : 0;
     float *y = j->y + m * N + p * 16;
 #if defined(__AVX512F__)
@@ -190,7 +192,7 @@ GAF_GQ_INL void gaf_gq_tile(const GafGemvQ *j, int64_t p, int64_t m, const int R
                 for (int q = 0; q < 4; q++) a[r][q] = _mm512_fmadd_ps(v[q], x4, a[r][q]);
             }
         }
-        __m512 sv = _mm512_loadu_ps(s + b * 16);
+        __m512 sv = gaf_gq_s16v(j, s + b * 16);
         __m512 zv = z ? _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(z + b * 16)))) : z0;
         __m512 zs = _mm512_mul_ps(sv, zv);
         for (int r = 0; r < R; r++) {
@@ -223,7 +225,7 @@ GAF_GQ_INL void gaf_gq_tile(const GafGemvQ *j, int64_t p, int64_t m, const int R
             }
         }
         __m256 tl = gaf_gq_reduce8(a[0], a[1], a[2], a[3]), th = gaf_gq_reduce8(a[4], a[5], a[6], a[7]);
-        __m256 sl = _mm256_loadu_ps(s + b * 16), sh = _mm256_loadu_ps(s + b * 16 + 8), zl = z0, zh = z0;
+        __m256 sl = gaf_gq_s8v(j, s + b * 16), sh = gaf_gq_s8v(j, s + b * 16 + 8), zl = z0, zh = z0;
         if (z) {
             __m128i zb = _mm_loadu_si128((const __m128i *)(z + b * 16));
             zl = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(zb));
@@ -244,7 +246,7 @@ GAF_GQ_INL void gaf_gq_tile(const GafGemvQ *j, int64_t p, int64_t m, const int R
         for (int i = 0; i < 16; i++) {
             float t = 0.f;
             for (int64_t k = b * B; k < (b + 1) * B; k++) t += (float)gaf_gq_q(w, k, i, bits) * x[k];
-            float sv = s[b * 16 + i], zv = (float)(z ? z[b * 16 + i] : j->z[0]);
+            float sv = gaf_gq_s1(j, s + b * 16 + i), zv = (float)(z ? z[b * 16 + i] : j->z[0]);
             c[i] += t * sv - zv * sv * xs[b];
         }
     memcpy(y, c, sizeof c);

@@ -19,7 +19,9 @@ kernel: the weight is read once per call in its compressed form.
 
 Quantization needs no calibration data: round to nearest per block of ``block_size`` weights
 along ``K``, symmetric (``scale = max|w| / (2^(bits-1) - 1)``, zero point ``2^(bits-1)``) or
-with a zero point (``scale = (max - min) / (2^bits - 1)``, the range always holding 0).
+with a zero point (``scale = (max - min) / (2^bits - 1)``, the range always holding 0); the
+scales are rounded to fp16 (and the codes against them) where all of a weight's are in fp16's
+normal range, which ``GemvQ`` then stores in half the bytes.
 
 The sites: ``MatMul(A, W)``, ``MatMul(A, Transpose(W))``, ``Gemm(A, W, bias)`` (``transB``,
 alpha and beta 1, no ``transA``) and ``com.microsoft.FusedMatMul`` (``transB``, alpha 1) with a
@@ -39,7 +41,7 @@ from graph_autofusion.codegen.ort_customop_c import DOMAIN
 from graph_autofusion.codegen.ort_gemv import OP as GEMV_OP
 from graph_autofusion.codegen.ort_gemv_f16 import OP as F16_OP
 from graph_autofusion.codegen.ort_gemv_q import OP as Q_OP
-from graph_autofusion.codegen.ort_gemv_q import eligible, to_panels
+from graph_autofusion.codegen.ort_gemv_q import eligible, half_exact, to_panels
 from graph_autofusion.ir.core import Model, Node, Value, const_value
 from graph_autofusion.ir.dtypes import DType
 
@@ -76,11 +78,13 @@ class Packed:
 
     @property
     def nbytes(self) -> int:
+        scales = self.scales.nbytes
         if self.kernel == Q_OP:  # GemvQ's zero points: a byte per block, or one for all
             zp = self.scales.size if self.zero_points is not None else 1
+            scales //= 2 if half_exact(self.scales) else 1  # fp16 where exact
         else:
             zp = self.zero_points.nbytes if self.zero_points is not None else 0
-        return int(self.b.nbytes + self.scales.nbytes + zp)
+        return int(self.b.nbytes + scales + zp)
 
     @property
     def op(self) -> str:
@@ -135,22 +139,21 @@ def quantize(w: np.ndarray, bits: int, block_size: int, zero_point: bool = False
     padded = np.zeros((nb * block_size, n), np.float32)
     padded[:k] = w
     blocks = np.ascontiguousarray(padded.T).reshape(n, nb, block_size)
-    top = 2**bits - 1
+    top, half = 2**bits - 1, 2 ** (bits - 1)
     if zero_point:
         lo = np.minimum(blocks.min(-1), 0.0)
-        hi = np.maximum(blocks.max(-1), 0.0)
-        scale = (hi - lo) / top
-        scale[scale == 0] = 1.0
+        scale = (np.maximum(blocks.max(-1), 0.0) - lo) / top
+    else:
+        scale = np.abs(blocks).max(-1) / (half - 1)
+    scale[scale == 0] = 1.0
+    scale = _half_where_normal(scale.astype(np.float32))
+    if zero_point:
         zp = np.clip(np.round(-lo / scale), 0, top)
         q = np.clip(np.round(blocks / scale[..., None]) + zp[..., None], 0, top)
     else:
-        half = 2 ** (bits - 1)
-        scale = np.abs(blocks).max(-1) / (half - 1)
-        scale[scale == 0] = 1.0
         zp = np.full(scale.shape, float(half))
         q = np.clip(np.round(blocks / scale[..., None]), 1 - half, half - 1) + half
     q = q.astype(np.uint8)
-    scale = scale.astype(np.float32)
     deq = (q.astype(np.float32) - zp[..., None].astype(np.float32)) * scale[..., None]
     deq = np.ascontiguousarray(deq.reshape(n, nb * block_size)[:, :k].T)
     zps = None
@@ -165,6 +168,17 @@ def quantize(w: np.ndarray, bits: int, block_size: int, zero_point: bool = False
         b = q
         zps = zp.astype(np.uint8) if zero_point else None
     return Packed(bits, block_size, k, n, np.ascontiguousarray(b), scale, zps, deq)
+
+
+def _half_where_normal(scale: np.ndarray) -> np.ndarray:
+    """``scale`` rounded to fp16 where every value is in fp16's normal range (``GemvQ`` then
+    stores them in half the bytes; the codes are rounded against the rounded scales, so the
+    weights' error stays within half a step), else as it is."""
+    with np.errstate(over="ignore"):
+        s16 = scale.astype(np.float16)
+    if np.all(np.isfinite(s16)) and np.all(np.abs(s16) >= np.finfo(np.float16).tiny):
+        return s16.astype(np.float32)
+    return scale
 
 
 def to_half(w: np.ndarray, *, panels: bool = False) -> Packed:
