@@ -1,7 +1,7 @@
 """Accuracy of compressed weights (issue 22): what fp16 / int8 / int4 weights cost in quality.
 
 Run: ``.venv/bin/python benchmarks/compressed_accuracy.py [--out DIR] [--forms fp16,int8,int4]
-[--policies default,all] [--kernels auto,GemvQ] [--tokens N]`` (``--render`` rewrites the .md from the .json; timing-free: safe mode's speed checks are off, nothing is timed). Writes
+[--policies default,all] [--kernels auto,GemvQ,timed] [--tokens N]`` (``--render`` rewrites the .md from the .json; timing-free but for ``timed`` rows: elsewhere safe mode's speed checks are off). Writes
 ``benchmarks/results/compressed_accuracy.json`` and ``compressed_accuracy.md``.
 
 Models, both through the ONNX route ``GraphAutoFusion(export, options=FuseOptions(weights=f,
@@ -100,15 +100,16 @@ def fuse_save(
     kernel: str = "auto",
 ) -> dict[str, Any]:
     """Fuse ``path`` with ``weights=form`` under ``policy`` on ``kernel`` (safe mode on, no
-    timing) and save it to ``dest``."""
+    timing; ``timed``: safe mode's speed checks on, its race choosing each layer's kernel, as a
+    default ``fuse()`` does) and save it to ``dest``."""
     from graph_autofusion.api import GraphAutoFusion
     from graph_autofusion.options import FuseOptions
 
     t = time.perf_counter()
     kw: dict[str, str] = {"weights_policy": policy} if policy != "default" else {}
-    if kernel != "auto":
+    if kernel not in ("auto", "timed"):
         kw["weights_kernel"] = kernel
-    opts = FuseOptions(weights=form, check_speed=False, **kw)
+    opts = FuseOptions(weights=form, check_speed=kernel == "timed", **kw)
     gaf = GraphAutoFusion(str(path), options=opts, sample_inputs=feeds)
     gaf.fuse()
     gaf.save(dest)
@@ -132,6 +133,7 @@ def fuse_save(
             end_to_end=d.get("end_to_end"),
             notes=d.get("notes", []),
             layers=[{k: r.get(k) for k in keys} for r in d["layers"]],
+            on_gemvq=sum(r.get("kernel") == "GemvQ" for r in d["layers"]),
         )
     return info
 
@@ -242,6 +244,15 @@ def _goal(form: str, key: str, value: float) -> str:
     return " ✓" if ok else " ✗"
 
 
+def _layers(r: dict[str, Any]) -> str:
+    """The row's "compressed / kept fp32" (and, timed, how many layers safe mode put on
+    ``GemvQ``)."""
+    if "compressed" not in r:
+        return "-"
+    timed = f" (GemvQ {r['on_gemvq']})" if r.get("kernel") == "timed" else ""
+    return f"{r['compressed']} / {r['kept_fp32']}{timed}"
+
+
 def markdown(data: dict[str, Any]) -> str:
     env, lm, ml = data["environment"], data["trained_lm"], data["minilm"]
     lines = [
@@ -251,7 +262,9 @@ def markdown(data: dict[str, Any]) -> str:
         f"{' dirty' if env['dirty'] else ''}). CPU: {env['cpu']} (ISA "
         f"{', '.join(env['isa']) or 'none of the listed'}); onnxruntime {env['onnxruntime']}, "
         f"torch {env['torch']}. Timing-free: the route fuses with safe mode on and "
-        "`check_speed=False`; every model runs in onnxruntime ALL, 2 threads. ✓/✗: the "
+        "`check_speed=False` (rows `+timed`: `check_speed` on, as a default `fuse()`: safe "
+        "mode times each layer's kernel, the layers on `GemvQ` counted); every model runs in "
+        "onnxruntime ALL, 2 threads. ✓/✗: the "
         "issue's goal (ppl +1% int8 / +5% int4, top-1 >= 98% / 93%, MiniLM cosine >= 0.999 "
         "int8, int8 file <= 0.3x).",
         "",
@@ -269,7 +282,7 @@ def markdown(data: dict[str, Any]) -> str:
     ]
     for label, r in lm["rows"].items():
         form = r.get("form", label)
-        layers = f"{r['compressed']} / {r['kept_fp32']}" if "compressed" in r else "-"
+        layers = _layers(r)
         lines.append(
             f"| {label} | {r['ppl_test']:.4f} | {100 * r['ppl_rel_change']:+.3f}%"
             f"{_goal(form, 'ppl_rel', r['ppl_rel_change'])} | {100 * r['top1_agreement']:.2f}%"
@@ -296,7 +309,7 @@ def markdown(data: dict[str, Any]) -> str:
     ]
     for label, r in ml["rows"].items():
         form = r.get("form", label)
-        layers = f"{r['compressed']} / {r['kept_fp32']}" if "compressed" in r else "-"
+        layers = _layers(r)
         lines.append(
             f"| {label} | {r['min_cosine']:.6f}{_goal(form, 'cosine', r['min_cosine'])} | "
             f"{r['mean_cosine']:.6f} | {layers} | {r['bytes'] / 1e6:.2f} MB | "
@@ -327,7 +340,8 @@ def main() -> None:
         "--kernels",
         default="auto,GemvQ",
         help="FuseOptions.weights_kernel values for the int8/int4 rows (auto: MatMulNBits, "
-        "untimed; GemvQ: our kernel, rows labelled +GemvQ)",
+        "untimed; GemvQ: our kernel, rows labelled +GemvQ; timed: check_speed on, safe mode "
+        "times GemvQ against MatMulNBits per layer as a default fuse() does, rows +timed)",
     )
     ap.add_argument("--tokens", type=int, default=8192, help="held-out bytes (trained LM)")
     ap.add_argument("--render", action="store_true", help="only rewrite the .md from the .json")
