@@ -655,6 +655,8 @@ def test_a_layer_slower_compressed_stays_fp32_and_its_times_are_reported():
     assert layers["fc2"].time_us == pytest.approx(90.0)
     assert layers["fc2"].time_fp32_us == pytest.approx(10.0)
     assert layers["fc1"].form == "int8" and layers["fc1"].time_us == pytest.approx(10.0)
+    notes = " ".join(gaf.result.weights.notes)
+    assert "1 contraction kept fp32 as slower compressed" in notes and "check_speed=False" in notes
 
 
 def test_the_end_to_end_floor_rolls_back_the_worst_layers(monkeypatch):

@@ -77,6 +77,7 @@ from graph_autofusion.ir.core import Model
 from graph_autofusion.pipeline.ort_kernels import CustomOpsUnavailable, with_gemv
 from graph_autofusion.pipeline.result import clone_model
 from graph_autofusion.pipeline.weights_checks import (
+    KEPT_SLOWER,
     LAYER_CHECK,
     Timing,
     check_layers,
@@ -324,6 +325,7 @@ def compress_weights(
     if not chosen:
         _settle_kernels(report, packs)
         report.notes.append("no layer compressed")
+        _speed_note(report)
         return report
     work = _apply(model, chosen, packs, level)
     if options.safe_mode:
@@ -392,7 +394,22 @@ def compress_weights(
     if kernel != "auto":
         on = [records[n].kernel for n in chosen if records[n].op != "Gather" and forms[n] != "fp16"]
         report.notes.append(_forced_note(getattr(options, "weights_kernel", kernel), kernel, on))
+    _speed_note(report)
     return report
+
+
+def _speed_note(report: WeightsReport) -> None:
+    """A note counting the layers the speed check kept fp32 (the user asked for compressed
+    weights: why so many stayed, and how to compress them anyway)."""
+    slow = [r for r in report.layers if r.reason.startswith(KEPT_SLOWER)]
+    if slow:
+        report.notes.append(
+            f"{len(slow)} contraction{'s' if len(slow) > 1 else ''} kept fp32 as slower "
+            "compressed on the sample inputs "
+            "(a call of many rows, a prefill, runs faster on the fp32 GEMM; one row, a decode "
+            "step, is where compressed weights win); check_speed=False compresses every layer "
+            "that passes its accuracy checks, for size"
+        )
 
 
 def _settle_kernels(report: WeightsReport, packs: Mapping[str, Packed]) -> None:

@@ -33,6 +33,8 @@ from graph_autofusion.verify.speed import SpeedPolicy
 
 #: The start of the reason the layer check writes for a layer whose output missed its floors.
 LAYER_CHECK = "kept fp32: layer check:"
+#: The reason of a layer the speed check kept fp32 (its times follow in brackets).
+KEPT_SLOWER = "kept fp32: slower compressed"
 
 
 @dataclass(frozen=True)
@@ -221,7 +223,7 @@ def check_speed(
         r = records[s.name]
         r.time_us, r.time_fp32_us, r.timing_copies = t_q, t_f, n
         if slower:
-            r.reason = f"kept fp32: slower compressed ({t_q:.0f} us vs {t_f:.0f} us fp32)"
+            r.reason = f"{KEPT_SLOWER} ({t_q:.0f} us vs {t_f:.0f} us fp32)"
         else:
             kept.append((s, a))
     return kept
@@ -348,7 +350,7 @@ def _share_timing(
     r.kernel = packs[s.name].op
     r.time_us, r.time_fp32_us = r0.time_us, r0.time_fp32_us
     r.kernel_times_us, r.timing_copies, r.timed_as = r0.kernel_times_us, r0.timing_copies, first
-    if r0.reason.startswith("kept fp32: slower compressed"):
+    if r0.reason.startswith(KEPT_SLOWER):
         r.reason = f"{r0.reason} (timed as {first}, the same shapes)"
         return False
     return True
