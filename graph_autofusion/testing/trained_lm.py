@@ -14,7 +14,9 @@ the machine has. One thread, not two: the suite trains inside one of its two xdi
 while the other runs, and two OpenMP threads beside a busy core waited on each other (the
 training took 597 s there against about 130 s on an idle machine); one thread never
 oversubscribes. 500 AdamW steps of 8 x 128 bytes bring the held-out perplexity from 256
-(uniform) to about 9; the sidecar records the wall time and the perplexity. It runs once: the
+(uniform) to about 9; the sidecar records the wall time and the perplexity. (The test suite
+trains a smaller recipe of the same code, ``tests/test_trained_lm.py::SUITE``: hidden 128, 2
+layers, 400 steps, ~35 s; the benchmarks use :data:`RECIPE`.) It runs once: the
 weights are cached under :func:`~graph_autofusion.testing.export.cache_dir` keyed by a hash of the recipe, of the
 corpus' bytes and of the library versions, written with
 :func:`~graph_autofusion.testing.export.write_cached` (an ``fcntl`` lock, a temporary name and
