@@ -85,13 +85,14 @@ def _check(
     wq, s, z = to_panels(p.b, p.scales, p.zero_points, bits, k, n)
     x = rng.standard_normal((m, k)).astype(np.float32)
     x[0, :block] *= 1e3  # a block far larger than the rest: each block its own digits' scale
-    y = np.full((m, n), np.nan, np.float32)
-    arrays = [x, wq, s, z]
-    assert fn(*arrays, int(z.size > 1), y, m, n, k, s.shape[1], bits) == 0
     want = x.astype(np.float64) @ p.dequantized.astype(np.float64)
-    if m > 1:
-        _assert_close(y[1:], want[1:], what, rel)  # rows of ordinary size
-    _assert_close(y[:1], want[:1], what, rel)
+    assert s.dtype == np.float16  # quantize's scales are fp16 values: S fp16, and fp32 too
+    for scales in (s, s.astype(np.float32)):
+        y = np.full((m, n), np.nan, np.float32)
+        assert fn(x, wq, scales, z, int(z.size > 1), y, m, n, k, s.shape[1], bits) == 0
+        if m > 1:
+            _assert_close(y[1:], want[1:], what, rel)  # rows of ordinary size
+        _assert_close(y[:1], want[:1], what, rel)
 
 
 @pytest.mark.parametrize("bits,zp", FORMS)
@@ -226,6 +227,7 @@ MARCH_NEEDS = {
     ("x86-64-v4", "-DGAF_GQ_NO_I2"): ({"avx512f", "avx512bw"}, REL),  # fp32 products
     ("x86-64-v3", ""): ({"avx2", "fma"}, REL_AVX2_INT),
     ("x86-64-v3", "-DGAF_GQ_NO_I2"): ({"avx2", "fma"}, REL),
+    ("x86-64-v3", "-mno-f16c"): ({"avx2", "fma"}, REL_AVX2_INT),  # fp16 scales widened in C
     ("x86-64", ""): (set(), REL),
 }
 
@@ -324,8 +326,17 @@ def test_scales_in_fp16_where_exact_give_the_fp32_scales_answer():
     fn = _kernel()
     x = rng.standard_normal((3, k)).astype(np.float32)
     for bits, zp in FORMS:
-        p = quantize(rng.standard_normal((k, n)).astype(np.float32), bits, 32, zp)
+        w = rng.standard_normal((k, n)).astype(np.float32)
+        # a block whose scale lies just above an fp16 value (1/16): rounded to nearest, its
+        # scale would shrink and both ends (7.5 steps from zero each) round outwards past
+        # the 4-bit range, the top clipped by more than half a step
+        w[:32, 0], a = 0.0, 7.5 * 0.0625 * (1 + 2**-12)
+        w[0, 0], w[1, 0] = -a, a
+        p = quantize(w, bits, 32, zp)
         assert np.array_equal(p.scales.astype(np.float16).astype(np.float32), p.scales)
+        # rounded up, so every weight is within half a step of its code (none clipped)
+        step = np.repeat(p.scales.T, 32, axis=0)  # [K, N]
+        assert np.all(np.abs(w - p.dequantized) <= 0.5 * step * (1 + 1e-6)), (bits, zp)
         wq, s, z = to_panels(p.b, p.scales, p.zero_points, bits, k, n)
         assert s.dtype == np.float16
         s32 = s.astype(np.float32)

@@ -20,8 +20,8 @@ kernel: the weight is read once per call in its compressed form.
 Quantization needs no calibration data: round to nearest per block of ``block_size`` weights
 along ``K``, symmetric (``scale = max|w| / (2^(bits-1) - 1)``, zero point ``2^(bits-1)``) or
 with a zero point (``scale = (max - min) / (2^bits - 1)``, the range always holding 0); the
-scales are rounded to fp16 (and the codes against them) where all of a weight's are in fp16's
-normal range, which ``GemvQ`` then stores in half the bytes.
+scales are rounded up to fp16 (and the codes against them) where all of a weight's are in
+fp16's normal range, which ``GemvQ`` then stores in half the bytes.
 
 The sites: ``MatMul(A, W)``, ``MatMul(A, Transpose(W))``, ``Gemm(A, W, bias)`` (``transB``,
 alpha and beta 1, no ``transA``) and ``com.microsoft.FusedMatMul`` (``transB``, alpha 1) with a
@@ -171,11 +171,12 @@ def quantize(w: np.ndarray, bits: int, block_size: int, zero_point: bool = False
 
 
 def _half_where_normal(scale: np.ndarray) -> np.ndarray:
-    """``scale`` rounded to fp16 where every value is in fp16's normal range (``GemvQ`` then
-    stores them in half the bytes; the codes are rounded against the rounded scales, so the
-    weights' error stays within half a step), else as it is."""
+    """``scale`` rounded up to fp16 where every value is in fp16's normal range (``GemvQ`` then
+    stores them in half the bytes), else as it is. Up, so a block's range still fits its codes
+    and the codes, rounded against the rounded scales, keep each weight within half a step."""
     with np.errstate(over="ignore"):
         s16 = scale.astype(np.float16)
+        s16 = np.where(s16.astype(np.float32) < scale, np.nextafter(s16, np.float16(np.inf)), s16)
     if np.all(np.isfinite(s16)) and np.all(np.abs(s16) >= np.finfo(np.float16).tiny):
         return s16.astype(np.float32)
     return scale

@@ -356,6 +356,7 @@ def compress_weights(
             if not chosen:
                 _settle_kernels(report, packs)
                 report.notes.append("the end-to-end check failed: every layer stays fp32")
+                _speed_note(report)
                 return report
     result.model = work
     _settle_kernels(report, packs)
