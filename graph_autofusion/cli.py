@@ -161,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     from graph_autofusion.options import (
         DENORMAL_MODES,
         WEIGHT_FORMS,
+        WEIGHT_GOALS,
         WEIGHT_KERNELS,
         WEIGHT_POLICIES,
     )
@@ -236,6 +237,14 @@ def build_parser() -> argparse.ArgumentParser:
         "onnxruntime's MatMulNBits against our GemvQ per layer shape and keeps the faster; "
         "MatMulNBits when speed checks are off), or that kernel, untimed (a layer GemvQ "
         "cannot take stays MatMulNBits)",
+    )
+    p.add_argument(
+        "--weights-goal",
+        default="speed",
+        choices=list(WEIGHT_GOALS),
+        help="'speed' (default): a layer timed slower compressed than fp32 on the sample "
+        "inputs stays fp32 (a prefill's usually is); 'size': every layer that passes its "
+        "accuracy checks is compressed, whatever its time",
     )
     p.add_argument(
         "--denormals",

@@ -150,6 +150,7 @@ def cmd_fuse(args: argparse.Namespace) -> int:
         weights=args.weights,
         weights_policy=args.weights_policy,
         weights_kernel=args.weights_kernel,
+        weights_goal=args.weights_goal,
         denormals=args.denormals,
     )
     gaf = GraphAutoFusion(

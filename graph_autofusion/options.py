@@ -40,6 +40,9 @@ WEIGHT_POLICIES = ("default", "all")
 #: untimed, ``MatMulNBits``); ``MatMulNBits`` / ``GemvQ``: that kernel, not timed against the
 #: other (a layer ``GemvQ`` cannot take stays ``MatMulNBits``, the report's note counts them).
 WEIGHT_KERNELS = ("auto", "MatMulNBits", "GemvQ")
+#: ``FuseOptions.weights_goal``: ``speed`` keeps a layer fp32 where safe mode times it slower
+#: compressed; ``size`` compresses every layer that passes its accuracy checks, timed or not.
+WEIGHT_GOALS = ("speed", "size")
 #: onnxruntime's idle workers in the sessions that serve a fused model (``FuseOptions.spinning``)
 SPINNING = ("auto", "run", "on", "off")
 
@@ -102,6 +105,12 @@ class FuseOptions:
             fp32 as on ``auto``, never to the other kernel; a layer ``GemvQ`` cannot take, N not
             a multiple of 16 or K not in whole blocks, stays ``MatMulNBits``). Only with
             ``weights`` ``int8`` / ``int4``.
+        weights_goal: ``speed`` (the default): with ``check_speed``, a layer safe mode times
+            slower compressed than fp32 on the sample inputs stays fp32 (a prefill's many rows
+            usually are; a decode step's one row is where compressed weights win); ``size``:
+            every layer that passes its accuracy checks is compressed whatever its time (the
+            times are still measured and reported, and the kernel race still runs), for a
+            smaller file or less memory, with the other speed checks left on.
         spinning: onnxruntime's worker threads in the sessions that serve the fused model in
             this process (the PyTorch route's graphs, the cpu target's onnxruntime engine):
             ``auto`` (the default: ``run``, but ``on`` for a graph once it serves the drop-in
@@ -147,6 +156,7 @@ class FuseOptions:
     weights: str = "fp32"
     weights_policy: str = "default"
     weights_kernel: str = "auto"
+    weights_goal: str = "speed"
     spinning: str = "auto"
     denormals: str = "flush"
 
@@ -182,6 +192,10 @@ class FuseOptions:
                 f"weights_kernel={self.weights_kernel!r} chooses the kernel of int8/int4 "
                 f"weights; weights={self.weights!r} has none to choose (use weights='int8' or "
                 f"'int4', or leave weights_kernel='auto')"
+            )
+        if self.weights_goal not in WEIGHT_GOALS:
+            raise OptionsError(
+                f"unknown weights goal {self.weights_goal!r}; known: {list(WEIGHT_GOALS)}"
             )
         if self.spinning not in SPINNING:
             raise OptionsError(f"unknown spinning mode {self.spinning!r}; known: {list(SPINNING)}")

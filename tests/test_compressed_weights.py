@@ -656,7 +656,42 @@ def test_a_layer_slower_compressed_stays_fp32_and_its_times_are_reported():
     assert layers["fc2"].time_fp32_us == pytest.approx(10.0)
     assert layers["fc1"].form == "int8" and layers["fc1"].time_us == pytest.approx(10.0)
     notes = " ".join(gaf.result.weights.notes)
-    assert "1 contraction kept fp32 as slower compressed" in notes and "check_speed=False" in notes
+    assert "1 contraction kept fp32 as slower compressed" in notes
+    assert "weights_goal='size'" in notes
+
+
+def test_the_size_goal_compresses_a_layer_timed_slower_and_reports_its_times(tmp_path):
+    """``weights_goal="size"``: the layer timed slower compressed is compressed anyway (its
+    times still measured and reported, no speed note); the saved file is the smaller one."""
+    from graph_autofusion.runtime.timing import use_timer
+
+    def compressed_slower(key, side, fn):
+        fn()
+        if key.startswith("weights@"):
+            return 9e-5 if side == "fused" else 1e-5
+        return 1e-5 if side == "fused" else 2e-5
+
+    src, feeds = _mlp(), _feeds()
+    sizes = {}
+    for goal in ("speed", "size"):
+        opts = FuseOptions(weights="int8", weights_goal=goal)
+        gaf = GraphAutoFusion(src, sample_inputs=feeds, options=opts)
+        with use_timer(compressed_slower):
+            fused = gaf.fuse()
+        layers = {r.name: r for r in gaf.result.weights.layers}
+        forms = {r.form for r in layers.values()}
+        assert forms == ({"fp32"} if goal == "speed" else {"int8"}), (goal, forms)
+        assert all(r.time_us == pytest.approx(90.0) for r in layers.values())
+        assert all(r.time_fp32_us == pytest.approx(10.0) for r in layers.values())
+        notes = " ".join(gaf.result.weights.notes)
+        assert ("kept fp32 as slower compressed" in notes) == (goal == "speed")
+        if goal == "size":
+            assert _cosine(_run(fused, feeds), _run(src, feeds)) >= 0.999
+        gaf.save(tmp_path / f"{goal}.onnx")
+        sizes[goal] = (tmp_path / f"{goal}.onnx").stat().st_size
+    assert sizes["size"] < 0.5 * sizes["speed"]
+    with pytest.raises(OptionsError, match="unknown weights goal 'small'"):
+        FuseOptions(weights="int8", weights_goal="small")
 
 
 def test_the_end_to_end_floor_rolls_back_the_worst_layers(monkeypatch):

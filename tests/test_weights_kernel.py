@@ -188,3 +188,6 @@ def test_cli_weights_kernel(tmp_path, capsys):
     capsys.readouterr()
     assert main([*args, "--weights-kernel", "GemvQ"]) == 2  # fp32 weights: nothing to choose
     assert "weights_kernel='GemvQ'" in capsys.readouterr().err
+    assert main([*args, "--weights", "int8", "--weights-goal", "small"]) == 2
+    assert "--weights-goal: invalid choice: 'small'" in capsys.readouterr().err
+    assert main([*args, "--weights", "int8", "--weights-goal", "size"]) == 0

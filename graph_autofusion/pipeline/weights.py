@@ -408,8 +408,8 @@ def _speed_note(report: WeightsReport) -> None:
             f"{len(slow)} contraction{'s' if len(slow) > 1 else ''} kept fp32 as slower "
             "compressed on the sample inputs "
             "(a call of many rows, a prefill, runs faster on the fp32 GEMM; one row, a decode "
-            "step, is where compressed weights win); check_speed=False compresses every layer "
-            "that passes its accuracy checks, for size"
+            "step, is where compressed weights win); weights_goal='size' compresses every layer "
+            "that passes its accuracy checks"
         )
 
 

@@ -180,7 +180,8 @@ def check_speed(
 ) -> list[tuple[Site, np.ndarray]]:
     """Time each layer compressed and fp32 on its activation by safe mode's one speed policy
     (:class:`~graph_autofusion.verify.speed.SpeedPolicy`); a layer slower than
-    ``speed_margin`` x its fp32 form stays fp32. An 8- or 4-bit layer first gets the faster of
+    ``speed_margin`` x its fp32 form stays fp32 (with ``weights_goal="size"``, it is
+    compressed anyway, its times reported). An 8- or 4-bit layer first gets the faster of
     ``MatMulNBits`` and ``GemvQ`` (:func:`choose_kernel`). Repeated layers are timed once: a
     layer of the same form, shapes and bias as one timed before takes its verdicts and times
     (``timed_as`` in its record; a GemvQ verdict only where its own output passes the floors)."""
@@ -223,7 +224,7 @@ def check_speed(
         t_q, t_f = t_q / n, t_f / n
         r = records[s.name]
         r.time_us, r.time_fp32_us, r.timing_copies = t_q, t_f, n
-        if slower:
+        if slower and getattr(options, "weights_goal", "speed") != "size":
             r.reason = f"{KEPT_SLOWER} ({t_q:.0f} us vs {t_f:.0f} us fp32)"
         else:
             kept.append((s, a))
