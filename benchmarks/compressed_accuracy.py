@@ -1,7 +1,7 @@
 """Accuracy of compressed weights (issue 22): what fp16 / int8 / int4 weights cost in quality.
 
 Run: ``.venv/bin/python benchmarks/compressed_accuracy.py [--out DIR] [--forms fp16,int8,int4]
-[--policies default,all] [--kernels auto,GemvQ,timed] [--tokens N]`` (``--render`` rewrites the .md from the .json; timing-free but for ``timed`` rows: elsewhere safe mode's speed checks are off). Writes
+[--policies default,all] [--kernels auto,GemvQ,timed,size] [--tokens N]`` (``--render`` rewrites the .md from the .json; timing-free but for ``timed`` and ``size`` rows: elsewhere safe mode's speed checks are off). Writes
 ``benchmarks/results/compressed_accuracy.json`` and ``compressed_accuracy.md``.
 
 Models, both through the ONNX route ``GraphAutoFusion(export, options=FuseOptions(weights=f,
@@ -101,15 +101,18 @@ def fuse_save(
 ) -> dict[str, Any]:
     """Fuse ``path`` with ``weights=form`` under ``policy`` on ``kernel`` (safe mode on, no
     timing; ``timed``: safe mode's speed checks on, its race choosing each layer's kernel, as a
-    default ``fuse()`` does) and save it to ``dest``."""
+    default ``fuse()`` does; ``size``: the same with ``weights_goal="size"``) and save it to
+    ``dest``."""
     from graph_autofusion.api import GraphAutoFusion
     from graph_autofusion.options import FuseOptions
 
     t = time.perf_counter()
     kw: dict[str, str] = {"weights_policy": policy} if policy != "default" else {}
-    if kernel not in ("auto", "timed"):
+    if kernel not in ("auto", "timed", "size"):
         kw["weights_kernel"] = kernel
-    opts = FuseOptions(weights=form, check_speed=kernel == "timed", **kw)
+    if kernel == "size":
+        kw["weights_goal"] = "size"
+    opts = FuseOptions(weights=form, check_speed=kernel in ("timed", "size"), **kw)
     gaf = GraphAutoFusion(str(path), options=opts, sample_inputs=feeds)
     gaf.fuse()
     gaf.save(dest)
@@ -249,7 +252,7 @@ def _layers(r: dict[str, Any]) -> str:
     ``GemvQ``)."""
     if "compressed" not in r:
         return "-"
-    timed = f" (GemvQ {r['on_gemvq']})" if r.get("kernel") == "timed" else ""
+    timed = f" (GemvQ {r['on_gemvq']})" if r.get("kernel") in ("timed", "size") else ""
     return f"{r['compressed']} / {r['kept_fp32']}{timed}"
 
 
@@ -263,7 +266,8 @@ def markdown(data: dict[str, Any]) -> str:
         f"{', '.join(env['isa']) or 'none of the listed'}); onnxruntime {env['onnxruntime']}, "
         f"torch {env['torch']}. Timing-free: the route fuses with safe mode on and "
         "`check_speed=False` (rows `+timed`: `check_speed` on, as a default `fuse()`: safe "
-        "mode times each layer's kernel, the layers on `GemvQ` counted); every model runs in "
+        "mode times each layer's kernel, the layers on `GemvQ` counted; `+size`: the same "
+        "with `weights_goal='size'`); every model runs in "
         "onnxruntime ALL, 2 threads. ✓/✗: the "
         "issue's goal (ppl +1% int8 / +5% int4, top-1 >= 98% / 93%, MiniLM cosine >= 0.999 "
         "int8, int8 file <= 0.3x).",
@@ -341,7 +345,8 @@ def main() -> None:
         default="auto,GemvQ",
         help="FuseOptions.weights_kernel values for the int8/int4 rows (auto: MatMulNBits, "
         "untimed; GemvQ: our kernel, rows labelled +GemvQ; timed: check_speed on, safe mode "
-        "times GemvQ against MatMulNBits per layer as a default fuse() does, rows +timed)",
+        "times GemvQ against MatMulNBits per layer as a default fuse() does, rows +timed; "
+        "size: timed with weights_goal='size', rows +size)",
     )
     ap.add_argument("--tokens", type=int, default=8192, help="held-out bytes (trained LM)")
     ap.add_argument("--render", action="store_true", help="only rewrite the .md from the .json")
