@@ -344,13 +344,13 @@ int gaf_gemv_q(const float *x, const uint8_t *w, const void *s, const uint8_t *z
 __attribute__((visibility("default")))
 int gaf_gemv_q_vnni(void) { return GAF_GQ_VNNI ? 2 : GAF_GQ_I2; }
 
-/* the dims of input i (rank at most 3) and its element type */
+/* the dims of input i (rank at most 3) and, where type is given, its element type */
 static OrtStatus *gaf_gq_dims(OrtKernelContext *ctx, size_t i, const OrtValue **v, int64_t *d, size_t *rank,
                               ONNXTensorElementDataType *type) {
     const OrtApi *api = gaf_api; OrtStatus *err; OrtTensorTypeAndShapeInfo *info;
     if ((err = api->KernelContext_GetInput(ctx, i, v))) return err;
     if ((err = api->GetTensorTypeAndShape(*v, &info))) return err;
-    err = api->GetTensorElementType(info, type);
+    err = type ? api->GetTensorElementType(info, type) : 0;
     if (!err) err = api->GetDimensionsCount(info, rank);
     if (!err && *rank > 3) err = gaf_gv_err("GemvQ", "Wq, S and Z have rank 1 to 3");
     if (!err) err = api->GetDimensions(info, d, *rank);
@@ -362,7 +362,7 @@ static OrtStatus *gaf_gq_compute(OrtKernelContext *ctx) {
     const OrtApi *api = gaf_api; OrtStatus *err;
     const OrtValue *xv, *wv, *sv, *zv; OrtValue *yv;
     int64_t xd[GAF_MAXD], wd[3], sd[3], zd[3]; size_t xr, wr, sr, zr;
-    ONNXTensorElementDataType wt, st, zt;
+    ONNXTensorElementDataType st; /* S's: fp16 or fp32 (Wq and Z: uint8 by the schema) */
     OrtTensorTypeAndShapeInfo *info;
     if ((err = api->KernelContext_GetInput(ctx, 0, &xv))) return err;
     if ((err = api->GetTensorTypeAndShape(xv, &info))) return err;
@@ -371,8 +371,8 @@ static OrtStatus *gaf_gq_compute(OrtKernelContext *ctx) {
     if (!err) err = api->GetDimensions(info, xd, xr);
     api->ReleaseTensorTypeAndShapeInfo(info);
     if (err) return err;
-    if ((err = gaf_gq_dims(ctx, 1, &wv, wd, &wr, &wt)) || (err = gaf_gq_dims(ctx, 2, &sv, sd, &sr, &st)) ||
-        (err = gaf_gq_dims(ctx, 3, &zv, zd, &zr, &zt))) return err;
+    if ((err = gaf_gq_dims(ctx, 1, &wv, wd, &wr, 0)) || (err = gaf_gq_dims(ctx, 2, &sv, sd, &sr, &st)) ||
+        (err = gaf_gq_dims(ctx, 3, &zv, zd, &zr, 0))) return err;
     if (st != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && st != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) return gaf_gv_err("GemvQ", "S must be float16 or float32");
     if (wr != 3 || (wd[2] != 64 && wd[2] != 32)) return gaf_gv_err("GemvQ", "Wq must be [N / 16, K / 4, 64] (8-bit) or [N / 16, K / 4, 32] (4-bit)");
     int64_t P = wd[0], K = 4 * wd[1], N = 16 * P, nb = sr == 3 ? sd[1] : 0;

@@ -77,11 +77,18 @@ class Packed:
     kernel: str = "MatMulNBits"  # or GemvQ (bits 4 and 8, where :meth:`gemvq` holds)
 
     @property
+    def half_scales(self) -> bool:
+        """Whether the scales are fp16 values (:func:`quantize` rounds them so where it can),
+        which ``GemvQ`` then stores as fp16 (:func:`~graph_autofusion.codegen.ort_gemv_q.
+        to_panels`)."""
+        return half_exact(self.scales)
+
+    @property
     def nbytes(self) -> int:
         scales = self.scales.nbytes
         if self.kernel == Q_OP:  # GemvQ's zero points: a byte per block, or one for all
             zp = self.scales.size if self.zero_points is not None else 1
-            scales //= 2 if half_exact(self.scales) else 1  # fp16 where exact
+            scales //= 2 if self.half_scales else 1
         else:
             zp = self.zero_points.nbytes if self.zero_points is not None else 0
         return int(self.b.nbytes + scales + zp)

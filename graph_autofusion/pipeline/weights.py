@@ -216,6 +216,13 @@ def compress_weights(
     """Compress ``result.model``'s weights to ``options.weights`` (see the module docstring);
     sets ``result.model`` and ``result.weights`` and returns the report (``None`` for fp32).
     ``only``: the names of the layers to consider (a saved plan's), the others kept."""
+    report = _compress(result, options, threads, only)
+    if report is not None:  # whatever the exit: the layers the speed check kept, counted
+        _speed_note(report)
+    return report
+
+
+def _compress(result: Any, options: Any, threads: int, only: Any) -> WeightsReport | None:
     form = options.weights
     if form == "fp32":
         return None
@@ -325,7 +332,6 @@ def compress_weights(
     if not chosen:
         _settle_kernels(report, packs)
         report.notes.append("no layer compressed")
-        _speed_note(report)
         return report
     work = _apply(model, chosen, packs, level)
     if options.safe_mode:
@@ -356,7 +362,6 @@ def compress_weights(
             if not chosen:
                 _settle_kernels(report, packs)
                 report.notes.append("the end-to-end check failed: every layer stays fp32")
-                _speed_note(report)
                 return report
     result.model = work
     _settle_kernels(report, packs)
@@ -395,7 +400,6 @@ def compress_weights(
     if kernel != "auto":
         on = [records[n].kernel for n in chosen if records[n].op != "Gather" and forms[n] != "fp16"]
         report.notes.append(_forced_note(getattr(options, "weights_kernel", kernel), kernel, on))
-    _speed_note(report)
     return report
 
 

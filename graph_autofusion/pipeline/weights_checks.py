@@ -23,7 +23,6 @@ import numpy as np
 
 from graph_autofusion import defaults
 from graph_autofusion.codegen.ort_gemv_q import OP as Q_OP
-from graph_autofusion.codegen.ort_gemv_q import half_exact
 from graph_autofusion.codegen.weights import Embedding, Packed, Site
 from graph_autofusion.codegen.weights_probe import probe_model, reference_model
 from graph_autofusion.cost.measure_host import read_caches
@@ -324,8 +323,7 @@ def _gemvq_output(
 def _shape_key(s: Site, a: np.ndarray, p: Packed) -> tuple:
     """What a layer's speed depends on: its form, layout (scales fp16 on ``GemvQ`` or not),
     shapes and bias (not its values)."""
-    zp = p.zero_points is not None
-    half = p.bits in (4, 8) and half_exact(p.scales)
+    zp, half = p.zero_points is not None, p.half_scales
     return (p.bits, p.block_size, zp, p.gemvq, half, s.k, s.n, s.bias is not None, a.shape, a.dtype)
 
 
