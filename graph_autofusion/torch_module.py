@@ -28,6 +28,7 @@ import os
 import pickle
 import statistics
 import types
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -229,6 +230,40 @@ def _shallow_copy(module: torch.nn.Module, leave: tuple[str, ...] = ()) -> torch
     return fused
 
 
+#: Flags a Hugging Face model sets on itself once it has installed forward hooks on its
+#: submodules (transformers 5 records ``output_hidden_states`` and ``output_attentions`` by
+#: hooks it installs on the first call that asks for them, marking only the object called).
+#: A fused module shares its submodules with the user's module, so the hooks one of them
+#: installs serve both: the flag is shared too, or each installs its own on the same layers
+#: and every layer's output is recorded twice, by the fused module and by the user's.
+HOOK_FLAGS = ("_output_capturing_hooks_installed",)
+
+
+def _sharing_hook_flags(compiled: Any, user: torch.nn.Module, fused: torch.nn.Module) -> Any:
+    """``compiled`` (the fused forward) with :data:`HOOK_FLAGS` copied from the user's module
+    before each call and back to it after (a weak reference: the fused module does not keep
+    the user's object alive)."""
+    user_ref = weakref.ref(user)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        user = user_ref()
+        if user is not None:
+            _copy_flags(user, fused)
+        try:
+            return compiled(*args, **kwargs)
+        finally:
+            if user is not None:
+                _copy_flags(fused, user)
+
+    return forward
+
+
+def _copy_flags(src: torch.nn.Module, dst: torch.nn.Module) -> None:
+    for flag in HOOK_FLAGS:
+        if src.__dict__.get(flag) and not dst.__dict__.get(flag):
+            dst.__dict__[flag] = True
+
+
 def _own_code(fn: Any) -> Any:
     """``fn`` with a code object of its own. Dynamo keeps its compiled frames per code object
     (at most ``recompile_limit`` of them): every module of one class shares its ``forward``'s
@@ -282,9 +317,10 @@ def _wire(module: torch.nn.Module, backend: Any, source_name: str) -> torch.nn.M
     """A shallow copy of ``module`` whose ``forward`` is compiled by ``backend``."""
     fused = _shallow_copy(module)
     own = _own_code(type(module).forward)
-    fused.forward = torch.compile(
+    compiled = torch.compile(
         types.MethodType(own, fused), backend=backend, recompile_limit=defaults.RECOMPILE_LIMIT
     )
+    fused.forward = _sharing_hook_flags(compiled, module, fused)
     fused.__dict__["autofusion"] = FusionInfo(backend, source_name)
     backend.config.label = f"the fused {source_name} module's forward"
     if hasattr(type(module), "save_pretrained"):

@@ -218,6 +218,47 @@ def test_an_encoder_decoder_and_a_model_with_no_vocabulary_fuse_without_example_
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
+def _tiny_bert():
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=32,
+    )
+    # eager attention: the SDPA form records no attention weights
+    return transformers.BertModel._from_config(cfg, attn_implementation="eager").eval()
+
+
+@pytest.mark.parametrize("first", ["fused", "user"])
+def test_recorded_hidden_states_and_attentions_are_eagers_on_both_modules(first):
+    """transformers 5 records hidden states and attentions by hooks it installs on the
+    layers on the first call that asks for them, marking only the model object called. The
+    fused module shares its layers with the user's: each used to install its own, and both
+    then recorded every layer twice (5 hidden states of a 2-layer BERT instead of 3)."""
+    model = _tiny_bert()
+    fused = GraphAutoFusion(model).fuse(check_speed=False)
+    ids = torch.randint(0, 100, (1, 9), generator=torch.Generator().manual_seed(2))
+    kw = dict(input_ids=ids, output_hidden_states=True, output_attentions=True)
+    order = [fused, model] if first == "fused" else [model, fused]
+    ref = _tiny_bert()  # a model no fused module shares layers with
+    with torch.no_grad():
+        want = ref(**kw)
+        for m in [*order, *order]:
+            got = m(**kw)
+            assert len(got.hidden_states) == 3 and len(got.attentions) == 2
+            for g, w in zip(
+                got.hidden_states + got.attentions,
+                want.hidden_states + want.attentions,
+                strict=True,
+            ):
+                torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+    hooks = [len(mod._forward_hooks) for mod in model.modules()]
+    assert hooks == [len(mod._forward_hooks) for mod in ref.modules()] and sum(hooks) > 0
+
+
 def test_an_example_call_the_model_refuses_is_a_clear_error():
     from graph_autofusion.errors import ModelLoadError
 
