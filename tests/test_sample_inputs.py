@@ -17,7 +17,7 @@ from onnx import helper, numpy_helper
 
 from graph_autofusion.api import GraphAutoFusion
 from graph_autofusion.cli import main
-from graph_autofusion.errors import SampleInputError
+from graph_autofusion.errors import AutofusionWarning, SampleInputError
 from graph_autofusion.frontend import load_onnx
 from graph_autofusion.frontend.onnx_frontend import to_onnx
 from graph_autofusion.runtime.ort_session import ort_session
@@ -380,3 +380,65 @@ def test_a_dynamic_axis_too_short_for_a_convolution_is_generated_longer(tmp_path
     gaf.fuse()
     assert gaf.sample_inputs["x"].shape == (1, 1, 64)
     assert gaf.result.feeds["x"].shape == (1, 1, 64)
+
+
+def _masked_attention(tmp_path, name: str, nan_anyway: bool = False) -> str:
+    """``softmax(x x^T, masked where pad) x``: ``pad`` True is a padded key (PyTorch's
+    ``src_key_padding_mask``), so an all-True mask makes every row NaN; ``nan_anyway``
+    also takes the log of a negative number at the end (NaN whatever the mask)."""
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["x", "xt"], ["s"]),
+        helper.make_node("Unsqueeze", ["pad", "one"], ["p3"]),
+        helper.make_node("Where", ["p3", "ninf", "s"], ["m"]),
+        helper.make_node("Softmax", ["m"], ["a"], axis=-1),
+        helper.make_node("MatMul", ["a", "x"], ["o"]),
+    ]
+    out = "o"
+    if nan_anyway:
+        nodes += [
+            helper.make_node("Exp", ["o"], ["e"]),
+            helper.make_node("Neg", ["e"], ["n"]),
+            helper.make_node("Log", ["n"], ["y"]),
+        ]
+        out = "y"
+    g = helper.make_graph(
+        nodes,
+        name,
+        [vi("x", T.FLOAT, [1, "seq", 8]), vi("pad", T.BOOL, [1, "seq"])],
+        [vi(out, T.FLOAT, [1, "seq", 8])],
+        [
+            numpy_helper.from_array(np.array([1], np.int64), "one"),
+            numpy_helper.from_array(np.array(-np.inf, np.float32), "ninf"),
+        ],
+    )
+    path = str(tmp_path / f"{name}.onnx")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_padding_mask_that_pads_every_position_is_generated_again(tmp_path):
+    """Generated booleans are True; for a padding mask that pads every key, so the original's
+    output was NaN everywhere and safe mode compared NaN with NaN (agreeing) on every check.
+    The mask is generated again False, the model's output is finite, and that is said."""
+    import warnings
+
+    gaf = GraphAutoFusion(_masked_attention(tmp_path, "pad_attention"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AutofusionWarning)  # none: the inputs were made finite
+        gaf.fuse()
+    result = gaf.result
+    assert not gaf.sample_inputs["pad"].any() and not result.feeds["pad"].any()
+    out = ort_session(result.model).run(None, dict(result.feeds))[0]
+    assert np.isfinite(out).all()
+    assert any("pad generated False" in n for n in result.notes), result.notes
+
+
+def test_sample_inputs_on_which_an_output_is_nan_everywhere_are_warned_of(tmp_path):
+    """An output NaN whatever the inputs: the fuse goes on (the fused model is as correct as
+    before) with one warning and a note naming the output and what to do."""
+    gaf = GraphAutoFusion(_masked_attention(tmp_path, "nan_out", nan_anyway=True))
+    with pytest.warns(AutofusionWarning, match=r"every element of the original's output\(s\) y"):
+        gaf.fuse()
+    result = gaf.result
+    assert any("--inputs" in n and "NaN" in n for n in result.notes), result.notes

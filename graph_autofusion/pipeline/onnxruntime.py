@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import gc
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -54,7 +55,11 @@ from graph_autofusion.codegen.ort_guards import guard_skip_layernorms
 from graph_autofusion.codegen.ort_matmul import timed_alone
 from graph_autofusion.codegen.precision import keep_fp32_islands
 from graph_autofusion.cost.hardware import load_profile
-from graph_autofusion.errors import GraphAutoFusionError, UnsupportedOperatorError
+from graph_autofusion.errors import (
+    AutofusionWarning,
+    GraphAutoFusionError,
+    UnsupportedOperatorError,
+)
 from graph_autofusion.ir.core import Model
 from graph_autofusion.options import FuseOptions
 from graph_autofusion.patterns.candidates import match_rules
@@ -76,7 +81,7 @@ from graph_autofusion.pipeline.weights import compress_weights
 from graph_autofusion.planner.analysis import apply_saved_plan
 from graph_autofusion.runtime.denormals import denormals_flushed
 from graph_autofusion.runtime.ort_session import ort_session
-from graph_autofusion.verify.inputs import generate_inputs, retry_longer
+from graph_autofusion.verify.inputs import finite_outputs, generate_inputs, retry_longer
 from graph_autofusion.verify.optimized_graph import same_model_after_optimization
 from graph_autofusion.verify.safety import (
     FusionRecord,
@@ -220,7 +225,7 @@ def _fuse_model(
                     runner.append(activation_runner(model))
                 return runner[0](arrays)  # every intermediate
 
-            acts, feeds = _capture_original(original, feeds, capture)
+            acts, feeds = _capture_original(original, feeds, capture, notes)
             other = other_shape.prepare(original, feeds, runner[0]) if runner else None
             runner.clear()
         reference = outputs_of(original, acts)
@@ -461,15 +466,17 @@ def _keep_fp32(result: FuseResult, ops: tuple[str, ...], notes: list[str]) -> in
 
 
 def _capture_original(
-    original: Model, feeds: Mapping[str, Any], capture: Callable
+    original: Model, feeds: Mapping[str, Any], capture: Callable, notes: list[str]
 ) -> tuple[Any, Mapping[str, Any]]:
     """Safe mode's activations of the original, and the sample inputs they are of; a model
     onnxruntime cannot run (an operator without a CPU kernel for its type, e.g. bfloat16) is a
     clear error, not its traceback. Generated inputs the model fails on in a convolution or a
     pooling are generated again, longer (:func:`~graph_autofusion.samples.inputs.
-    retry_longer`), before that error."""
+    retry_longer`), before that error; sample inputs that make an output NaN or infinite
+    everywhere are generated again or warned of (:func:`~graph_autofusion.samples.inputs.
+    finite_outputs`)."""
     try:
-        return capture(original, feeds), feeds
+        acts = capture(original, feeds)
     except GraphAutoFusionError:
         raise
     except Exception as exc:  # noqa: BLE001 - onnxruntime's own exception types
@@ -487,6 +494,12 @@ def _capture_original(
             f"onnxruntime, which cannot run it: {' '.join(str(exc).split())[:300]}; fuse with "
             f"safe_mode=False (--unsafe) or for the cpu target (torch runs it)"
         ) from exc
+    acts, used, note = finite_outputs(original, feeds, acts, capture)
+    if note:
+        notes.append(note)
+        if used is feeds:  # not made finite: the checks of those outputs compare nothing
+            warnings.warn(f"{source_of(original)}: {note}", AutofusionWarning, stacklevel=2)
+    return acts, used
 
 
 def _check_folding(

@@ -47,8 +47,10 @@ def generate_inputs(
     batch: int = 1,
     seq_len: int = 16,
     vocab_size: int | None = None,
+    flag: bool = True,
 ) -> dict[str, np.ndarray]:
-    """Seeded sample feeds for every graph input of ``model`` (initializers excluded)."""
+    """Seeded sample feeds for every graph input of ``model`` (initializers excluded);
+    boolean inputs are all ``flag`` (:func:`finite_outputs` tries ``False``)."""
 
     rng = np.random.default_rng(seed)
     graph = model.graph
@@ -75,7 +77,7 @@ def generate_inputs(
         elif np.issubdtype(dtype, np.floating):
             feeds[v.name] = rng.standard_normal(shape).astype(dtype)
         elif dtype == np.bool_:
-            feeds[v.name] = np.ones(shape, dtype=np.bool_)
+            feeds[v.name] = np.full(shape, flag, dtype=np.bool_)
         elif "token_type" in name or "segment" in name:
             feeds[v.name] = np.zeros(shape, dtype=dtype)
         elif "mask" in name:
@@ -188,6 +190,53 @@ def retry_longer(model: Model, exc: BaseException, run: Any) -> tuple[Any, Any] 
         except Exception:  # noqa: BLE001 - onnxruntime's own exception types
             continue
     return None
+
+
+def nonfinite_outputs(model: Model, acts: Any) -> list[str]:
+    """The floating outputs of ``model`` that are NaN or infinite in every element of the
+    captured activations ``acts``."""
+    bad = []
+    for v in model.graph.outputs:
+        a = acts.get(v.name)
+        if a is None:
+            continue
+        a = np.asarray(a)
+        if a.size and np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).any():
+            bad.append(v.name)
+    return bad
+
+
+def finite_outputs(model: Model, feeds: Any, acts: Any, run: Any) -> tuple[Any, Any, str]:
+    """``(acts, feeds, note)``: where the original's outputs on the sample inputs are NaN or
+    infinite in every element, safe mode's checks of what computes them would compare nothing
+    (a position NaN on both sides agrees). Generated boolean inputs are all ``True``; for a
+    padding mask (``src_key_padding_mask``: ``True`` is a padded position) that pads every
+    position and an attention's output is NaN: they are generated again ``False`` and kept
+    when that makes the outputs finite (``run(model, feeds)`` gives the new activations).
+    Otherwise the activations stay and ``note`` says which outputs are not finite."""
+    bad = nonfinite_outputs(model, acts)
+    if not bad:
+        return acts, feeds, ""
+    flags = sorted(k for k, x in feeds.items() if np.asarray(x).dtype == np.bool_)
+    if flags and si.is_generated(feeds):
+        try:
+            other = generate_inputs(model, flag=False)
+            other_acts = run(model, other)
+        except Exception:  # noqa: BLE001 - onnxruntime's own exception types
+            other_acts = None
+        if other_acts is not None and not nonfinite_outputs(model, other_acts):
+            note = (
+                f"sample inputs: the boolean inputs {', '.join(flags)} generated False, not "
+                f"True: with True every element of {', '.join(bad)} was NaN or infinite (a "
+                f"padding mask padding every position)"
+            )
+            return other_acts, other, note
+    note = (
+        f"the sample inputs make every element of the original's output(s) {', '.join(bad)} "
+        f"NaN or infinite: safe mode's checks of what computes them compare nothing; give "
+        f"sample inputs on which the model's outputs are finite (sample_inputs=, --inputs)"
+    )
+    return acts, feeds, note
 
 
 #: Safe mode's second shape (:func:`other_shape_inputs`): a batch and a sequence length that
