@@ -233,34 +233,43 @@ def _shallow_copy(module: torch.nn.Module, leave: tuple[str, ...] = ()) -> torch
 #: Flags a Hugging Face model sets on itself once it has installed forward hooks on its
 #: submodules (transformers 5 records ``output_hidden_states`` and ``output_attentions`` by
 #: hooks it installs on the first call that asks for them, marking only the object called).
-#: A fused module shares its submodules with the user's module, so the hooks one of them
-#: installs serve both: the flag is shared too, or each installs its own on the same layers
-#: and every layer's output is recorded twice, by the fused module and by the user's.
+#: A fused module shares its submodules with the user's module (and with its own copies), so
+#: the hooks one of them installs serve all: the flag is shared too, or each installs its own
+#: on the same layers and every layer's output is recorded twice.
 HOOK_FLAGS = ("_output_capturing_hooks_installed",)
+#: The module objects sharing one set of submodules (the user's, its fused modules and their
+#: copies), by the first submodule they share; weak on both sides.
+_SHARERS: weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakSet[torch.nn.Module]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _sharing_hook_flags(compiled: Any, user: torch.nn.Module, fused: torch.nn.Module) -> Any:
-    """``compiled`` (the fused forward) with :data:`HOOK_FLAGS` copied from the user's module
-    before each call and back to it after (a weak reference: the fused module does not keep
-    the user's object alive)."""
-    user_ref = weakref.ref(user)
+    """``compiled`` (the fused forward, its signature kept: ``generate()`` reads it) with
+    :data:`HOOK_FLAGS` taken from the modules sharing its submodules before each call and given
+    to them after."""
+    import functools
+
+    first = next(iter(fused.children()), None)
+    if first is None:  # no submodules: no hooks to share
+        return compiled
+    sharers = _SHARERS.setdefault(first, weakref.WeakSet())
+    sharers.update((user, fused))
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        user = user_ref()
-        if user is not None:
-            _copy_flags(user, fused)
+        _take_flags(fused, sharers)
         try:
             return compiled(*args, **kwargs)
         finally:
-            if user is not None:
-                _copy_flags(fused, user)
+            for other in sharers:
+                _take_flags(other, (fused,))
 
-    return forward
+    return functools.update_wrapper(forward, compiled, updated=())
 
 
-def _copy_flags(src: torch.nn.Module, dst: torch.nn.Module) -> None:
+def _take_flags(dst: torch.nn.Module, sources: Any) -> None:
     for flag in HOOK_FLAGS:
-        if src.__dict__.get(flag) and not dst.__dict__.get(flag):
+        if not dst.__dict__.get(flag) and any(m.__dict__.get(flag) for m in sources):
             dst.__dict__[flag] = True
 
 

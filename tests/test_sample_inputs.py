@@ -432,6 +432,11 @@ def test_a_padding_mask_that_pads_every_position_is_generated_again(tmp_path):
     out = ort_session(result.model).run(None, dict(result.feeds))[0]
     assert np.isfinite(out).all()
     assert any("pad generated False" in n for n in result.notes), result.notes
+    # safe mode's second shape (batch 2, sequence 7) takes the same False: finite there too
+    from graph_autofusion.samples.inputs import other_shape_inputs
+
+    what, other = other_shape_inputs(gaf.model, result.feeds)
+    assert other["pad"].shape[-1] == 7 and not other["pad"].any(), what
 
 
 def test_sample_inputs_on_which_an_output_is_nan_everywhere_are_warned_of(tmp_path):

@@ -232,17 +232,25 @@ def _tiny_bert():
     return transformers.BertModel._from_config(cfg, attn_implementation="eager").eval()
 
 
-@pytest.mark.parametrize("first", ["fused", "user"])
+@pytest.mark.parametrize("first", ["fused", "user", "copy"])
 def test_recorded_hidden_states_and_attentions_are_eagers_on_both_modules(first):
     """transformers 5 records hidden states and attentions by hooks it installs on the
     layers on the first call that asks for them, marking only the model object called. The
-    fused module shares its layers with the user's: each used to install its own, and both
-    then recorded every layer twice (5 hidden states of a 2-layer BERT instead of 3)."""
+    fused module shares its layers with the user's (and a copy of it with both): each used to
+    install its own, and all then recorded every layer twice (5 hidden states of a 2-layer
+    BERT instead of 3). The fused forward keeps the model's signature (generate() reads it)."""
+    import copy
+    import inspect
+
     model = _tiny_bert()
     fused = GraphAutoFusion(model).fuse(check_speed=False)
+    dup = copy.copy(fused)
+    for m in (fused, dup):
+        assert inspect.signature(m.forward) == inspect.signature(model.forward)
     ids = torch.randint(0, 100, (1, 9), generator=torch.Generator().manual_seed(2))
     kw = dict(input_ids=ids, output_hidden_states=True, output_attentions=True)
-    order = [fused, model] if first == "fused" else [model, fused]
+    order = {"fused": [fused, model, dup], "user": [model, fused, dup], "copy": [dup, model, fused]}
+    order = order[first]
     ref = _tiny_bert()  # a model no fused module shares layers with
     with torch.no_grad():
         want = ref(**kw)

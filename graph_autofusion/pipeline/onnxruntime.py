@@ -81,7 +81,12 @@ from graph_autofusion.pipeline.weights import compress_weights
 from graph_autofusion.planner.analysis import apply_saved_plan
 from graph_autofusion.runtime.denormals import denormals_flushed
 from graph_autofusion.runtime.ort_session import ort_session
-from graph_autofusion.verify.inputs import finite_outputs, generate_inputs, retry_longer
+from graph_autofusion.verify.inputs import (
+    finite_outputs,
+    generate_inputs,
+    nonfinite_outputs,
+    retry_longer,
+)
 from graph_autofusion.verify.optimized_graph import same_model_after_optimization
 from graph_autofusion.verify.safety import (
     FusionRecord,
@@ -483,22 +488,26 @@ def _capture_original(
         failure = run_failure(
             original, feeds, exc, runtime="onnxruntime", generated=is_generated(feeds)
         )
+        retried = None
         if failure is not None and is_generated(feeds):
             retried = retry_longer(original, exc, capture)
-            if retried is not None:
-                return retried
-        if failure is not None:  # it runs, but not on these inputs
+        if retried is None and failure is not None:  # it runs, but not on these inputs
             raise failure from exc
-        raise UnsupportedOperatorError(
-            f"{source_of(original)}: safe mode compares every fusion with the original in "
-            f"onnxruntime, which cannot run it: {' '.join(str(exc).split())[:300]}; fuse with "
-            f"safe_mode=False (--unsafe) or for the cpu target (torch runs it)"
-        ) from exc
-    acts, used, note = finite_outputs(original, feeds, acts, capture)
-    if note:
-        notes.append(note)
-        if used is feeds:  # not made finite: the checks of those outputs compare nothing
-            warnings.warn(f"{source_of(original)}: {note}", AutofusionWarning, stacklevel=2)
+        if retried is None:
+            raise UnsupportedOperatorError(
+                f"{source_of(original)}: safe mode compares every fusion with the original in "
+                f"onnxruntime, which cannot run it: {' '.join(str(exc).split())[:300]}; fuse "
+                f"with safe_mode=False (--unsafe) or for the cpu target (torch runs it)"
+            ) from exc
+        acts, feeds = retried
+    bad = nonfinite_outputs(original, acts)
+    if not bad:
+        return acts, feeds
+    acts = None  # captured again below: never two sets of activations at once
+    acts, used, note = finite_outputs(original, feeds, bad, capture)
+    notes.append(note)
+    if used is feeds:  # not made finite: the checks of those outputs compare nothing
+        warnings.warn(f"{source_of(original)}: {note}", AutofusionWarning, stacklevel=2)
     return acts, used
 
 

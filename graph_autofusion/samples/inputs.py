@@ -193,50 +193,57 @@ def retry_longer(model: Model, exc: BaseException, run: Any) -> tuple[Any, Any] 
 
 
 def nonfinite_outputs(model: Model, acts: Any) -> list[str]:
-    """The floating outputs of ``model`` that are NaN or infinite in every element of the
-    captured activations ``acts``."""
+    """The floating tensor outputs of ``model`` that are NaN or infinite in every element of
+    the captured activations ``acts`` (a sequence output is not looked at)."""
     bad = []
     for v in model.graph.outputs:
         a = acts.get(v.name)
-        if a is None:
-            continue
-        a = np.asarray(a)
-        if a.size and np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).any():
-            bad.append(v.name)
+        if isinstance(a, np.ndarray) and a.size and np.issubdtype(a.dtype, np.floating):
+            if not np.isfinite(a).any():
+                bad.append(v.name)
     return bad
 
 
-def finite_outputs(model: Model, feeds: Any, acts: Any, run: Any) -> tuple[Any, Any, str]:
-    """``(acts, feeds, note)``: where the original's outputs on the sample inputs are NaN or
-    infinite in every element, safe mode's checks of what computes them would compare nothing
-    (a position NaN on both sides agrees). Generated boolean inputs are all ``True``; for a
-    padding mask (``src_key_padding_mask``: ``True`` is a padded position) that pads every
-    position and an attention's output is NaN: they are generated again ``False`` and kept
-    when that makes the outputs finite (``run(model, feeds)`` gives the new activations).
-    Otherwise the activations stay and ``note`` says which outputs are not finite."""
-    bad = nonfinite_outputs(model, acts)
-    if not bad:
-        return acts, feeds, ""
-    flags = sorted(k for k, x in feeds.items() if np.asarray(x).dtype == np.bool_)
+def finite_outputs(model: Model, feeds: Any, bad: list[str], run: Any) -> tuple[Any, Any, str]:
+    """``(acts, feeds, note)`` for sample inputs on which the original's outputs ``bad``
+    (:func:`nonfinite_outputs`) are NaN or infinite in every element, where safe mode's
+    checks of what computes them would compare nothing (a position NaN on both sides agrees).
+    Generated boolean inputs are all ``True``; for a padding mask (``src_key_padding_mask``:
+    ``True`` is a padded position) that pads every position and an attention's output is NaN:
+    they are set ``False`` (the other inputs kept) and kept when that makes the outputs
+    finite; otherwise the original ``feeds`` are run again (``run(model, feeds)`` gives the
+    activations; the caller dropped the first ones, so two sets are never held at once) and
+    ``note`` says which outputs are not finite and what to do."""
+    flags = sorted(k for k, x in feeds.items() if isinstance(x, np.ndarray) and x.dtype == np.bool_)
     if flags and si.is_generated(feeds):
+        other = si.own_copy(feeds)
+        for k in flags:
+            other[k] = np.zeros_like(feeds[k])
         try:
-            other = generate_inputs(model, flag=False)
-            other_acts = run(model, other)
+            acts = run(model, other)
         except Exception:  # noqa: BLE001 - onnxruntime's own exception types
-            other_acts = None
-        if other_acts is not None and not nonfinite_outputs(model, other_acts):
+            acts = None
+        if acts is not None and not nonfinite_outputs(model, acts):
             note = (
                 f"sample inputs: the boolean inputs {', '.join(flags)} generated False, not "
                 f"True: with True every element of {', '.join(bad)} was NaN or infinite (a "
                 f"padding mask padding every position)"
             )
-            return other_acts, other, note
+            return acts, other, note
+        acts = None
     note = (
         f"the sample inputs make every element of the original's output(s) {', '.join(bad)} "
         f"NaN or infinite: safe mode's checks of what computes them compare nothing; give "
         f"sample inputs on which the model's outputs are finite (sample_inputs=, --inputs)"
     )
-    return acts, feeds, note
+    return run(model, feeds), feeds, note
+
+
+def _flag_of(feeds: Any) -> bool:
+    """The value generated boolean inputs take beside ``feeds``: ``False`` where ``feeds``
+    has boolean inputs and all are ``False`` (:func:`finite_outputs` set them so)."""
+    flags = [x for x in feeds.values() if isinstance(x, np.ndarray) and x.dtype == np.bool_]
+    return not flags or any(x.any() for x in flags)
 
 
 #: Safe mode's second shape (:func:`other_shape_inputs`): a batch and a sequence length that
@@ -259,7 +266,9 @@ def other_shape_inputs(model: Model, feeds: Any) -> tuple[str, dict[str, Any]] |
     rows at the padding, where a fused attention kernel (zeros) and the decomposed softmax (the
     mean of the values) legitimately differ."""
     try:
-        other = generate_inputs(model, seed=1, batch=OTHER_BATCH, seq_len=OTHER_SEQ_LEN)
+        other = generate_inputs(
+            model, seed=1, batch=OTHER_BATCH, seq_len=OTHER_SEQ_LEN, flag=_flag_of(feeds)
+        )
     except Exception:  # noqa: BLE001 - no second shape: the sample inputs' check stands
         return None
     scalars = [
@@ -282,4 +291,10 @@ def _shape(v: Any) -> tuple[int, ...] | None:
     return tuple(v.shape) if isinstance(v, np.ndarray) else None
 
 
-__all__ = ["generate_inputs", "other_shape_inputs", "retry_longer"]
+__all__ = [
+    "finite_outputs",
+    "generate_inputs",
+    "nonfinite_outputs",
+    "other_shape_inputs",
+    "retry_longer",
+]

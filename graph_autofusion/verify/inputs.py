@@ -7,8 +7,15 @@ mode's second shape."""
 from graph_autofusion.samples.inputs import (
     finite_outputs,
     generate_inputs,
+    nonfinite_outputs,
     other_shape_inputs,
     retry_longer,
 )
 
-__all__ = ["finite_outputs", "generate_inputs", "other_shape_inputs", "retry_longer"]
+__all__ = [
+    "finite_outputs",
+    "generate_inputs",
+    "nonfinite_outputs",
+    "other_shape_inputs",
+    "retry_longer",
+]
