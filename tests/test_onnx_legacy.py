@@ -197,6 +197,37 @@ def test_ir3_initializers_listed_as_inputs_are_constants_ir4_ones_stay_overridab
     assert [i.name for i in out.graph.input] == ["x", "w", "shape"]
 
 
+def _projections(ir: int, listed: bool) -> onnx.ModelProto:
+    """Three sibling projections of x (a QKV), their weights and biases listed as graph
+    inputs when ``listed`` (``keep_initializers_as_inputs``)."""
+    nodes, inits, names = [], [], []
+    for i in range(3):
+        w = RNG.standard_normal((16, 8)).astype(np.float32)
+        b = RNG.standard_normal((8,)).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+        names += [(f"w{i}", [16, 8]), (f"b{i}", [8])]
+        nodes += [
+            helper.make_node("MatMul", ["x", f"w{i}"], [f"m{i}"]),
+            helper.make_node("Add", [f"m{i}", f"b{i}"], [f"y{i}"]),
+        ]
+    inputs = [vi("x", shape=[1, 5, 16])] + ([vi(n, shape=s) for n, s in names] if listed else [])
+    outputs = [vi(f"y{i}", shape=[1, 5, 8]) for i in range(3)]
+    return make(nodes, inputs, outputs, inits, opset=13, ir=ir)
+
+
+@pytest.mark.parametrize("ir", [3, 7])
+def test_initializers_a_feed_may_override_are_no_constants_to_fuse(ir):
+    """From IR version 4 an initializer listed as a graph input may be replaced by a feed:
+    QKV's weights were concatenated into a new constant, the listed inputs dropped from the
+    fused model (a feed onnxruntime accepted on the original was refused). At IR 3 the
+    listing is the only way to have an initializer: constants, fused as before."""
+    qkv = RuleSet([r for r in builtin_rules() if r.name == "qkv_horizontal"])
+    plain = load_onnx(_projections(ir, listed=False), normalize=True)
+    assert len(match_rules(plain.graph, qkv).kept) == 1
+    model = load_onnx(_projections(ir, listed=True), normalize=True)
+    assert len(match_rules(model.graph, qkv).kept) == (1 if ir == 3 else 0)
+
+
 def test_shape_folding_reads_ir3_listed_initializers_and_slice1_attributes():
     # x.view(x.size(0) * x.size(1), -1) as opset 9 wrote it: Slice-1 bounds in attributes, an
     # Unsqueeze axes attribute, and the -1 an initializer listed as an IR-3 graph input

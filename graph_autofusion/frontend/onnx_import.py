@@ -27,6 +27,7 @@ from graph_autofusion.frontend.onnx_types import (
     tensor_to_array,
 )
 from graph_autofusion.ir.core import Graph, Model, Node, RawAttribute, Shape, Value
+from graph_autofusion.ir.node import OVERRIDABLE
 
 _A = AttributeProto
 
@@ -101,6 +102,9 @@ def _import_model(proto: ModelProto, label: str, infer_shapes: bool) -> Model:
             graph.meta[f"onnx_{field}"] = [_copy(x) for x in getattr(g, field)]
 
     values = _import_values(g, graph, label)
+    if model.ir_version >= 4:  # before, listing was how an initializer was declared
+        for name in graph.meta.get("onnx_initializer_inputs", {}):
+            values[name].meta[OVERRIDABLE] = True  # a feed may replace it: no constant
     nodes = _import_nodes(g, graph, values, label, model.opset_imports)
     typed: list[tuple[Value, onnx.ValueInfoProto, bool]] = []
     for vi in g.value_info:

@@ -276,12 +276,19 @@ def producer_of(value: Value | None, op_type: str) -> Node | None:
     return node
 
 
+#: ``Value.meta`` key of an initializer also listed as a graph input from ONNX IR version 4 on
+#: (``keep_initializers_as_inputs``): a feed may replace its data, so no rule may read it as a
+#: constant (fold it, concatenate it, check its value); it stays an input of the fused model.
+OVERRIDABLE = "onnx_overridable"
+
+
 def const_value(value: Value) -> np.ndarray | None:
     """Constant data of ``value``: an initializer, the output of a ``Constant`` node, or either
-    seen through ``Identity`` nodes (TorchScript shares equal biases through Identity)."""
+    seen through ``Identity`` nodes (TorchScript shares equal biases through Identity); not an
+    initializer a feed may override (:data:`OVERRIDABLE`)."""
     for _ in range(64):
         if value.const is not None:
-            return value.const
+            return None if value.meta.get(OVERRIDABLE) else value.const
         p = value.producer
         if p is None or p.domain not in ("", "ai.onnx"):
             return None
