@@ -29,7 +29,17 @@ PKG = "graph_autofusion"
 
 #: the layers, bottom first; a part imports only parts of its own layer or below
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "defaults", "env", "reasons", "yaml_util", "cli_args", "progress", "renderers"),
+    (
+        "errors",
+        "defaults",
+        "env",
+        "files",
+        "reasons",
+        "yaml_util",
+        "cli_args",
+        "progress",
+        "renderers",
+    ),
     ("ir", "catalog"),
     ("runtime.exec",),  # the IR's executor on torch (runtime/torch_*, interpreter, timing)
     ("frontend", "patterns"),

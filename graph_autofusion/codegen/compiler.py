@@ -34,6 +34,7 @@ from graph_autofusion import env
 from graph_autofusion.codegen.c_backend import library_source
 from graph_autofusion.codegen.kernel_ir import Kernel
 from graph_autofusion.errors import GraphAutoFusionError
+from graph_autofusion.files import temp_beside
 
 
 class KernelCompileError(GraphAutoFusionError):
@@ -222,10 +223,11 @@ def compile_source(
 
 
 def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
-    """Write ``data`` to ``path`` through a private temporary file in the same folder and
-    ``os.replace``: a reader sees the old file or the whole new one, never a part."""
+    """Write ``data`` to ``path`` through a temporary file in the same folder and
+    ``os.replace``: a reader sees the old file or the whole new one, never a part; the file's
+    mode is a plain ``open``'s (:func:`graph_autofusion.files.temp_beside`)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=path.suffix, dir=path.parent)
+    fd, tmp = temp_beside(path, prefix=f".{path.stem}-", suffix=path.suffix)
     try:
         with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
             f.write(data)

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import functools
 import os
-import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -53,6 +52,7 @@ from graph_autofusion.cost.profile_schema import (
     HardwareError,
     validate_profile_data,
 )
+from graph_autofusion.files import temp_beside
 from graph_autofusion.yaml_util import load_yaml_with_nodes, read_yaml_file
 
 __all__ = [
@@ -237,7 +237,7 @@ def save_profile(profile: HardwareProfile, path: str | os.PathLike[str]) -> None
     tmp: str | None = None
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+        fd, tmp = temp_beside(dest, prefix=f".{dest.name}.", suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(header + text)
             f.flush()

@@ -13,11 +13,11 @@ JSON is ``report.to_dict()``.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from graph_autofusion.errors import PathError
+from graph_autofusion.files import temp_beside
 from graph_autofusion.renderers import register_renderer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -175,7 +175,7 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
         raise PathError(f"{dest}: cannot write the report there: not a regular file")
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+        fd, tmp = temp_beside(dest, prefix=f".{dest.name}.", suffix=".tmp")
     except OSError as e:  # read-only or missing folder: nothing was written
         raise PathError(f"{dest}: cannot write the report: {e.strerror or e}") from None
     try:
