@@ -294,15 +294,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     res = gaf.verify_performance(
         args.fused or args.model, runs=args.runs, threads=args.threads, level=args.level
     )
+    rows = ("baseline", "fused") if args.fused else ("baseline",)
+    if not args.fused:  # the model against itself: no "fused" row, no "improvement" of noise
+        res = {k: v for k, v in res.items() if k not in ("fused", "improvement")}
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
     print(f"onnxruntime CPU, {args.threads} threads, level {args.level}, median of {args.runs}")
-    for k in ("baseline", "fused"):
+    for k in rows:
         v = res[k]
         print(
             f"  {k:<9} {v['latency_ms']:8.2f} ms  (min {v['min_ms']:.2f}, max "
             f"{v['max_ms']:.2f})  {v['throughput_per_s']:.1f}/s"
         )
-    print(f"  improvement {100 * res['improvement']:+.1f}%")
+    if args.fused:
+        print(f"  improvement {100 * res['improvement']:+.1f}%")
+    else:
+        print("  (no fused model given: name one to compare, e.g. the output of fuse)")
     return 0

@@ -523,6 +523,13 @@ def test_cli_bench(fused_pair, capsys):
     assert isinstance(data["improvement"], float) and data["runs"] == 3
     assert main(["bench", str(original), str(fused), "--runs", "3"]) == 0
     assert "improvement" in capsys.readouterr().out
+    # one model: its time alone, not an "improvement" of the model over itself
+    assert main(["bench", str(original), "--runs", "3", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["baseline"]["latency_ms"] > 0 and not {"fused", "improvement"} & set(data)
+    assert main(["bench", str(original), "--runs", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "baseline" in out and "improvement" not in out and "no fused model" in out
 
 
 def test_cli_missing_input_is_one_clear_error(tmp_path, capsys):
