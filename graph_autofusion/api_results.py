@@ -101,6 +101,7 @@ class FusedResults:
         fused_p = self._proto(fused)
         orig_p = self._proto(original if original is not None else self.model)
         feeds = self.feeds()
+        _same_interface(orig_p, fused_p, fused)
         with _onnxruntime_errors(self.model, feeds, _naming("verify_precision", fused)):
             a = capture_activations(load_onnx(orig_p), feeds)
             b = capture_activations(load_onnx(fused_p), feeds)
@@ -331,6 +332,43 @@ class FusedResults:
             return
         self.kernel_dir = ""
         save_onnx(result.model, dest)
+
+
+def _same_interface(original: Any, fused: Any, given: Any) -> None:
+    """A fused model takes the original's inputs and gives its outputs (by name): another
+    model is refused here, naming what differs, rather than compared on nothing (outputs
+    neither has were skipped, and a model with none of the original's outputs passed)."""
+    from graph_autofusion.errors import ModelLoadError
+
+    def names(values: Any, proto: Any) -> list[str]:
+        inits = {t.name for t in proto.graph.initializer}
+        return [v.name for v in values if v.name not in inits]
+
+    ins_o, ins_f = names(original.graph.input, original), names(fused.graph.input, fused)
+    outs_o, outs_f = names(original.graph.output, original), names(fused.graph.output, fused)
+    extra = [n for n in ins_f if n not in ins_o]
+    missing = [n for n in outs_o if n not in outs_f]
+    if not extra and not missing:
+        return
+    what = (
+        f"the fused model {os.fspath(given)}"
+        if isinstance(given, str | os.PathLike)
+        else ("the fused model")
+    )
+    why = []
+    if extra:
+        why.append(
+            f"takes inputs the original has not ({', '.join(extra)}; the original's: "
+            f"{', '.join(ins_o)})"
+        )
+    if missing:
+        why.append(
+            f"lacks outputs of the original ({', '.join(missing)}; its outputs: "
+            f"{', '.join(outs_f)})"
+        )
+    raise ModelLoadError(
+        f"{what} {' and '.join(why)}: verify compares a model with the one it was fused from"
+    )
 
 
 def _naming(what: str, fused: Any) -> str:

@@ -487,6 +487,30 @@ def test_cli_verify_passes_on_the_fused_model(fused_pair, capsys):
     assert text.strip().splitlines()[-1].startswith("PASS: worst output cosine")
 
 
+def test_cli_verify_refuses_a_model_of_another_interface(small_model, capsys):
+    """A model with none of the original's outputs was compared on nothing and passed (the
+    outputs neither has were skipped): it is refused, naming what differs; so is one taking an
+    input the original has not."""
+    proto = onnx.load(str(small_model))
+    renamed = onnx.load(str(small_model))
+    for node in renamed.graph.node:
+        node.output[:] = [f"{o}_other" if o == "y" else o for o in node.output]
+    renamed.graph.output[0].name = "y_other"
+    path = small_model.parent / "other_outputs.onnx"
+    onnx.save(renamed, str(path))
+    capsys.readouterr()
+    assert main(["verify", str(small_model), str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "lacks outputs of the original (y;" in err and str(path) in err, err
+    extra = onnx.load(str(small_model))
+    extra.graph.input.append(onnx.helper.make_tensor_value_info("mask", 1, [1]))
+    path = small_model.parent / "extra_input.onnx"
+    onnx.save(extra, str(path))
+    assert main(["verify", str(small_model), str(path)]) == 2
+    assert "takes inputs the original has not (mask;" in capsys.readouterr().err
+    assert [o.name for o in proto.graph.output] == ["y", "z"]  # the original's outputs
+
+
 def test_cli_verify_fails_on_a_wrong_model(small_model, capsys):
     wrong = small_model.parent / "wrong.onnx"
     onnx.save(to_onnx(parse_model(TRANSFORMER_BLOCK.replace("Exp(%n)", "Relu(%n)"))), str(wrong))
