@@ -442,8 +442,17 @@ def test_a_padding_mask_that_pads_every_position_is_generated_again(tmp_path):
 def test_sample_inputs_on_which_an_output_is_nan_everywhere_are_warned_of(tmp_path):
     """An output NaN whatever the inputs: the fuse goes on (the fused model is as correct as
     before) with one warning and a note naming the output and what to do."""
-    gaf = GraphAutoFusion(_masked_attention(tmp_path, "nan_out", nan_anyway=True))
+    path = _masked_attention(tmp_path, "nan_out", nan_anyway=True)
+    gaf = GraphAutoFusion(path)
     with pytest.warns(AutofusionWarning, match=r"every element of the original's output\(s\) y"):
         gaf.fuse()
     result = gaf.result
     assert any("--inputs" in n and "NaN" in n for n in result.notes), result.notes
+    # inputs the caller gave (a Dynamo graph's real ones too) are theirs: a note, no warning
+    import warnings
+
+    given = GraphAutoFusion(path, sample_inputs=dict(result.feeds))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AutofusionWarning)
+        given.fuse()
+    assert any("NaN" in n for n in given.result.notes), given.result.notes

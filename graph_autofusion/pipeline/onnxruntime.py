@@ -506,7 +506,8 @@ def _capture_original(
     acts = None  # captured again below: never two sets of activations at once
     acts, used, note = finite_outputs(original, feeds, bad, capture)
     notes.append(note)
-    if used is feeds:  # not made finite: the checks of those outputs compare nothing
+    if used is feeds and is_generated(feeds):  # not made finite: those checks compare nothing
+        # (inputs the caller gave, a Dynamo graph's real ones included, are theirs: a note)
         warnings.warn(f"{source_of(original)}: {note}", AutofusionWarning, stacklevel=2)
     return acts, used
 
