@@ -340,21 +340,16 @@ def _same_interface(original: Any, fused: Any, given: Any) -> None:
     neither has were skipped, and a model with none of the original's outputs passed)."""
     from graph_autofusion.errors import ModelLoadError
 
-    def names(values: Any, proto: Any) -> list[str]:
+    def names(proto: Any) -> list[list[str]]:
         inits = {t.name for t in proto.graph.initializer}
-        return [v.name for v in values if v.name not in inits]
+        return [
+            [v.name for v in values if v.name not in inits]
+            for values in (proto.graph.input, proto.graph.output)
+        ]
 
-    ins_o, ins_f = names(original.graph.input, original), names(fused.graph.input, fused)
-    outs_o, outs_f = names(original.graph.output, original), names(fused.graph.output, fused)
+    (ins_o, outs_o), (ins_f, outs_f) = names(original), names(fused)
     extra = [n for n in ins_f if n not in ins_o]
     missing = [n for n in outs_o if n not in outs_f]
-    if not extra and not missing:
-        return
-    what = (
-        f"the fused model {os.fspath(given)}"
-        if isinstance(given, str | os.PathLike)
-        else ("the fused model")
-    )
     why = []
     if extra:
         why.append(
@@ -366,9 +361,12 @@ def _same_interface(original: Any, fused: Any, given: Any) -> None:
             f"lacks outputs of the original ({', '.join(missing)}; its outputs: "
             f"{', '.join(outs_f)})"
         )
-    raise ModelLoadError(
-        f"{what} {' and '.join(why)}: verify compares a model with the one it was fused from"
-    )
+    if why:
+        path = f" {os.fspath(given)}" if isinstance(given, str | os.PathLike) else ""
+        raise ModelLoadError(
+            f"the fused model{path} {' and '.join(why)}: verify compares a model with the one "
+            f"it was fused from"
+        )
 
 
 def _naming(what: str, fused: Any) -> str:

@@ -3,12 +3,14 @@
 ``tempfile.mkstemp`` creates its file with mode 0600 whatever the process's umask; renamed
 onto the destination, a report, a hardware profile or a saved kernel library would be
 readable by its owner alone, unlike every file the user's own tools write (0666 less the
-umask, as ``open`` gives). :func:`temp_beside` gives the temporary file that mode.
+umask, as ``open`` gives). :func:`temp_beside` gives the temporary file that mode;
+:func:`copy_beside` copies a built file (a kernel library) into place through one.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 
 
@@ -36,3 +38,17 @@ def temp_beside(dest: str | os.PathLike[str], prefix: str, suffix: str = "") -> 
     except OSError:  # a file system without modes: the file is still ours to write
         pass
     return fd, path
+
+
+def copy_beside(src: str | os.PathLike[str], dest: str | os.PathLike[str]) -> None:
+    """Copy ``src``'s contents to ``dest`` through a temporary file beside it (a reader sees
+    the old file or the whole new one), with :func:`temp_beside`'s mode, not ``src``'s."""
+    fd, tmp = temp_beside(dest, prefix=".gaf-")
+    os.close(fd)
+    try:
+        shutil.copyfile(src, tmp)  # the contents only: the mode stays temp_beside's
+        os.replace(tmp, dest)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -23,6 +23,7 @@ entry for.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
@@ -248,8 +249,6 @@ def _sharing_hook_flags(compiled: Any, user: torch.nn.Module, fused: torch.nn.Mo
     """``compiled`` (the fused forward, its signature kept: ``generate()`` reads it) with
     :data:`HOOK_FLAGS` taken from the modules sharing its submodules before each call and given
     to them after."""
-    import functools
-
     first = next(iter(fused.children()), None)
     if first is None:  # no submodules: no hooks to share
         return compiled

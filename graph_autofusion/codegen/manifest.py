@@ -13,12 +13,11 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 from typing import Any
 
 from graph_autofusion.codegen.c_backend import library_source
 from graph_autofusion.codegen.compiler import compiler_version, write_atomic
-from graph_autofusion.files import temp_beside
+from graph_autofusion.files import copy_beside
 
 
 def manifest(result: Any) -> dict[str, Any]:
@@ -78,10 +77,7 @@ def write_kernel_dir(result: Any, directory: str | os.PathLike[str]) -> dict[str
         os.path.join(directory, "kernels.c"), library_source(list(kernels.values())).encode()
     )
     if result.library is not None:
-        fd, tmp = temp_beside(os.path.join(directory, "kernels.so"), prefix=".gaf-")
-        os.close(fd)
-        shutil.copyfile(result.library.path, tmp)  # the contents only: temp_beside's mode
-        os.replace(tmp, os.path.join(directory, "kernels.so"))
+        copy_beside(result.library.path, os.path.join(directory, "kernels.so"))
     write_atomic(
         os.path.join(directory, "manifest.json"), json.dumps(data, indent=2).encode() + b"\n"
     )

@@ -26,7 +26,7 @@ from graph_autofusion.codegen.ort_gemv import OP as GEMV_OP
 from graph_autofusion.codegen.ort_gemv_f16 import OP as GEMV_F16_OP
 from graph_autofusion.codegen.ort_gemv_q import OP as GEMV_Q_OP
 from graph_autofusion.errors import GraphAutoFusionError, ModelWriteError
-from graph_autofusion.files import temp_beside
+from graph_autofusion.files import copy_beside
 
 if TYPE_CHECKING:  # pragma: no cover - ort_customop imports this module
     from graph_autofusion.codegen.ort_customop import CustomOpLibrary
@@ -69,16 +69,12 @@ def write_kernel_dir(library: CustomOpLibrary, directory: str, groups: Sequence[
     import dataclasses
     import hashlib
     import json
-    import shutil
 
     os.makedirs(directory, exist_ok=True)
     with open(library.source_path, "rb") as f:
         source = f.read()
     write_atomic(os.path.join(directory, "custom_ops.c"), source)
-    fd, tmp = temp_beside(os.path.join(directory, LIBRARY_NAME), prefix=".gaf-")
-    os.close(fd)
-    shutil.copyfile(library.path, tmp)  # the contents only: the mode stays temp_beside's
-    os.replace(tmp, os.path.join(directory, LIBRARY_NAME))
+    copy_beside(library.path, os.path.join(directory, LIBRARY_NAME))
     kernels = {op_name(k): k for k in library.kernels}
     data = {
         "format": KERNEL_DIR_FORMAT,

@@ -81,12 +81,8 @@ from graph_autofusion.pipeline.weights import compress_weights
 from graph_autofusion.planner.analysis import apply_saved_plan
 from graph_autofusion.runtime.denormals import denormals_flushed
 from graph_autofusion.runtime.ort_session import ort_session
-from graph_autofusion.verify.inputs import (
-    finite_outputs,
-    generate_inputs,
-    nonfinite_outputs,
-    retry_longer,
-)
+from graph_autofusion.samples.inputs import finite_outputs, nonfinite_outputs
+from graph_autofusion.verify.inputs import generate_inputs, retry_longer
 from graph_autofusion.verify.optimized_graph import same_model_after_optimization
 from graph_autofusion.verify.safety import (
     FusionRecord,

@@ -50,7 +50,8 @@ def generate_inputs(
     flag: bool = True,
 ) -> dict[str, np.ndarray]:
     """Seeded sample feeds for every graph input of ``model`` (initializers excluded);
-    boolean inputs are all ``flag`` (:func:`finite_outputs` tries ``False``)."""
+    boolean inputs are all ``flag`` (safe mode's second shape takes the sample inputs' value:
+    :func:`other_shape_inputs`)."""
 
     rng = np.random.default_rng(seed)
     graph = model.graph
@@ -214,7 +215,7 @@ def finite_outputs(model: Model, feeds: Any, bad: list[str], run: Any) -> tuple[
     finite; otherwise the original ``feeds`` are run again (``run(model, feeds)`` gives the
     activations; the caller dropped the first ones, so two sets are never held at once) and
     ``note`` says which outputs are not finite and what to do."""
-    flags = sorted(k for k, x in feeds.items() if isinstance(x, np.ndarray) and x.dtype == np.bool_)
+    flags = sorted(_booleans(feeds))
     if flags and si.is_generated(feeds):
         other = si.own_copy(feeds)
         for k in flags:
@@ -239,10 +240,15 @@ def finite_outputs(model: Model, feeds: Any, bad: list[str], run: Any) -> tuple[
     return run(model, feeds), feeds, note
 
 
+def _booleans(feeds: Any) -> dict[str, np.ndarray]:
+    """The boolean arrays of ``feeds``, by input name."""
+    return {k: x for k, x in feeds.items() if isinstance(x, np.ndarray) and x.dtype == np.bool_}
+
+
 def _flag_of(feeds: Any) -> bool:
     """The value generated boolean inputs take beside ``feeds``: ``False`` where ``feeds``
     has boolean inputs and all are ``False`` (:func:`finite_outputs` set them so)."""
-    flags = [x for x in feeds.values() if isinstance(x, np.ndarray) and x.dtype == np.bool_]
+    flags = _booleans(feeds).values()
     return not flags or any(x.any() for x in flags)
 
 
